@@ -1,0 +1,1 @@
+"""Case catalogs, hypothesis strategies, timelines, mutants and gate data."""

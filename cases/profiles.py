@@ -1,0 +1,47 @@
+"""Run profiles, chosen by the environment variable ``VP_PROFILE`` (default ``ci``).
+
+``generated`` is how many hypothesis-drawn cases a parity run adds to every catalog case;
+``max_examples`` is what property tests in ``tests/`` draw. The same names are registered as
+hypothesis settings profiles, so ``VP_PROFILE=nightly pytest`` deepens the tests too.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+
+ENV = "VP_PROFILE"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    generated: int  # generated parity cases per op (plus the whole catalog)
+    max_examples: int  # hypothesis examples per property test
+    big: bool  # include the largest catalog shapes (GPU-sized)
+
+
+PROFILES = {
+    "dev": Profile("dev", generated=30, max_examples=10, big=False),
+    "ci": Profile("ci", generated=300, max_examples=25, big=False),
+    "nightly": Profile("nightly", generated=3000, max_examples=200, big=True),
+}
+
+for _p in PROFILES.values():
+    settings.register_profile(_p.name, max_examples=_p.max_examples, deadline=None, derandomize=True,
+                              database=None, print_blob=True,
+                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def current(name: str | None = None) -> Profile:
+    name = name or os.environ.get(ENV, "ci")
+    if name not in PROFILES:
+        raise ValueError(f"{ENV}: expected one of {sorted(PROFILES)}, got {name!r}")
+    return PROFILES[name]
+
+
+def load_hypothesis_profile(name: str | None = None) -> Profile:
+    p = current(name)
+    settings.load_profile(p.name)
+    return p

@@ -1,0 +1,144 @@
+"""Cases for ``qk_norm_rope`` (seed 000): DeepSeek-V4 MQA shapes and the ugly ones.
+
+DeepSeek-V4: head_dim 512, rope_dim 64 (interleaved), no q weight, local heads 8…128 after
+TP; a verify batch has T = B·(L+1) tokens; kv is a strided slice of ``qkv_a``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+FORWARD_MODES = ("decode", "target_verify")
+
+
+@dataclass(frozen=True)
+class QkNormRopeCase:
+    T: int  # num_tokens
+    H: int  # num_heads (local)
+    D: int = 512  # head_dim
+    R: int = 64  # rope_dim
+    rope_style: str = "interleaved"
+    q_weight: bool = False  # DeepSeek-V4 passes no q weight
+    mode: str = "target_verify"  # forward_mode: decode | target_verify
+    scale: float = 1.0  # input magnitude; 1e-3 puts mean(x²) next to eps
+    eps: float = 1e-6
+    max_pos: int = 8192  # rows of the cos/sin tables
+    pos: str = "random"  # random | near_end | zero
+    padding: int = 0  # loc entries set to -1 (padding slots)
+    kv_layout: str = "strided"  # strided (slice of qkv_a, as in the model) | contiguous
+    q_out: str = "alloc"  # alloc | provided (caller passes q_out)
+    seed: int = 0
+    name: str = ""
+
+
+def _verify(name, B, L, H, **kw):
+    return QkNormRopeCase(T=B * (L + 1), H=H, name=name, **kw)
+
+
+def catalog(*, big: bool = False) -> list[QkNormRopeCase]:
+    C = QkNormRopeCase
+    cases = [
+        # DeepSeek-V4 verify, L = 3 drafts (+1 bonus token), every TP-local head count
+        *[_verify(f"dsv4-verify-b1-l3-h{h}", 1, 3, h, seed=h) for h in (8, 16, 32, 64, 128)],
+        _verify("dsv4-verify-b8-l3-h16", 8, 3, 16, seed=1),
+        _verify("dsv4-verify-b8-l3-h128", 8, 3, 128, seed=2),
+        _verify("dsv4-verify-b32-l3-h16", 32, 3, 16, seed=3),
+        # decode: the in-kernel ring store is legal here (1-source consumer)
+        C(T=1, H=16, mode="decode", name="dsv4-decode-b1-h16"),
+        C(T=16, H=128, mode="decode", name="dsv4-decode-b16-h128", seed=4),
+        C(T=16, H=16, mode="decode", padding=5, name="decode-padding-slots", seed=5),
+        # ugly cases
+        C(T=1, H=1, name="one-token-one-head"),
+        C(T=7, H=3, name="odd-tokens-odd-heads", seed=6),
+        C(T=13, H=16, pos="near_end", max_pos=20, name="positions-at-table-end", seed=7),
+        C(T=5, H=8, max_pos=1, pos="zero", name="table-of-one-position", seed=8),
+        C(T=9, H=8, kv_layout="contiguous", name="kv-contiguous", seed=9),
+        C(T=9, H=8, q_out="provided", name="caller-q-out", seed=10),
+        C(T=9, H=8, q_out="provided", mode="decode", name="caller-q-out-decode", seed=11),
+        C(T=8, H=4, q_weight=True, name="with-q-weight", seed=12),
+        C(T=8, H=4, rope_style="neox", name="neox", seed=13),
+        C(T=8, H=4, rope_style="neox", q_weight=True, mode="decode", name="neox-decode-q-weight", seed=14),
+        # mean(x²) ≈ eps: the only regime where eps placement is visible in bf16
+        C(T=8, H=4, scale=1e-3, name="tiny-rows-eps-visible", seed=15),
+        C(T=8, H=4, scale=1e-3, mode="decode", name="tiny-rows-decode", seed=16),
+        C(T=8, H=4, scale=30.0, name="large-rows", seed=17),
+        C(T=6, H=2, D=128, R=64, name="d128-r64", seed=18),
+        C(T=6, H=2, D=64, R=64, name="rope-covers-whole-head", seed=19),
+        C(T=33, H=2, D=256, R=32, name="tile-boundary-plus-one", seed=20),
+        C(T=31, H=2, D=256, R=32, name="tile-boundary-minus-one", seed=21),
+    ]
+    if big:
+        cases += [
+            _verify("dsv4-verify-b64-l3-h128", 64, 3, 128, seed=30),
+            _verify("dsv4-verify-b256-l3-h64", 256, 3, 64, seed=31),
+            C(T=512, H=128, mode="decode", name="dsv4-decode-b512-h128", seed=32),
+            C(T=4096, H=16, name="prefill-sized-4096", seed=33),
+        ]
+    return cases
+
+
+@st.composite
+def cases(draw, *, max_tokens: int = 40, max_heads: int = 12, head_dims=(64, 128, 256, 512),
+          rope_dims=(16, 32, 64), max_positions: int = 8192):
+    """Generated cases, built bottom-up; shrinks toward T=1, H=1, the smallest head_dim."""
+    D = draw(st.sampled_from(head_dims))
+    R = draw(st.sampled_from([r for r in rope_dims if r <= D and D % r == 0]))
+    T = draw(st.integers(1, max_tokens))
+    H = draw(st.integers(1, max_heads))
+    mode = draw(st.sampled_from(FORWARD_MODES[::-1]))
+    return QkNormRopeCase(
+        T=T, H=H, D=D, R=R,
+        rope_style=draw(st.sampled_from(("interleaved", "neox"))),
+        q_weight=draw(st.booleans()),
+        mode=mode,
+        scale=draw(st.sampled_from((1.0, 1e-3, 30.0))),
+        eps=draw(st.sampled_from((1e-6, 1e-5))),
+        max_pos=(max_pos := draw(st.integers(1, max_positions))),
+        pos=draw(st.sampled_from(("random", "near_end", "zero"))),
+        padding=draw(st.integers(0, T - 1)) if mode == "decode" else 0,
+        kv_layout=draw(st.sampled_from(("strided", "contiguous"))),
+        q_out=draw(st.sampled_from(("alloc", "provided"))),
+        seed=draw(st.integers(0, 2 ** 16)),
+    )
+
+
+def rope_tables(max_pos: int, R: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (max_pos, R/2) fp32."""
+    inv_freq = 1.0 / base ** (torch.arange(0, R, 2, dtype=torch.float64) / R)
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return ang.cos().float().contiguous(), ang.sin().float().contiguous()
+
+
+def build_inputs(case: QkNormRopeCase, device) -> dict:
+    """Keyword arguments of a prepare step, on ``device`` (a harness.devices.Device)."""
+    g = torch.Generator().manual_seed(case.seed)
+    T, H, D, R = case.T, case.H, case.D, case.R
+    q = (torch.randn(T, H, D, generator=g) * case.scale).bfloat16()
+    if case.kv_layout == "strided":  # kv = qkv_a[:, q_lora_rank:], qkv_a wider than D
+        qkv_a = (torch.randn(T, 96 + D, generator=g) * case.scale).bfloat16()
+        kv = qkv_a[:, 96:]
+    else:
+        kv = (torch.randn(T, D, generator=g) * case.scale).bfloat16()
+    cos, sin = rope_tables(case.max_pos, R)
+    if case.pos == "random":
+        positions = torch.randint(0, case.max_pos, (T,), generator=g)
+    elif case.pos == "near_end":
+        positions = (case.max_pos - 1 - torch.arange(T)).clamp_min(0)
+    else:
+        positions = torch.zeros(T, dtype=torch.int64)
+    S = 2 * T + 3
+    ring = torch.randn(S, D, generator=g).bfloat16()  # stale contents: canary for untouched rows
+    loc = torch.randperm(S, generator=g)[:T]
+    loc[torch.randperm(T, generator=g)[: case.padding]] = -1
+    dev = device.torch_device
+    kw = dict(
+        q=q.to(dev), kv=(qkv_a.to(dev)[:, 96:] if case.kv_layout == "strided" else kv.to(dev)),
+        kv_norm_weight=(0.5 + torch.rand(D, generator=g)).bfloat16().to(dev),
+        q_norm_weight=(0.5 + torch.rand(D, generator=g)).bfloat16().to(dev) if case.q_weight else None,
+        eps=case.eps, rope_dim=R, cos=cos.to(dev), sin=sin.to(dev), positions=positions.to(dev),
+        rope_style=case.rope_style, ring=ring.to(dev), loc=loc.to(dev), forward_mode=case.mode,
+        q_out=torch.full((T, H, D), float("nan"), dtype=torch.bfloat16, device=dev) if case.q_out == "provided" else None,
+    )
+    return kw

@@ -1,0 +1,226 @@
+"""Fused qk RMSNorm + RoPE (seed 000): one launch for q and kv, optional in-kernel ring store.
+
+Grid ``(cdiv(T, BLOCK_T), H + 1)``: programs ``0..H-1`` along axis 1 normalise and rotate one
+q head for BLOCK_T tokens; program ``H`` does the same for kv and, when ``HAS_STORE``, writes
+the rotated kv rows into ``ring[loc]`` (decode, 1-source consumer). In target-verify the
+gate turns the store off: the backend stores the chunk itself, causally indexed, *before*
+attention, and the chunk must also reach attention as k/v (seed 000: fusing the store too
+took GSM8K from 0.950 to 0.027).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from reference import qk_norm_rope as ref
+
+VERIFY_SWITCH_ENV = "VP_FUSED_QK_NORM_ROPE_VERIFY"
+FORWARD_MODES = ("extend", "decode", "target_verify")
+
+
+@triton.jit
+def _norm_rope_tile(
+    row_ptrs,  # [BLOCK_T, 1] pointers to the first element of each source row
+    w_ptr,  # (D,) RMSNorm weight, read when HAS_W
+    cos_row_ptrs,  # [BLOCK_T, 1] pointers to cos[pos[t], 0]
+    sin_row_ptrs,  # [BLOCK_T, 1] pointers to sin[pos[t], 0]
+    offs_d,  # [BLOCK_D] column index
+    partner_d,  # [BLOCK_D] column whose value rotates with offs_d (itself outside the rope dims)
+    cs_idx,  # [BLOCK_D] angle index into the (R/2) table, valid where in_rope
+    sign,  # [BLOCK_D] -1.0 for the first of a pair, +1.0 for the second
+    in_rope,  # [BLOCK_D] the column lies in the last R dims
+    mask,  # [BLOCK_T, BLOCK_D] valid token and column
+    D,  # head_dim
+    eps,  # RMSNorm epsilon
+    HAS_W: tl.constexpr,
+):
+    # upcast right after loading: no bf16 arithmetic anywhere (and none under the interpreter)
+    x = tl.load(row_ptrs + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(row_ptrs + partner_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # [BLOCK_T]
+    y = x * rstd[:, None]
+    yp = xp * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(w_ptr + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
+        yp = yp * tl.load(w_ptr + partner_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
+    rope_mask = mask & in_rope[None, :]
+    c = tl.load(cos_row_ptrs + cs_idx[None, :], mask=rope_mask, other=1.0)
+    s = tl.load(sin_row_ptrs + cs_idx[None, :], mask=rope_mask, other=0.0)
+    return tl.where(rope_mask, y * c + sign[None, :] * yp * s, y)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_out_ptr,  # (T, H, D) out, contiguous
+    kv_out_ptr,  # (T, D) out, contiguous
+    ring_ptr,  # (S, D) ring, rows loc[t] written when HAS_STORE
+    q_ptr,  # (T, H, D) in, unit stride on D
+    kv_ptr,  # (T, D) in, unit stride on D (a strided slice of qkv_a in real models)
+    q_w_ptr,  # (D,) q RMSNorm weight, read when HAS_Q_WEIGHT
+    kv_w_ptr,  # (D,) kv RMSNorm weight
+    cos_ptr,  # (max_pos, R/2) fp32
+    sin_ptr,  # (max_pos, R/2) fp32
+    pos_ptr,  # (T,) int positions
+    loc_ptr,  # (T,) int ring slots; negative = padding, nothing written
+    T,  # num_tokens
+    H,  # num_heads
+    D,  # head_dim
+    R,  # rope_dim (last R dims rotate)
+    eps,  # RMSNorm epsilon (shared by q and kv)
+    stride_q_t, stride_q_h,
+    stride_kv_t,
+    stride_qo_t, stride_qo_h,
+    stride_kvo_t,
+    stride_ring_s,
+    stride_cs_p,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_Q_WEIGHT: tl.constexpr,
+    HAS_STORE: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+):
+    pid_t = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1)
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)  # int64: T*H*D can pass 2**31
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_t = offs_t < T
+    mask_d = offs_d < D
+    mask = mask_t[:, None] & mask_d[None, :]
+
+    j = offs_d - (D - R)  # position inside the rope dims
+    in_rope = (j >= 0) & mask_d
+    jj = tl.where(in_rope, j, 0)
+    half = R // 2
+    if IS_NEOX:
+        first = jj < half
+        cs_idx = tl.where(first, jj, jj - half)
+        partner = tl.where(first, jj + half, jj - half)
+    else:
+        first = (jj % 2) == 0
+        cs_idx = jj // 2
+        partner = tl.where(first, jj + 1, jj - 1)
+    sign = tl.where(first, -1.0, 1.0)
+    partner_d = tl.where(in_rope, D - R + partner, offs_d)
+
+    pos = tl.load(pos_ptr + offs_t, mask=mask_t, other=0).to(tl.int64)
+    cos_rows = cos_ptr + pos[:, None] * stride_cs_p
+    sin_rows = sin_ptr + pos[:, None] * stride_cs_p
+
+    if pid_h < H:
+        rows = q_ptr + offs_t[:, None] * stride_q_t + pid_h * stride_q_h
+        y = _norm_rope_tile(rows, q_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign, in_rope, mask,
+                            D, eps, HAS_W=HAS_Q_WEIGHT)
+        out = q_out_ptr + offs_t[:, None] * stride_qo_t + pid_h * stride_qo_h + offs_d[None, :]
+        tl.store(out, y.to(q_out_ptr.dtype.element_ty), mask=mask)
+    else:
+        rows = kv_ptr + offs_t[:, None] * stride_kv_t
+        y = _norm_rope_tile(rows, kv_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign, in_rope, mask,
+                            D, eps, HAS_W=True)
+        y = y.to(kv_out_ptr.dtype.element_ty)
+        tl.store(kv_out_ptr + offs_t[:, None] * stride_kvo_t + offs_d[None, :], y, mask=mask)
+        if HAS_STORE:
+            slot = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
+            store_mask = mask & (slot >= 0)[:, None]
+            tl.store(ring_ptr + slot[:, None] * stride_ring_s + offs_d[None, :], y, mask=store_mask)
+
+
+def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_D, num_warps) per backend. The interpreter pays per program, so it
+    takes wide token tiles; compiled backends keep ~2K fp32 elements per tile."""
+    block_d = triton.next_power_of_2(D)
+    if interpreted:
+        return 32, block_d, 1
+    return max(1, 2048 // block_d), block_d, 4 if block_d <= 512 else 8
+
+
+def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
+                 rope_style="interleaved", ring=None, loc=None, q_out=None):
+    """Same contract as ``reference.qk_norm_rope.qk_norm_rope``, in one launch.
+
+    Shapes: q (T, H, D) bf16; kv (T, D) bf16 (rows may be strided); kv_norm_weight (D,);
+    q_norm_weight (D,) or None; cos, sin (max_pos, R/2) fp32; positions (T,) int;
+    ring (S, D) bf16 and loc (T,) int, both or neither; q_out (T, H, D) or None.
+    Returns (q_out (T, H, D), kv_out (T, D) contiguous).
+    """
+    T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
+                           rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
+                           ring=ring, loc=loc, q_out=q_out)
+    if q_out is None:
+        q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
+    if T == 0:
+        return q_out, kv_out
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    BLOCK_T, BLOCK_D, num_warps = block_config(D, interpreted)
+    has_store = ring is not None
+    grid = (triton.cdiv(T, BLOCK_T), H + 1)
+    _qk_norm_rope_kernel[grid](
+        q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,
+        q_ptr=q, kv_ptr=kv,
+        q_w_ptr=q_norm_weight if q_norm_weight is not None else kv_norm_weight, kv_w_ptr=kv_norm_weight,
+        cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, loc_ptr=loc if has_store else positions,
+        T=T, H=H, D=D, R=rope_dim, eps=eps,
+        stride_q_t=q.stride(0), stride_q_h=q.stride(1),
+        stride_kv_t=kv.stride(0),
+        stride_qo_t=q_out.stride(0), stride_qo_h=q_out.stride(1),
+        stride_kvo_t=kv_out.stride(0),
+        stride_ring_s=ring.stride(0) if has_store else 0,
+        stride_cs_p=cos.stride(0),
+        BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
+        HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
+        num_warps=num_warps,
+    )
+    return q_out, kv_out
+
+
+# ----------------------------------------------------------------------------- the gate
+
+@dataclass(frozen=True)
+class QkNormRopeDecision:
+    use_fused: bool  # run the one-launch kernel (else the two-launch chain)
+    in_kernel_store: bool  # the kernel writes the ring itself
+    return_kv: bool  # kv goes back to the caller (attention's k/v + the backend's own store)
+
+
+def verify_switch_from_env() -> bool:
+    """The verify switch (SGLang: SGLANG_OPT_FUSED_QK_NORM_ROPE_VERIFY), default on."""
+    return os.environ.get(VERIFY_SWITCH_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def gate(*, unified: bool, forward_mode: str, verify_switch: bool, fused_non_unified: bool = True
+         ) -> QkNormRopeDecision:
+    """Pure dispatch decision (seed 000, ``MQALayer._forward_prepare``).
+
+    Unified KV: fused in decode (with the in-kernel store: decode is a 1-source consumer) and
+    in target-verify only when the switch is on — and then *without* the store, returning kv.
+    Non-unified KV: fused with its own SWA-cache store when the model enables it.
+    """
+    if forward_mode not in FORWARD_MODES:
+        raise ValueError(f"forward_mode: expected one of {FORWARD_MODES}, got {forward_mode!r}")
+    fuse_verify = verify_switch and forward_mode == "target_verify"
+    use = (unified and (forward_mode == "decode" or fuse_verify)) or (not unified and fused_non_unified)
+    store_in_kernel = use and not (unified and fuse_verify)
+    return QkNormRopeDecision(use_fused=use, in_kernel_store=store_in_kernel, return_kv=not store_in_kernel)
+
+
+def qk_norm_rope_step(*, forward_mode, ring, loc, gate_fn=gate, verify_switch=None, **kw):
+    """One prepare step on a unified-KV layer as the model runs it: gate, launch(es), store.
+
+    Returns {"q_out", "kv_out"(None when the kernel stored and kept kv), "launch_path"}.
+    Contract: in decode ring[loc] holds the rotated kv afterwards; in target_verify the ring
+    is untouched here and kv_out is returned for attention and the backend's causal store.
+    """
+    switch = verify_switch_from_env() if verify_switch is None else verify_switch
+    d = gate_fn(unified=True, forward_mode=forward_mode, verify_switch=switch)
+    if d.use_fused:
+        q_out, kv_out = qk_norm_rope(ring=ring if d.in_kernel_store else None,
+                                     loc=loc if d.in_kernel_store else None, **kw)
+    else:
+        q_out, kv_out = ref.qk_norm_rope(**kw)
+    if forward_mode == "decode" and not d.in_kernel_store:
+        ref.ring_store(kv_out, ring, loc)  # the backend stores before a 1-source decode
+    return {"q_out": q_out, "kv_out": kv_out if d.return_kv else None}

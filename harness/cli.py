@@ -1,0 +1,181 @@
+"""python -m harness {list, run, repro, mutants} — thin: parse, delegate, print, exit code."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+MAX_REPRO_LINES = 40
+
+
+def _setup(args):
+    from cases import profiles
+    from harness import devices
+    from harness.registry import default_registry
+
+    dev = devices.select(args.device, fp8_format=getattr(args, "fp8_format", None))
+    prof = profiles.current(getattr(args, "profile", None))
+    plugin_specs = tuple(s for s in getattr(args, "impl", None) or () if ":" in s)
+    reg = default_registry(extra=plugin_specs)
+    return dev, prof, reg
+
+
+def _select_impls(reg, args, default_kinds):
+    names = [s for s in args.impl or () if ":" not in s]
+    loaded = {s.split(":", 1)[1].split(".")[-1] for s in args.impl or () if ":" in s}
+    kinds = tuple(args.kind) if args.kind else default_kinds
+    ops = args.op or sorted(reg.ops)
+    for op in ops:
+        if op not in reg.ops:
+            raise SystemExit(f"--op: unknown op {op!r}; known: {sorted(reg.ops)}")
+    chosen = []
+    for impl in reg.impls.values():
+        if impl.op not in ops:
+            continue
+        if names and impl.name not in names and not (impl.kind == "external" and loaded):
+            continue
+        if not names and impl.kind not in kinds and not (impl.kind == "external" and loaded):
+            continue
+        chosen.append(impl)
+    missing = set(names) - {i.name for i in chosen}
+    if missing:
+        raise SystemExit(f"--impl: unknown implementation(s) {sorted(missing)}; see `python -m harness list`")
+    return ops, chosen
+
+
+def _print_report(frame: pd.DataFrame, out=sys.stdout) -> int:
+    from harness.suite import failures, summary
+
+    if frame.empty:
+        print("no runs", file=out)
+        return 1
+    s = summary(frame)
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format):
+        print("\n" + s.to_string(index=False), file=out)
+    bad = failures(frame).drop_duplicates(["impl", "case"])
+    for _, r in bad.head(MAX_REPRO_LINES).iterrows():
+        print(f"FAIL {r['impl']} {r['case']} [{r['check']}] {r['detail'] or r['worst']}\n  repro: {r['repro']}", file=out)
+    if len(bad) > MAX_REPRO_LINES:
+        print(f"... {len(bad) - MAX_REPRO_LINES} more failing (impl, case) pairs in the CSV", file=out)
+    return 0 if bad.empty else 1
+
+
+def cmd_list(args) -> int:
+    dev, prof, reg = _setup(args)
+    for name, spec in sorted(reg.ops.items()):
+        print(f"{name}: {spec.doc}")
+        print(f"  catalog: {len(spec.catalog(big=False))} cases (+{len(spec.catalog(big=True)) - len(spec.catalog(big=False))} big); "
+              f"generated per run ({prof.name}): {prof.generated}")
+        for impl in reg.for_op(name):
+            pol = f" fp8_policy={impl.fp8_policy}" if impl.fp8_policy else ""
+            print(f"  - {impl.name:36s} {impl.kind:9s}{pol}  {impl.doc}")
+    print(f"device: {dev.kind} {dev.name} arch={dev.arch} fp8={dev.fp8_format} shim={dev.shim or '-'}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from harness import suite
+    from reports.rows import to_frame, write_csv
+
+    dev, prof, reg = _setup(args)
+    ops, impls = _select_impls(reg, args, ("reference", "fused", "compiled", "external"))
+    print(f"verify-parity run: device={dev.kind} ({dev.name}, {dev.arch}, fp8 {dev.fp8_format}) profile={prof.name} "
+          f"shim={dev.shim or 'off (compiled)'}; impls: {', '.join(i.key for i in impls)}", flush=True)
+    rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
+                     generated=args.generated, progress=not args.quiet)
+    path = write_csv(rows, args.csv)
+    print(f"rows: {len(rows)} -> {path}")
+    frame = to_frame(rows)
+    if args.expect_fail:  # mutant runs: every implementation must be flagged
+        return _print_kills(frame)
+    return _print_report(frame)
+
+
+def _print_kills(frame: pd.DataFrame) -> int:
+    per = frame.groupby("impl").agg(failed_cases=("status", lambda s: 0), runs=("case", "nunique"))
+    failed = frame[frame["status"] == "fail"].groupby("impl")
+    per["failed_cases"] = failed["case"].nunique()
+    per["killed_by"] = failed["check"].agg(lambda c: ",".join(sorted({x.split("@")[0] for x in c})))
+    per = per.fillna({"failed_cases": 0, "killed_by": ""})
+    print("\n" + per.reset_index().to_string(index=False))
+    survivors = per.index[per["failed_cases"] == 0].tolist()
+    for name, grp in failed:
+        r = grp.iloc[0]
+        print(f"KILLED {name}: {r['case']} [{r['check']}]\n  repro: {r['repro']}")
+    for s in survivors:
+        print(f"SURVIVED {s}: no check flagged it")
+    return 1 if survivors else 0
+
+
+def cmd_repro(args) -> int:
+    from cases import base
+    from harness import runners
+    from harness.suite import Planned, provenance, rows_for
+    from reports.rows import to_frame
+
+    dev, prof, reg = _setup(args)
+    cid = args.case_id
+    if ":" in cid.split("/")[0]:
+        op, fields = cid.split(":", 1)
+    else:
+        op, fields = cid.split("/", 1) if "/" in cid else (cid, "")
+    if op not in reg.ops:
+        raise SystemExit(f"case id: unknown op {op!r}; known: {sorted(reg.ops)}")
+    spec = reg.ops[op]
+    if ":" in cid.split("/")[0]:
+        case = base.parse_case(spec.case_type, fields)
+    else:
+        named = {c.name: c for c in spec.catalog(big=True)}
+        if fields not in named:
+            raise SystemExit(f"case id: no catalog case {fields!r} in {op}; known: {sorted(named)}")
+        case = named[fields]
+    names = args.impl or ["fused"]
+    rows = []
+    for name in names:
+        key = f"{op}/{name}" if ":" not in name else None
+        impl = reg.impls.get(key) if key else None
+        if impl is None:
+            raise SystemExit(f"--impl: unknown implementation {name!r} for {op}")
+        res = runners.run_case(spec, impl, case, dev)
+        rows += rows_for(Planned(spec, case), impl, dev, res, provenance(dev, prof, 0))
+    frame = to_frame(rows)
+    cols = ["impl", "check", "status", "err", "ref_err", "allowed", "max_abs", "mismatch_frac", "worst", "detail"]
+    with pd.option_context("display.width", 250, "display.max_colwidth", 120, "display.float_format", "{:.4g}".format):
+        print(frame[cols].to_string(index=False))
+    return 0 if (frame["status"] != "fail").all() else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p):
+        p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
+        p.add_argument("--fp8-format", default=None, choices=("e4m3fn", "e4m3fnuz"), help="CPU only")
+        p.add_argument("--impl", action="append", help="implementation name, or module:attr to load one (repeatable)")
+
+    p = sub.add_parser("list", help="ops, implementations, catalogs")
+    common(p)
+    p.set_defaults(fn=cmd_list)
+    for name, expect_fail in (("run", False), ("mutants", True)):
+        p = sub.add_parser(name, help="parity run" if name == "run" else "run every mutant; each must be flagged")
+        common(p)
+        p.add_argument("--op", action="append")
+        p.add_argument("--kind", action="append", choices=("reference", "fused", "compiled", "external", "mutant"))
+        p.add_argument("--profile", default=None, help="ci | nightly | dev (default: $VP_PROFILE or ci)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--generated", type=int, default=None, help="override the profile's generated-case count")
+        p.add_argument("--shard", default=None, help="i/n: run the i-th of n deterministic slices")
+        p.add_argument("--csv", default=f"runs/{name}.csv")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.set_defaults(fn=cmd_run, expect_fail=expect_fail)
+        if expect_fail:
+            p.set_defaults(kind=["mutant"])
+    p = sub.add_parser("repro", help="re-run one case and print every check")
+    common(p)
+    p.add_argument("case_id")
+    p.set_defaults(fn=cmd_repro)
+    args = ap.parse_args(argv)
+    return args.fn(args)

@@ -1,0 +1,134 @@
+"""Comparisons return records; the policy (``harness.tolerance``) decides afterwards.
+
+``numeric`` measures an output against the fp64 oracle and the reference chain's own error;
+``exact`` compares bytes (uint8 views); ``untouched`` checks that rows nobody should write
+kept their bytes. None of them raises on a mismatch: ``Record.passed`` says.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.tolerance import Tolerance
+
+WORST_K = 3
+
+
+@dataclass(frozen=True)
+class Record:
+    check: str  # e.g. "numeric:q_out", "exact:q8", "untouched:ring"
+    passed: bool
+    max_abs: float = float("nan")
+    max_rel: float = float("nan")
+    err: float = float("nan")  # scaled error of the implementation
+    ref_err: float = float("nan")  # scaled error of the reference chain
+    allowed: float = float("nan")
+    mismatch_frac: float = float("nan")  # fraction of elements with scaled error > allowed (or differing bytes)
+    nan_inf_mismatch: int = 0  # elements whose NaN/±Inf status differs from the oracle
+    worst: str = ""  # "idx: got/oracle/ref; ..."
+    detail: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().cpu().view(torch.uint8).reshape(*t.shape, -1) if t.dim() else \
+        t.detach().cpu().reshape(1).contiguous().view(torch.uint8)
+
+
+def _scaled(x: torch.Tensor, o: torch.Tensor, tol: Tolerance) -> torch.Tensor:
+    finite = torch.isfinite(o) & torch.isfinite(x)
+    e = (x - o).abs() / (tol.atol + tol.rtol * o.abs())
+    return torch.where(finite, e, torch.zeros_like(e))
+
+
+def _special_mismatch(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    return (torch.isnan(x) != torch.isnan(o)) | (torch.isposinf(x) != torch.isposinf(o)) | \
+        (torch.isneginf(x) != torch.isneginf(o))
+
+
+def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: torch.Tensor | None, tol: Tolerance,
+            *, is_reference: bool = False) -> Record:
+    """Scaled error of ``got`` (and ``ref``) against the fp64 ``oracle``; see harness.tolerance."""
+    if got is None:
+        return Record(check, False, detail="output missing (None)")
+    if tuple(got.shape) != tuple(oracle.shape):
+        return Record(check, False, detail=f"shape {tuple(got.shape)} != oracle {tuple(oracle.shape)}")
+    o = oracle.detach().cpu().double()
+    x = got.detach().cpu().double()
+    if o.numel() == 0:
+        return Record(check, True, detail="empty")
+    finite_o = o[torch.isfinite(o)]
+    if finite_o.numel() and finite_o.abs().max() < 100 * tol.atol:
+        return Record(check, False, detail=f"degenerate case: oracle max |o| = {float(finite_o.abs().max()):.3g} "
+                                           f"is under 100×atol, writing zeros would pass")
+    e = _scaled(x, o, tol)
+    err = float(e.max())
+    ref_err = float("nan")
+    r = None
+    if ref is not None:
+        r = ref.detach().cpu().double()
+        ref_err = float(_scaled(r, o, tol).max()) if r.shape == o.shape else float("nan")
+    allowed = tol.allowed(ref_err, is_reference=is_reference)
+    special = _special_mismatch(x, o)
+    n_special = int(special.sum())
+    diff = torch.where(torch.isfinite(o) & torch.isfinite(x), (x - o).abs(), torch.zeros_like(o))
+    rel = diff / o.abs().clamp_min(tol.atol)
+    flat = torch.where(special, torch.full_like(e, float("inf")), e).flatten()
+    worst = []
+    for i in torch.topk(flat, min(WORST_K, flat.numel())).indices.tolist():
+        idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), o.shape))
+        rv = f"/{float(r.flatten()[i]):.6g}" if r is not None and r.shape == o.shape else ""
+        worst.append(f"{idx}: {float(x.flatten()[i]):.6g}/{float(o.flatten()[i]):.6g}{rv}")
+    return Record(
+        check, passed=err <= allowed and n_special == 0,
+        max_abs=float(diff.max()), max_rel=float(rel.max()), err=err, ref_err=ref_err, allowed=allowed,
+        mismatch_frac=float((e > allowed).double().mean()), nan_inf_mismatch=n_special,
+        worst="; ".join(worst) + "  (got/oracle/ref)",
+    )
+
+
+def exact(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Record:
+    """Byte-identical contract (fp8 bytes, cache rows, indices)."""
+    if got is None:
+        return Record(check, False, detail="output missing (None)")
+    if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+        return Record(check, False, detail=f"{tuple(got.shape)} {got.dtype} != expected {tuple(want.shape)} {want.dtype}")
+    gb, wb = _bytes(got), _bytes(want)
+    bad = (gb != wb)
+    n = int(bad.sum())
+    worst = ""
+    if n:
+        elem_bad = bad.reshape(*got.shape, -1).any(-1) if got.dim() else bad.any().reshape(())
+        idxs = torch.nonzero(elem_bad)[:WORST_K].tolist()
+        worst = "; ".join(f"{tuple(i)}: {gb[tuple(i)].tolist()} != {wb[tuple(i)].tolist()}" for i in idxs)
+    return Record(check, n == 0, mismatch_frac=n / max(1, gb.numel()), worst=worst,
+                  detail="" if n == 0 else f"{n} bytes differ")
+
+
+def untouched(check: str, after: torch.Tensor, before: torch.Tensor, written_rows: torch.Tensor) -> Record:
+    """Every row of ``after`` not listed in ``written_rows`` is byte-identical to ``before``."""
+    keep = torch.ones(after.shape[0], dtype=torch.bool)
+    if written_rows.numel():
+        keep[written_rows.cpu().long()] = False
+    ab, bb = _bytes(after)[keep], _bytes(before)[keep]
+    bad_rows = (ab != bb).reshape(ab.shape[0], -1).any(-1)
+    n = int(bad_rows.sum())
+    rows = torch.nonzero(keep).flatten()[bad_rows][:WORST_K].tolist()
+    return Record(check, n == 0, mismatch_frac=n / max(1, int(keep.sum())),
+                  worst="" if n == 0 else f"rows {rows} changed",
+                  detail="" if n == 0 else f"{n} rows outside the write set changed")
+
+
+def bitwise_equal(check: str, a: dict, b: dict) -> Record:
+    """Two runs of the same implementation on the same inputs: every tensor byte-identical."""
+    for name in sorted(set(a) | set(b)):
+        x, y = a.get(name), b.get(name)
+        if (x is None) != (y is None):
+            return Record(check, False, detail=f"{name}: present in one run only")
+        if x is None:
+            continue
+        r = exact(check, x, y)
+        if not r.passed:
+            return Record(check, False, mismatch_frac=r.mismatch_frac, worst=f"{name}: {r.worst}", detail=f"{name} differs between runs: {r.detail}")
+    return Record(check, True)

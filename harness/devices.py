@@ -1,0 +1,114 @@
+"""The only module that asks which device this is: CPU interpreter, CUDA or ROCm, the arch,
+and the fp8 format per arch.
+
+``prepare_triton()`` must run before any ``@triton.jit`` is evaluated (Triton decides
+interpreter vs compiler at decoration time); ``fused/__init__.py`` calls it, so importing any
+fused module is enough. On a machine without a GPU it sets ``TRITON_INTERPRET=1`` and installs
+the conversion shim (``harness.shim``); both are recorded in every row's provenance.
+
+fp8 formats: ``e4m3fn`` on NVIDIA and AMD gfx950 (MI355), ``e4m3fnuz`` on AMD gfx942 (MI300).
+On the CPU the format is whatever the run asks for (both run under the interpreter).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+_FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
+
+
+class DeviceUnavailable(RuntimeError):
+    """The requested device kind is not present on this machine."""
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # "cpu" (Triton interpreter), "cuda" or "rocm"
+    name: str  # e.g. "NVIDIA H200", "cpu"
+    arch: str  # "sm90", "gfx942", "interpreter"
+    fp8_format: str  # "e4m3fn" or "e4m3fnuz"
+    shim: str  # interpreter shim id, "" when compiled
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cpu" if self.kind == "cpu" else "cuda")
+
+    @property
+    def fp8_dtype(self) -> torch.dtype:
+        return FP8_DTYPES[self.fp8_format]
+
+    @property
+    def interpreted(self) -> bool:
+        return self.kind == "cpu"
+
+
+def fp8_format_for_arch(arch: str) -> str:
+    """The native fp8 e4m3 flavour of an arch: fnuz only on gfx940/941/942."""
+    return "e4m3fnuz" if arch.split(":")[0] in _FNUZ_ARCHS else "e4m3fn"
+
+
+def gpu_present() -> bool:
+    return torch.cuda.is_available()
+
+
+def _gpu_device() -> Device:
+    props = torch.cuda.get_device_properties(0)
+    if torch.version.hip:
+        arch = props.gcnArchName.split(":")[0]
+        return Device("rocm", props.name, arch, fp8_format_for_arch(arch), "")
+    arch = f"sm{props.major}{props.minor}"
+    return Device("cuda", props.name, arch, fp8_format_for_arch(arch), "")
+
+
+def prepare_triton() -> None:
+    """Choose interpreter vs compiler for Triton. Call before importing kernels."""
+    want = os.environ.get("VP_DEVICE", "auto")
+    if want == "cpu" or (want == "auto" and not gpu_present()):
+        os.environ["TRITON_INTERPRET"] = "1"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from harness import shim
+
+        shim.install()
+
+
+def select(requested: str = "auto", *, fp8_format: str | None = None) -> Device:
+    """Resolve "auto" | "cpu" | "cuda" | "rocm" to a Device and prepare Triton for it.
+
+    ``fp8_format`` overrides the arch's format only on the CPU, where both formats run.
+    """
+    if requested not in ("auto", "cpu", "cuda", "rocm"):
+        raise ValueError(f"device: expected auto, cpu, cuda or rocm, got {requested!r}")
+    if requested == "auto":
+        requested = "cpu" if not gpu_present() else ("rocm" if torch.version.hip else "cuda")
+    os.environ["VP_DEVICE"] = requested
+    if requested == "cpu":
+        prepare_triton()
+        from harness import shim
+
+        fmt = fp8_format or "e4m3fn"
+        if fmt not in FP8_DTYPES:
+            raise ValueError(f"fp8_format: expected one of {sorted(FP8_DTYPES)}, got {fmt!r}")
+        return Device("cpu", "cpu", "interpreter", fmt, shim.SHIM_ID)
+    if not gpu_present():
+        raise DeviceUnavailable(f"device {requested!r} requested but torch sees no GPU")
+    dev = _gpu_device()
+    if dev.kind != requested:
+        raise DeviceUnavailable(f"device {requested!r} requested but this GPU is {dev.kind} ({dev.name})")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise DeviceUnavailable("TRITON_INTERPRET=1 is set but a GPU run was requested; unset it")
+    prepare_triton()
+    return dev
+
+
+def versions() -> dict[str, str]:
+    import triton
+
+    return {"torch": torch.__version__, "triton": triton.__version__}
+
+
+def synchronize(dev: Device) -> None:
+    if not dev.interpreted:
+        torch.cuda.synchronize()

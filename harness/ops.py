@@ -1,0 +1,82 @@
+"""The registry entries: one ``OpSpec`` per op plus its built-in implementations.
+
+Each entry names the op's five pieces — ``reference/<op>.py``, ``fused/<op>.py``,
+``cases/<op>.py``, this entry, ``tests/test_<op>.py`` — which ``tests/test_inventory.py`` checks.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from harness.registry import Effect, Impl, OpSpec, OutputSpec, Registry
+
+# ----------------------------------------------------------------------------- qk_norm_rope
+
+
+def _qk_effects(case, inputs, oracle):
+    loc = inputs["loc"].cpu()
+    valid = loc >= 0
+    if case.mode == "decode":
+        return [Effect("ring", loc[valid].long(), oracle["kv_out"][valid])]
+    return [Effect("ring", torch.empty(0, dtype=torch.long), oracle["kv_out"][:0])]
+
+
+def _qk_fused(**kw):
+    from fused import qk_norm_rope as f
+
+    return f.qk_norm_rope_step(**kw)
+
+
+@functools.cache
+def _qk_compiled_fns():
+    from reference import qk_norm_rope as r
+
+    return torch.compile(r.q_norm_rope, dynamic=True), torch.compile(r.kv_norm_rope, dynamic=True)
+
+
+def _qk_compiled(*, forward_mode, ring, loc, **kw):
+    """torch.compile of the reference chain's two launches (+ the decode store)."""
+    from reference import qk_norm_rope as r
+
+    r.validate(ring=ring, loc=loc, **kw)
+    q_fn, kv_fn = _qk_compiled_fns()
+    a = (kw["eps"], kw["cos"], kw["sin"], kw["positions"], kw["rope_dim"], kw["rope_style"])
+    q_out = q_fn(kw["q"], kw["q_norm_weight"], *a, kw["q_out"])
+    kv_out = kv_fn(kw["kv"], kw["kv_norm_weight"], *a)
+    if forward_mode == "decode":
+        r.ring_store(kv_out, ring, loc)
+    return {"q_out": q_out, "kv_out": kv_out}
+
+
+def _qk_spec() -> OpSpec:
+    from cases import qk_norm_rope as c
+    from reference import qk_norm_rope as r
+
+    return OpSpec(
+        name="qk_norm_rope",
+        case_type=c.QkNormRopeCase,
+        catalog=c.catalog,
+        strategy=c.cases,
+        build_inputs=c.build_inputs,
+        reference=r.qk_norm_rope_step,
+        oracle=r.qk_norm_rope_oracle,
+        outputs=(OutputSpec("q_out", "numeric"),
+                 OutputSpec("kv_out", "numeric", when=lambda case: case.mode == "target_verify")),
+        effects=_qk_effects,
+        writable=("ring",),
+        out_args=("q_out",),
+        doc="qk RMSNorm + RoPE (DeepSeek-V4 MQA); the verify step must not store into the ring (seed 000)",
+    )
+
+
+def register_builtin(reg: Registry) -> None:
+    from reference import qk_norm_rope as r
+
+    reg.add_op(_qk_spec())
+    reg.add(Impl("qk_norm_rope", "reference", "reference", r.qk_norm_rope_step,
+                 doc="two launches (q, kv) + the decode ring store"))
+    reg.add(Impl("qk_norm_rope", "fused", "fused", _qk_fused,
+                 doc="gate + one Triton launch; in-kernel store only in decode"))
+    reg.add(Impl("qk_norm_rope", "compiled", "compiled", _qk_compiled,
+                 doc="torch.compile(dynamic=True) of the reference chain's launches"))

@@ -1,0 +1,123 @@
+"""Runners: the checks made on one (implementation, case) pair.
+
+  numeric/exact  every output of the contract against the fp64 oracle (or reference bytes)
+  effect         rows an op must write (ring, KV pool) hold the right values
+  untouched      every other row of every writable buffer kept its bytes (canary contents)
+  determinism    a second run on fresh identical inputs is bitwise identical
+  poisoned       caller-provided outputs pre-filled with NaN and writable buffers poisoned
+                 with 0xFF bytes: every element must still be written, nothing else touched
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from harness import compare, tolerance
+from harness.devices import Device, synchronize
+from harness.registry import Impl, OpSpec
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    records: tuple[compare.Record, ...]
+    seconds: float  # wall time of the implementation's first call
+    refused: str = ""  # can_handle's reason, when it refused
+
+
+def _cpu(inputs: dict) -> dict:
+    return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def _call(impl_fn, inputs: dict, dev: Device) -> tuple[dict, float]:
+    t0 = time.perf_counter()
+    out = impl_fn(**inputs)
+    synchronize(dev)
+    return dict(out), time.perf_counter() - t0
+
+
+def _check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
+                   ref_inputs: dict, before: dict, suffix: str = "") -> list[compare.Record]:
+    recs = []
+    is_ref = impl.kind == "reference"
+    for o in spec.outputs:
+        if not o.when(case):
+            continue
+        got = out.get(o.name)
+        if o.contract == "exact":
+            recs.append(compare.exact(f"exact:{o.name}{suffix}", got, ref_out[o.name]))
+        else:
+            tol = tolerance.lookup(spec.name, o.name, got.dtype if got is not None else ref_out[o.name].dtype)
+            recs.append(compare.numeric(f"numeric:{o.name}{suffix}", got, oracle[o.name], ref_out.get(o.name), tol,
+                                        is_reference=is_ref))
+    for eff in spec.effects(case, _cpu(inputs), oracle):
+        buf, rbuf = inputs[eff.buffer].cpu(), ref_inputs[eff.buffer].cpu()
+        rows = eff.rows.cpu().long()
+        if rows.numel():
+            if eff.contract == "exact":
+                recs.append(compare.exact(f"effect:{eff.buffer}{suffix}", buf[rows], rbuf[rows]))
+            else:
+                tol = tolerance.lookup(spec.name, eff.buffer, buf.dtype)
+                recs.append(compare.numeric(f"effect:{eff.buffer}{suffix}", buf[rows], eff.oracle_rows, rbuf[rows], tol,
+                                            is_reference=is_ref))
+        recs.append(compare.untouched(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer], rows))
+    return recs
+
+
+def _poison(spec: OpSpec, inputs: dict) -> None:
+    for name in spec.out_args:
+        ref = inputs.get(name)
+        if ref is None:  # make the caller-provided path happen in this run
+            continue
+        ref.view(torch.uint8).fill_(0xFF)
+    for name in spec.writable:
+        inputs[name].view(torch.uint8).fill_(0xFF)  # NaN bit patterns for every float format
+
+
+def provide_outputs(spec: OpSpec, inputs: dict, ref_out: dict) -> dict:
+    """Allocate every caller-provided output argument the case left to the implementation."""
+    for name in spec.out_args:
+        if inputs.get(name) is None:
+            inputs[name] = torch.empty_like(ref_out[name])
+    return inputs
+
+
+def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool = True,
+             poisoned: bool = True) -> CaseResult:
+    verdict = impl.can_handle(case, dev)
+    if verdict is not True:
+        return CaseResult((), 0.0, refused=str(verdict) or "refused")
+    recs: list[compare.Record] = []
+    try:
+        ref_inputs = spec.build_inputs(case, dev)
+        ref_out, _ = _call(spec.reference, ref_inputs, dev)
+        ref_out = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in ref_out.items()}
+        inputs = spec.build_inputs(case, dev)
+        oracle = spec.oracle(**_cpu(inputs))
+        before = {b: inputs[b].detach().cpu().clone() for b in spec.writable}
+        out, seconds = _call(impl.fn, inputs, dev)
+        recs += _check_outputs(spec, impl, case, out, oracle, ref_out, inputs, _cpu(ref_inputs), before)
+        if determinism:
+            again = spec.build_inputs(case, dev)
+            out2, _ = _call(impl.fn, again, dev)
+            recs.append(compare.bitwise_equal(
+                "determinism", {**out, **{b: inputs[b] for b in spec.writable}},
+                {**out2, **{b: again[b] for b in spec.writable}}))
+        if poisoned:
+            p = provide_outputs(spec, spec.build_inputs(case, dev), ref_out)
+            _poison(spec, p)
+            p_before = {b: p[b].detach().cpu().clone() for b in spec.writable}
+            p_out, _ = _call(impl.fn, p, dev)
+            for name in spec.out_args:
+                if p_out.get(name) is not None and p_out[name].data_ptr() != p[name].data_ptr():
+                    recs.append(compare.Record(f"poisoned:{name}-aliased", False,
+                                               detail=f"caller-provided {name} was not written in place"))
+            recs += _check_outputs(spec, impl, case, p_out, oracle, ref_out, p, _cpu(ref_inputs), p_before,
+                                   suffix="@poisoned")
+    except Exception as exc:  # an implementation crash is a failure of that implementation, with its trace
+        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        recs.append(compare.Record("run", False, detail=tb))
+        seconds = float("nan")
+    return CaseResult(tuple(recs), seconds)

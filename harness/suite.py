@@ -1,0 +1,114 @@
+"""A parity run: plan (op × implementation × case), run with progress, rows, summary.
+
+Cases per op: the whole catalog (``big`` entries only in profiles that ask for them) plus
+``profile.generated`` hypothesis-drawn cases, deterministic for ``seed``.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import pandas as pd
+from tqdm import tqdm
+
+from cases import base
+from cases.profiles import Profile
+from harness import devices, runners
+from harness.devices import Device
+from harness.registry import Impl, OpSpec, Registry
+from reports.rows import ParityRow, Provenance, git_sha
+
+
+@dataclass(frozen=True)
+class Planned:
+    spec: OpSpec
+    case: object
+
+    @property
+    def display(self) -> str:
+        return base.display_id(self.spec.name, self.case)
+
+    @property
+    def full_id(self) -> str:
+        return base.case_id(self.spec.name, self.case)
+
+
+def plan_cases(spec: OpSpec, profile: Profile, *, seed: int = 0, generated: int | None = None) -> list[Planned]:
+    cat = spec.catalog(big=profile.big)
+    n = profile.generated if generated is None else generated
+    gen = base.draw(spec.strategy(), n, rng_seed=seed) if n else []
+    return [Planned(spec, c) for c in cat + gen]
+
+
+def shard(items: list, spec: str | None) -> list:
+    """``i/n``: the deterministic i-th of n slices (round robin), 1-based."""
+    if not spec:
+        return items
+    i, n = (int(x) for x in spec.split("/"))
+    if not 1 <= i <= n:
+        raise ValueError(f"--shard: expected i/n with 1 <= i <= n, got {spec!r}")
+    return items[i - 1::n]
+
+
+def provenance(dev: Device, profile: Profile, seed: int) -> Provenance:
+    v = devices.versions()
+    return Provenance(git_sha=git_sha(), device=f"{dev.kind}:{dev.name}", arch=dev.arch, fp8_format=dev.fp8_format,
+                      torch=v["torch"], triton=v["triton"], shim=dev.shim, profile=profile.name, seed=seed)
+
+
+def repro_line(p: Planned, impl: Impl, dev: Device) -> str:
+    return f"python -m harness repro '{p.full_id}' --impl {impl.name} --device {dev.kind}"
+
+
+def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov: Provenance) -> list[ParityRow]:
+    common = dict(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display, fp8_policy=impl.fp8_policy,
+                  repro=repro_line(p, impl, dev), seconds=res.seconds, **prov.__dict__)
+    if res.refused:
+        return [ParityRow(check="can_handle", status="refused", err=float("nan"), ref_err=float("nan"),
+                          allowed=float("nan"), max_abs=float("nan"), max_rel=float("nan"), mismatch_frac=float("nan"),
+                          nan_inf_mismatch=0, worst="", detail=res.refused, **common)]
+    return [ParityRow(check=r.check, status="pass" if r.passed else "fail", err=r.err, ref_err=r.ref_err,
+                      allowed=r.allowed, max_abs=r.max_abs, max_rel=r.max_rel, mismatch_frac=r.mismatch_frac,
+                      nan_inf_mismatch=r.nan_inf_mismatch, worst=r.worst, detail=r.detail, **common)
+            for r in res.records]
+
+
+def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,
+        shard_spec: str | None = None, generated: int | None = None, progress: bool = True) -> list[ParityRow]:
+    prov = provenance(dev, profile, seed)
+    work = []
+    for op in ops:
+        spec = reg.ops[op]
+        planned = shard(plan_cases(spec, profile, seed=seed, generated=generated), shard_spec)
+        work += [(p, i) for p in planned for i in impls if i.op == op]
+    rows: list[ParityRow] = []
+    bar = tqdm(work, desc="parity", unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,
+               mininterval=0.5 if sys.stderr.isatty() else 15.0)
+    n_fail = 0
+    for p, impl in bar:
+        res = runners.run_case(p.spec, impl, p.case, dev)
+        new = rows_for(p, impl, dev, res, prov)
+        n_fail += any(r.status == "fail" for r in new)
+        bar.set_postfix_str(f"{impl.name} fail={n_fail}")
+        rows += new
+    return rows
+
+
+def summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (op, impl): cases, cases passing every check, failing, refused; worst err/allowed."""
+    if frame.empty:
+        return frame
+    per_case = frame.groupby(["op", "impl", "kind", "case"]).agg(
+        failed=("status", lambda s: (s == "fail").any()), refused=("status", lambda s: (s == "refused").all()),
+        ratio=("err", lambda e: 0.0), seconds=("seconds", "first"))
+    ratio = (frame["err"] / frame["allowed"]).groupby([frame["op"], frame["impl"], frame["kind"], frame["case"]]).max()
+    per_case["ratio"] = ratio
+    out = per_case.groupby(["op", "impl", "kind"]).agg(
+        cases=("failed", "size"), passed=("failed", lambda f: int((~f).sum())), failed=("failed", "sum"),
+        refused=("refused", "sum"), worst_err_over_allowed=("ratio", "max"), seconds=("seconds", "sum"))
+    out["passed"] -= out["refused"]
+    return out.reset_index()
+
+
+def failures(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["status"] == "fail"]

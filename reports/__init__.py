@@ -1,0 +1,1 @@
+"""Rows -> CSV (pandas), JUnit XML, HTML, baseline diffs. No metric is computed here."""
