@@ -1,14 +1,19 @@
-"""Deliberately broken implementations. Each is registered like any other implementation and
-names, in its ``doc``, the seed and the bug class; ``catches`` lists the checks that must
-flag it. ``nox -s mutants`` (and ``tests/test_mutants.py``) fail if one survives.
+"""Deliberately broken implementations, one module per op: ``cases/mutants/<op>.py`` holds a
+list ``MUTANTS`` of ``Impl(kind="mutant")``. Each names, in its ``doc``, the seed and the bug
+class, and in ``catches`` the checks that must flag it. ``nox -s mutants`` (and
+``tests/test_mutants.py``) fail if one survives.
 """
 from __future__ import annotations
+
+import importlib
+import importlib.util
 
 from harness.registry import Registry
 
 
 def register(reg: Registry) -> None:
-    from cases.mutants import qk_norm_rope
-
-    for impl in qk_norm_rope.MUTANTS:
-        reg.add(impl)
+    for op in sorted(reg.ops):
+        if importlib.util.find_spec(f"cases.mutants.{op}") is None:
+            continue
+        for impl in importlib.import_module(f"cases.mutants.{op}").MUTANTS:
+            reg.add(impl)

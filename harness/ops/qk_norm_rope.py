@@ -1,8 +1,4 @@
-"""The registry entries: one ``OpSpec`` per op plus its built-in implementations.
-
-Each entry names the op's five pieces — ``reference/<op>.py``, ``fused/<op>.py``,
-``cases/<op>.py``, this entry, ``tests/test_<op>.py`` — which ``tests/test_inventory.py`` checks.
-"""
+"""Registry entry for ``qk_norm_rope``: its OpSpec and built-in implementations."""
 from __future__ import annotations
 
 import functools
@@ -10,8 +6,6 @@ import functools
 import torch
 
 from harness.registry import Effect, Impl, OpSpec, OutputSpec, Registry
-
-# ----------------------------------------------------------------------------- qk_norm_rope
 
 
 def _qk_effects(case, inputs, oracle):
@@ -70,7 +64,7 @@ def _qk_spec() -> OpSpec:
     )
 
 
-def register_builtin(reg: Registry) -> None:
+def register(reg: Registry) -> None:
     from reference import qk_norm_rope as r
 
     reg.add_op(_qk_spec())
