@@ -112,20 +112,19 @@ def _qk_norm_rope_kernel(
 
     if pid_h < H:
         rows = q_ptr + offs_t[:, None] * stride_q_t + pid_h * stride_q_h
-        y = _norm_rope_tile(rows, q_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign, in_rope, mask,
-                            D, eps, HAS_W=HAS_Q_WEIGHT)
+        q_y = _norm_rope_tile(rows, q_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign, in_rope, mask,
+                              D, eps, HAS_W=HAS_Q_WEIGHT)
         out = q_out_ptr + offs_t[:, None] * stride_qo_t + pid_h * stride_qo_h + offs_d[None, :]
-        tl.store(out, y.to(q_out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out, q_y.to(q_out_ptr.dtype.element_ty), mask=mask)
     else:
         rows = kv_ptr + offs_t[:, None] * stride_kv_t
-        y = _norm_rope_tile(rows, kv_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign, in_rope, mask,
-                            D, eps, HAS_W=True)
-        y = y.to(kv_out_ptr.dtype.element_ty)
-        tl.store(kv_out_ptr + offs_t[:, None] * stride_kvo_t + offs_d[None, :], y, mask=mask)
+        kv_y = _norm_rope_tile(rows, kv_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign, in_rope, mask,
+                               D, eps, HAS_W=True).to(kv_out_ptr.dtype.element_ty)
+        tl.store(kv_out_ptr + offs_t[:, None] * stride_kvo_t + offs_d[None, :], kv_y, mask=mask)
         if HAS_STORE:
             slot = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
             store_mask = mask & (slot >= 0)[:, None]
-            tl.store(ring_ptr + slot[:, None] * stride_ring_s + offs_d[None, :], y, mask=store_mask)
+            tl.store(ring_ptr + slot[:, None] * stride_ring_s + offs_d[None, :], kv_y, mask=store_mask)
 
 
 def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
@@ -224,3 +223,25 @@ def qk_norm_rope_step(*, forward_mode, ring, loc, gate_fn=gate, verify_switch=No
     if forward_mode == "decode" and not d.in_kernel_store:
         ref.ring_store(kv_out, ring, loc)  # the backend stores before a 1-source decode
     return {"q_out": q_out, "kv_out": kv_out if d.return_kv else None}
+
+
+def compile_specs():
+    """Signatures for the ahead-of-time compile check (``python -m harness compile``): one per
+    constexpr variant that the wrapper can launch."""
+    sig = {
+        "q_out_ptr": "*bf16", "kv_out_ptr": "*bf16", "ring_ptr": "*bf16", "q_ptr": "*bf16", "kv_ptr": "*bf16",
+        "q_w_ptr": "*bf16", "kv_w_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
+        "loc_ptr": "*i64", "T": "i32", "H": "i32", "D": "i32", "R": "i32", "eps": "fp32",
+        "stride_q_t": "i32", "stride_q_h": "i32", "stride_kv_t": "i32", "stride_qo_t": "i32", "stride_qo_h": "i32",
+        "stride_kvo_t": "i32", "stride_ring_s": "i32", "stride_cs_p": "i32",
+    }
+    specs = []
+    for has_q_w in (False, True):
+        for has_store in (False, True):
+            for neox in (False, True):
+                block_t, block_d, warps = block_config(512, interpreted=False)
+                const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w, "HAS_STORE": has_store,
+                         "IS_NEOX": neox}
+                specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={int(has_store)},neox={int(neox)}]",
+                              _qk_norm_rope_kernel, sig, const, warps))
+    return specs

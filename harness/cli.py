@@ -147,6 +147,19 @@ def cmd_repro(args) -> int:
     return 0 if (frame["status"] != "fail").all() else 1
 
 
+def cmd_compile(args) -> int:
+    from harness import compile_check
+    from harness.ops import BUILTIN
+
+    res = compile_check.run(args.op or list(BUILTIN), args.target or list(compile_check.TARGETS))
+    frame = pd.DataFrame([r.__dict__ for r in res])
+    with pd.option_context("display.width", 200, "display.max_colwidth", 90, "display.float_format", "{:.2f}".format):
+        print(frame.to_string(index=False))
+    bad = frame[~frame["ok"]]
+    print(f"compiled {int(frame['ok'].sum())}/{len(frame)} kernel variants for {', '.join(args.target or compile_check.TARGETS)}")
+    return 0 if bad.empty else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -173,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=cmd_run, expect_fail=expect_fail)
         if expect_fail:
             p.set_defaults(kind=["mutant"])
+    p = sub.add_parser("compile", help="compile every kernel for NVIDIA/AMD targets (no GPU needed)")
+    p.add_argument("--op", action="append")
+    p.add_argument("--target", action="append", choices=("sm90", "gfx942", "gfx950"))
+    p.set_defaults(fn=cmd_compile)
     p = sub.add_parser("repro", help="re-run one case and print every check")
     common(p)
     p.add_argument("case_id")

@@ -65,7 +65,12 @@ def _gpu_device() -> Device:
 
 def prepare_triton() -> None:
     """Choose interpreter vs compiler for Triton. Call before importing kernels."""
+    # FP fusion (FMA contraction) changes rounding; triton 3.9 warns that its default flips in
+    # 3.10. Pin today's default explicitly so every version computes the same thing.
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     want = os.environ.get("VP_DEVICE", "auto")
+    if want == "compile":  # ahead-of-time compile check: real JITFunctions, no interpreter
+        return
     if want == "cpu" or (want == "auto" and not gpu_present()):
         os.environ["TRITON_INTERPRET"] = "1"
     if os.environ.get("TRITON_INTERPRET") == "1":
