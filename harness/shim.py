@@ -66,7 +66,9 @@ def convert(values: torch.Tensor, dst: torch.dtype) -> torch.Tensor:
     x = values.float()
     if torch.finfo(dst).bits == 8:
         fmax = torch.finfo(dst).max
-        x = torch.where(torch.isnan(x), x, x.clamp(-fmax, fmax))
+        nan = torch.isnan(x)
+        x = torch.where(nan, torch.full_like(x, float("nan")), x.clamp(-fmax, fmax))  # canonical +NaN code
+        return x.to(dst)
     return x.to(dst)
 
 

@@ -1,0 +1,88 @@
+"""compare.* return records that describe what went wrong; the policy decides."""
+from __future__ import annotations
+
+import torch
+
+from harness import compare, tolerance
+
+TOL = tolerance.DTYPE_FLOORS[torch.bfloat16]
+
+
+def _oracle(n=1000):
+    return torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+
+def test_correct_rounding_passes_and_records():
+    o = _oracle()
+    r = compare.numeric("numeric:x", o.to(torch.bfloat16), o, o.to(torch.bfloat16), TOL)
+    assert r.passed and r.err <= 1.0 and r.mismatch_frac == 0 and r.nan_inf_mismatch == 0
+    assert r.worst.count(":") >= 3  # three worst indices with values
+
+
+def test_two_ulps_off_fails_with_worst_index():
+    """(One ulp off can be the other honest neighbour of a value near a midpoint; two cannot.)"""
+    o = _oracle()
+    x = o.to(torch.bfloat16)
+    x.view(torch.int16)[123] += 2
+    r = compare.numeric("numeric:x", x, o, o.to(torch.bfloat16), TOL)
+    assert not r.passed and r.worst.startswith("(123,)")
+
+
+def test_nan_placement_is_checked():
+    o = _oracle()
+    x = o.to(torch.bfloat16)
+    x[7] = float("nan")
+    r = compare.numeric("numeric:x", x, o, None, TOL)
+    assert not r.passed and r.nan_inf_mismatch == 1
+    o2 = o.clone()
+    o2[7] = float("nan")
+    assert compare.numeric("numeric:x", x, o2, None, TOL).passed
+
+
+def test_zeros_fail_and_degenerate_oracles_are_refused():
+    o = _oracle()
+    assert not compare.numeric("numeric:x", torch.zeros(1000), o, None, TOL).passed
+    tiny = o * 1e-9
+    r = compare.numeric("numeric:x", torch.zeros(1000), tiny, None, TOL)
+    assert not r.passed and "degenerate" in r.detail
+
+
+def test_reference_chain_error_widens_only_by_factor():
+    o = _oracle()
+    noisy = o + 0.05  # the chain is this bad: an implementation may be up to factor × as bad
+    ref_err = compare.numeric("x", noisy, o, None, TOL).err
+    r = compare.numeric("x", o + 0.05 * TOL.factor * 0.99, o, noisy, TOL)
+    assert r.passed and r.allowed == TOL.factor * ref_err
+    assert not compare.numeric("x", o + 0.05 * TOL.factor * 1.5, o, noisy, TOL).passed
+    assert not compare.numeric("x", noisy, o, noisy, TOL, is_reference=True).passed  # the chain meets the floor
+
+
+def test_missing_output_and_wrong_shape_fail():
+    o = _oracle()
+    assert not compare.numeric("x", None, o, None, TOL).passed
+    assert not compare.numeric("x", o[:-1], o, None, TOL).passed
+
+
+def test_exact_and_untouched():
+    a = torch.arange(24, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(6, 4)
+    assert compare.exact("exact:a", a.clone(), a).passed
+    b = a.clone()
+    b.view(torch.uint8)[2, 1] ^= 1
+    r = compare.exact("exact:a", b, a)
+    assert not r.passed and "(2, 1)" in r.worst
+    assert compare.untouched("untouched:a", b, a, torch.tensor([2])).passed
+    r = compare.untouched("untouched:a", b, a, torch.tensor([3]))
+    assert not r.passed and "rows [2]" in r.worst
+
+
+def test_bitwise_equal():
+    a = {"x": torch.ones(3), "y": None}
+    assert compare.bitwise_equal("determinism", a, {"x": torch.ones(3), "y": None}).passed
+    assert not compare.bitwise_equal("determinism", a, {"x": torch.ones(3) + 1e-7, "y": None}).passed
+    assert not compare.bitwise_equal("determinism", a, {"x": torch.ones(3), "y": torch.ones(1)}).passed
+
+
+def test_every_override_has_a_rationale():
+    for key, tol in tolerance.OVERRIDES.items():
+        assert len(tol.rationale) > 20, key
+        assert tol.floor < 2.0, f"{key}: a floor near 2 would let truncation through"
