@@ -36,8 +36,10 @@ def run(ops: list[str], targets: list[str]) -> list[CompileResult]:
     out = []
     for op in ops:
         mod = importlib.import_module(f"fused.{op}")
-        for name, fn, sig, const, warps in mod.compile_specs():
+        for name, fn, sig, const, warps, *only in mod.compile_specs():
             for tname in targets:
+                if only and tname not in only[0]:  # optional 6th item: the targets this variant exists on
+                    continue
                 backend, arch, warp = TARGETS[tname]
                 t0 = time.perf_counter()
                 try:

@@ -1,0 +1,111 @@
+"""Registry entry for ``mla_fp8_prepare``: its OpSpec and built-in implementations.
+
+Contract: exact. q8 bytes and the bytes of every written KV row equal the reference chain's;
+``kv_writes`` (writes per physical row, from the pool model) equals the chain's, i.e. every
+path writes each row exactly once, at the physical slot attention reads; every other row
+keeps its canary bytes.
+
+fp8 policy per implementation: the reference and ``compiled`` follow the case's policy
+(``saturate`` or ``nan``); the fused kernel implements ``saturate`` only. Its ``can_handle``
+refuses ``nan``-policy cases rather than pass them through the chain: the dispatch would send
+them to the fallback (``fused.mla_fp8_prepare.covered``), so a pass there would measure the
+chain against itself. The refusals are in the report; the reference, ``compiled`` and the
+policy-flip mutant still run those cases.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from harness.registry import Effect, Impl, OpSpec, OutputSpec, Registry
+
+OP = "mla_fp8_prepare"
+
+
+def _effects(case, inputs, oracle):
+    from cases import mla_fp8_prepare as c
+
+    return [Effect("kv_buffer", c.written_rows(case, inputs), None, contract="exact")]
+
+
+def _fused(**kw):
+    from fused import mla_fp8_prepare as f
+
+    return f.mla_fp8_prepare_step(**kw)
+
+
+def _fused_can_handle(case, dev):
+    from fused import mla_fp8_prepare as f
+
+    if case.policy != f.KERNEL_FP8_POLICY:
+        return (f"fp8 policy {case.policy!r}: the kernel implements {f.KERNEL_FP8_POLICY!r} "
+                f"(the dispatch sends this call to the chain)")
+    if not dev.interpreted:
+        target = dev.arch if dev.kind == "rocm" else "sm90"
+        if target not in f.FP8_TARGETS[case.fp8_format]:
+            return f"{case.fp8_format} on {dev.kind} {dev.arch}: Triton has no such fp8 conversion for this target"
+    return True
+
+
+@functools.cache
+def _compiled_chain():
+    from reference import mla_fp8_prepare as r
+
+    def chain(q_nope, q_rope, k_nope, k_rope, kv_buffer, phys, inv, policy: str):
+        q8, kn8, kr8 = (r.cast_fp8(r.concat_q(q_nope, q_rope), kv_buffer.dtype, policy),
+                        r.cast_fp8(k_nope, kv_buffer.dtype, policy, inv), r.cast_fp8(k_rope, kv_buffer.dtype, policy, inv))
+        r.scatter_kv(kv_buffer, phys, kn8, kr8)
+        return q8
+
+    return torch.compile(chain, dynamic=True)
+
+
+def _compiled(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache_loc, slot_map, decode_kernel_loc,
+              save_kv_cache, fused_switch, kv_descale, fp8_policy):
+    """torch.compile of the reference chain's five launches (the write through the pool model)."""
+    from reference import mla_fp8_prepare as r
+
+    r.validate_pool(kv_buffer=kv_buffer, out_cache_loc=out_cache_loc, slot_map=slot_map,
+                    decode_kernel_loc=decode_kernel_loc)
+    pool = r.KVPool(kv_buffer, slot_map)
+    phys = pool.physical(out_cache_loc)
+    r.validate(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer, loc=phys,
+               kv_descale=kv_descale, fp8_policy=fp8_policy)
+    if not save_kv_cache:
+        phys = torch.full_like(phys, -1)
+    q8 = _compiled_chain()(q_nope, q_rope, k_nope, k_rope, kv_buffer, phys, r.inv_descale(kv_descale), fp8_policy)
+    pool.record(phys)
+    return {"q8": q8, "kv_writes": pool.writes}
+
+
+def _spec() -> OpSpec:
+    from cases import mla_fp8_prepare as c
+    from reference import mla_fp8_prepare as r
+
+    return OpSpec(
+        name=OP,
+        case_type=c.MlaFp8PrepareCase,
+        catalog=c.catalog,
+        strategy=c.cases,
+        build_inputs=c.build_inputs,
+        reference=r.mla_fp8_prepare_step,
+        oracle=r.mla_fp8_prepare_oracle,
+        outputs=(OutputSpec("q8", "exact"), OutputSpec("kv_writes", "exact")),
+        effects=_effects,
+        writable=("kv_buffer",),
+        doc="fp8 KV/Q prepare for Kimi-K3 absorbed MLA: byte-identical q8 and KV rows, each row written "
+            "exactly once at the physical slot (seed 001)",
+    )
+
+
+def register(reg: Registry) -> None:
+    from reference import mla_fp8_prepare as r
+
+    reg.add_op(_spec())
+    reg.add(Impl(OP, "reference", "reference", r.mla_fp8_prepare_step, fp8_policy="case (saturate|nan)",
+                 doc="five launches: cat q, cast q, cast k_nope, cast k_rope, scatter at the physical rows"))
+    reg.add(Impl(OP, "fused", "fused", _fused, can_handle=_fused_can_handle, fp8_policy="saturate",
+                 doc="gate + one Triton launch (q8 and KV rows); the fallback chain when the gate says so"))
+    reg.add(Impl(OP, "compiled", "compiled", _compiled, fp8_policy="case (saturate|nan)",
+                 doc="torch.compile(dynamic=True) of the reference chain's five launches"))
