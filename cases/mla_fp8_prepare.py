@@ -188,7 +188,8 @@ def _values(shape, g, *, scale: float, specials: float, edges: torch.Tensor, mul
     x = (torch.randn(shape, generator=g) * scale).bfloat16()
     pick = torch.rand(shape, generator=g) < specials
     idx = torch.randint(0, edges.numel(), shape, generator=g)
-    e = (edges.float() * mul).bfloat16()[idx]
+    # keep NaN bit patterns as built: torch's CPU fp32 -> bf16 turns every NaN into 0xFFFF
+    e = torch.where(torch.isnan(edges), edges, (edges.float() * mul).bfloat16())[idx]
     return torch.where(pick, e, x)
 
 

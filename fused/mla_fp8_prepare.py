@@ -114,18 +114,23 @@ def block_config(interpreted: bool) -> tuple[int, int]:
     return (64, 1) if interpreted else (4, 4)
 
 
-def _launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: float | None) -> None:
-    """The one launch. Arguments already validated; ``k_mul`` is an exact fp32 value or None."""
+def k_mul_tensor(kv_descale, device) -> torch.Tensor | None:
+    """(1,) fp32 device tensor holding ``1/kv_descale`` (the reference's fp32 reciprocal), or None."""
+    inv = ref.inv_descale(kv_descale)
+    return None if inv is None else torch.tensor([inv], dtype=torch.float32, device=device)
+
+
+def _launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.Tensor | None) -> None:
+    """The one launch. Arguments already validated; ``k_mul`` a (1,) fp32 tensor on the device, or None."""
     T, H, DN = q_nope.shape
     R = q_rope.shape[2]
     if T == 0:
         return
     block_rows, num_warps = block_config(os.environ.get("TRITON_INTERPRET") == "1")
-    k_mul_t = torch.tensor([1.0 if k_mul is None else k_mul], dtype=torch.float32, device=q8.device)
     grid = (triton.cdiv(T * H, block_rows) + triton.cdiv(T, block_rows),)
     _mla_fp8_prepare_kernel[grid](
         q8_ptr=q8, kv_ptr=kv_buffer, q_nope_ptr=q_nope, q_rope_ptr=q_rope, k_nope_ptr=k_nope, k_rope_ptr=k_rope,
-        loc_ptr=loc, k_mul_ptr=k_mul_t,
+        loc_ptr=loc, k_mul_ptr=k_mul if k_mul is not None else q8,  # q8: never read (HAS_K_MUL off)
         T=T, H=H, DN=DN, R=R,
         stride_qn_t=q_nope.stride(0), stride_qn_h=q_nope.stride(1),
         stride_qr_t=q_rope.stride(0), stride_qr_h=q_rope.stride(1),
@@ -156,7 +161,7 @@ def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descal
                                                    f"got {fp8_policy!r}; the dispatch sends it to the chain")
     q8 = torch.empty((T, H, Dn + R), dtype=kv_buffer.dtype, device=kv_buffer.device)
     _launch(q8=q8, kv_buffer=kv_buffer, q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, loc=loc,
-            k_mul=ref.inv_descale(kv_descale))
+            k_mul=k_mul_tensor(kv_descale, kv_buffer.device))
     return q8
 
 
@@ -209,13 +214,17 @@ def resolve_fused_write_loc(*, out_cache_loc, decode_kernel_loc):
 
 def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache_loc, slot_map=None,
                          decode_kernel_loc=None, save_kv_cache=True, fused_switch=None, kv_descale=None,
-                         fp8_policy="saturate", gate_fn=gate, resolve_fn=resolve_fused_write_loc):
+                         fp8_policy="saturate", gate_fn=gate, resolve_fn=resolve_fused_write_loc,
+                         kernel_fn=None):
     """One fp8 target-verify prepare on an MLA layer as the backend runs it.
 
     Shapes: as ``mla_fp8_prepare``; out_cache_loc (T,) logical slots; slot_map (S_logical,)
     logical -> physical row or None (identity); decode_kernel_loc (T,) physical rows or None.
     Returns {"q8": (T, H, Dn + R) fp8, "kv_writes": (S,) int32 writes per physical row}.
+    ``gate_fn``, ``resolve_fn`` and ``kernel_fn`` (default ``mla_fp8_prepare``) exist so tests
+    and mutants can swap one piece.
     """
+    kernel_fn = kernel_fn or mla_fp8_prepare
     ref.validate_pool(kv_buffer=kv_buffer, out_cache_loc=out_cache_loc, slot_map=slot_map,
                       decode_kernel_loc=decode_kernel_loc)
     pool = ref.KVPool(kv_buffer, slot_map)
@@ -227,8 +236,8 @@ def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache
                 layout_covered=not covered(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope,
                                            kv_buffer=kv_buffer, fp8_policy=fp8_policy))
     if d.use_fused:
-        fused_q8 = mla_fp8_prepare(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
-                                   loc=loc, kv_descale=kv_descale, fp8_policy=fp8_policy)
+        fused_q8 = kernel_fn(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
+                             loc=loc, kv_descale=kv_descale, fp8_policy=fp8_policy)
         pool.record(loc)
     if fused_q8 is None:  # fallback: launches 1-4 of the chain
         q8, k_nope8, k_rope8 = ref.quantize_chain(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope,

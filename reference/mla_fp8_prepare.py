@@ -115,14 +115,17 @@ def fp8_overflows(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return a > 464.0 if fmt == "e4m3fn" else a >= 248.0
 
 
-def cast_fp8(x: torch.Tensor, fp8_dtype: torch.dtype, policy: str, scale_mul: float | None = None) -> torch.Tensor:
+def cast_fp8(x: torch.Tensor, fp8_dtype: torch.dtype, policy: str, scale_mul: float | torch.Tensor | None = None
+             ) -> torch.Tensor:
     """Launches 2-4. x bf16 (any shape) -> same shape fp8, under the named overflow ``policy``.
 
-    ``scale_mul`` (an exact fp32 value) multiplies x in fp32 before the rounding.
+    ``scale_mul`` (an exact fp32 value, or a 0-dim fp32 tensor) multiplies x in fp32 first.
     """
     fmt = FP8_FORMAT_OF[fp8_dtype]
     xf = x.float()  # bf16 -> fp32, exact
-    if scale_mul is not None:
+    if isinstance(scale_mul, torch.Tensor):
+        xf = xf * scale_mul  # one fp32 rounding
+    elif scale_mul is not None:
         xf = xf * torch.tensor(scale_mul, dtype=torch.float32, device=xf.device)  # one fp32 rounding
     fmax = torch.finfo(fp8_dtype).max
     nan = torch.isnan(xf)

@@ -74,7 +74,9 @@ def _compiled(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache_loc, slot_
                kv_descale=kv_descale, fp8_policy=fp8_policy)
     if not save_kv_cache:
         phys = torch.full_like(phys, -1)
-    q8 = _compiled_chain()(q_nope, q_rope, k_nope, k_rope, kv_buffer, phys, r.inv_descale(kv_descale), fp8_policy)
+    inv = r.inv_descale(kv_descale)  # x·1.0 == x for every fp32 (NaN, ±0, ±inf too): one graph for both
+    inv_t = torch.tensor(1.0 if inv is None else inv, dtype=torch.float32, device=kv_buffer.device)
+    q8 = _compiled_chain()(q_nope, q_rope, k_nope, k_rope, kv_buffer, phys, inv_t, fp8_policy)
     pool.record(phys)
     return {"q8": q8, "kv_writes": pool.writes}
 
