@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): one script per op, run on a GPU."""
