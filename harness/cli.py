@@ -17,14 +17,14 @@ def _setup(args):
 
     dev = devices.select(args.device, fp8_format=getattr(args, "fp8_format", None))
     prof = profiles.current(getattr(args, "profile", None))
-    plugin_specs = tuple(s for s in getattr(args, "impl", None) or () if ":" in s)
-    reg = default_registry(extra=plugin_specs)
+    reg = default_registry()
+    args.loaded = [i for spec in getattr(args, "impl", None) or () if ":" in spec for i in reg.load_spec(spec)]
     return dev, prof, reg
 
 
 def _select_impls(reg, args, default_kinds):
+    """--impl NAME selects by name; --impl module:attr selects what it loaded; else --kind."""
     names = [s for s in args.impl or () if ":" not in s]
-    loaded = {s.split(":", 1)[1].split(".")[-1] for s in args.impl or () if ":" in s}
     kinds = tuple(args.kind) if args.kind else default_kinds
     ops = args.op or sorted(reg.ops)
     for op in ops:
@@ -34,11 +34,11 @@ def _select_impls(reg, args, default_kinds):
     for impl in reg.impls.values():
         if impl.op not in ops:
             continue
-        if names and impl.name not in names and not (impl.kind == "external" and loaded):
-            continue
-        if not names and impl.kind not in kinds and not (impl.kind == "external" and loaded):
-            continue
-        chosen.append(impl)
+        if names or args.loaded:
+            if impl.name in names or any(impl is i for i in args.loaded):
+                chosen.append(impl)
+        elif impl.kind in kinds:
+            chosen.append(impl)
     missing = set(names) - {i.name for i in chosen}
     if missing:
         raise SystemExit(f"--impl: unknown implementation(s) {sorted(missing)}; see `python -m harness list`")
@@ -84,7 +84,7 @@ def cmd_run(args) -> int:
     print(f"verify-parity run: device={dev.kind} ({dev.name}, {dev.arch}, fp8 {dev.fp8_format}) profile={prof.name} "
           f"shim={dev.shim or 'off (compiled)'}; impls: {', '.join(i.key for i in impls)}", flush=True)
     rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
-                     generated=args.generated, progress=not args.quiet)
+                     generated=args.generated, progress=not args.quiet, case_filter=args.case)
     path = write_csv(rows, args.csv)
     print(f"rows: {len(rows)} -> {path}")
     frame = to_frame(rows)
@@ -131,11 +131,10 @@ def cmd_repro(args) -> int:
         if fields not in named:
             raise SystemExit(f"case id: no catalog case {fields!r} in {op}; known: {sorted(named)}")
         case = named[fields]
-    names = args.impl or ["fused"]
+    chosen = [(n, reg.impls.get(f"{op}/{n}")) for n in args.impl or ["fused"] if ":" not in n]
+    chosen += [(i.name, i) for i in args.loaded if i.op == op]
     rows = []
-    for name in names:
-        key = f"{op}/{name}" if ":" not in name else None
-        impl = reg.impls.get(key) if key else None
+    for name, impl in chosen:
         if impl is None:
             raise SystemExit(f"--impl: unknown implementation {name!r} for {op}")
         res = runners.run_case(spec, impl, case, dev)
@@ -181,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--generated", type=int, default=None, help="override the profile's generated-case count")
         p.add_argument("--shard", default=None, help="i/n: run the i-th of n deterministic slices")
+        p.add_argument("--case", default=None, help="only cases whose id contains this text")
         p.add_argument("--csv", default=f"runs/{name}.csv")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.set_defaults(fn=cmd_run, expect_fail=expect_fail)

@@ -89,6 +89,8 @@ class Registry:
     def add(self, impl: Impl) -> None:
         if impl.op not in self.ops:
             raise ValueError(f"{impl.key}: unknown op {impl.op!r}; known: {sorted(self.ops)}")
+        if self.impls.get(impl.key) is impl:  # same object via an entry point and --impl
+            return
         if impl.key in self.impls:
             raise ValueError(f"implementation {impl.key} registered twice")
         self.impls[impl.key] = impl

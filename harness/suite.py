@@ -74,12 +74,15 @@ def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov:
 
 
 def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,
-        shard_spec: str | None = None, generated: int | None = None, progress: bool = True) -> list[ParityRow]:
+        shard_spec: str | None = None, generated: int | None = None, progress: bool = True,
+        case_filter: str | None = None) -> list[ParityRow]:
     prov = provenance(dev, profile, seed)
     work = []
     for op in ops:
         spec = reg.ops[op]
         planned = shard(plan_cases(spec, profile, seed=seed, generated=generated), shard_spec)
+        if case_filter:
+            planned = [p for p in planned if case_filter in p.display or case_filter in p.full_id]
         work += [(p, i) for p in planned for i in impls if i.op == op]
     rows: list[ParityRow] = []
     bar = tqdm(work, desc="parity", unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,

@@ -1,0 +1,63 @@
+"""Every user-facing entry point: `nox -s parity`, `nox -s tests`, `nox -s mutants`, `nox -s compile`.
+
+Installs are vendor-safe. On a CPU machine the session venv takes the pins of
+``constraints/cpu.txt`` (torch 2.13.0 CPU build, triton 3.9.0, numpy 2.4.6). On a CUDA or
+ROCm runner (``nvidia-smi``/``rocm-smi`` present, or ``VP_SYSTEM_TORCH=1``) the venv sees the
+runner's own site-packages and installs no torch or triton at all, so a ROCm torch is never
+replaced by CUDA wheels. Arguments after ``--`` go to the underlying command.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import nox
+
+nox.options.sessions = ["parity", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+SYSTEM_TORCH = os.environ.get("VP_SYSTEM_TORCH") == "1" or bool(shutil.which("nvidia-smi") or shutil.which("rocm-smi"))
+VENV_PARAMS = ["--system-site-packages"] if SYSTEM_TORCH else []
+DEVICE = os.environ.get("VP_DEVICE", "auto" if SYSTEM_TORCH else "cpu")
+
+
+def _install(session: nox.Session) -> None:
+    if SYSTEM_TORCH:
+        session.run("python", "-c", "import torch, triton; print('runner torch', torch.__version__, 'triton', triton.__version__)")
+        session.install("-e", ".")
+    else:
+        session.install("-c", "constraints/cpu.txt", "-e", ".[cpu]")
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def parity(session: nox.Session) -> None:
+    """Parity of every op: catalog + generated cases (VP_PROFILE: ci | nightly | dev)."""
+    _install(session)
+    args = session.posargs or []
+    session.run("python", "-m", "harness", "run", "--device", DEVICE, "--csv", "runs/parity.csv", *args,
+                env={"VP_DEVICE": DEVICE})
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def tests(session: nox.Session) -> None:
+    """The harness's own tests (pytest-xdist: one worker per core, or per GPU on GPU runners)."""
+    _install(session)
+    workers = os.environ.get("VP_WORKERS", "auto")
+    session.run("python", "-m", "pytest", "-n", workers, "-q", "--durations=15", *session.posargs,
+                env={"VP_DEVICE": DEVICE})
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def mutants(session: nox.Session) -> None:
+    """Every mutant against the suite; fails if any survives."""
+    _install(session)
+    session.run("python", "-m", "harness", "mutants", "--device", DEVICE, "--csv", "runs/mutants.csv",
+                *session.posargs, env={"VP_DEVICE": DEVICE})
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def compile(session: nox.Session) -> None:
+    """Compile every kernel for sm90, gfx942 and gfx950 (no GPU needed)."""
+    _install(session)
+    env = {"TRITON_INTERPRET": "0", "VP_DEVICE": "compile"}
+    session.run("python", "-m", "harness", "compile", *session.posargs, env=env)

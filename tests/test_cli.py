@@ -1,0 +1,65 @@
+"""The CLI end to end, as a user runs it: progress, CSV, summary table, repro lines, exit codes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args, timeout=900):
+    env = {**os.environ, "VP_DEVICE": "cpu", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_list():
+    r = _run("list")
+    assert r.returncode == 0, r.stderr
+    assert "qk_norm_rope" in r.stdout and "mutant-store-left-on-in-verify" in r.stdout and "shim=" in r.stdout
+
+
+def test_run_writes_csv_with_provenance_and_prints_summary(tmp_path):
+    csv = tmp_path / "rows.csv"
+    r = _run("run", "--op", "qk_norm_rope", "--impl", "fused", "--generated", "3", "--case", "one-token", "--csv", str(csv))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "passed" in r.stdout and "qk_norm_rope" in r.stdout
+    df = pd.read_csv(csv)
+    assert set(df["status"]) == {"pass"}
+    assert df["shim"].str.startswith("vp-interp-shim").all() and (df["device"] == "cpu:cpu").all()
+    for col in ("git_sha", "torch", "triton", "profile", "seed", "repro"):
+        assert df[col].notna().all(), col
+
+
+def test_mutant_run_prints_repro_and_fails_when_one_survives(tmp_path):
+    r = _run("run", "--op", "qk_norm_rope", "--impl", "mutant-store-left-on-in-verify", "--generated", "0",
+             "--case", "dsv4-verify-b1-l3-h8", "--csv", str(tmp_path / "m.csv"), "--quiet")
+    assert r.returncode == 1
+    line = next(l for l in r.stdout.splitlines() if "repro:" in l).split("repro: ", 1)[1]
+    assert line.startswith("python -m harness repro '")
+    rr = subprocess.run(line.replace("python", sys.executable, 1), shell=True, cwd=ROOT, capture_output=True,
+                        text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert rr.returncode == 1 and "fail" in rr.stdout, rr.stdout + rr.stderr
+
+
+def test_repro_catalog_name_passes():
+    r = _run("repro", "qk_norm_rope/one-token-one-head", "--impl", "fused", "--impl", "reference", "--device", "cpu")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "numeric:q_out" in r.stdout
+
+
+def test_shard_slices_are_a_partition(tmp_path):
+    from harness.suite import shard
+
+    items = list(range(10))
+    parts = [shard(items, f"{i}/3") for i in (1, 2, 3)]
+    assert sorted(sum(parts, [])) == items
+
+
+def test_unknown_impl_is_a_clear_error(tmp_path):
+    r = _run("run", "--impl", "nope", "--generated", "0", "--csv", str(tmp_path / "x.csv"))
+    assert r.returncode != 0 and "unknown implementation" in r.stderr
