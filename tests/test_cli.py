@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args, timeout=900):
-    env = {**os.environ, "VP_DEVICE": "cpu", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # VP_DEVICE as chosen by conftest
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=timeout)
 
@@ -47,7 +47,7 @@ def test_mutant_run_prints_repro_and_fails_when_one_survives(tmp_path):
 
 
 def test_repro_catalog_name_passes():
-    r = _run("repro", "qk_norm_rope/one-token-one-head", "--impl", "fused", "--impl", "reference", "--device", "cpu")
+    r = _run("repro", "qk_norm_rope/one-token-one-head", "--impl", "fused", "--impl", "reference")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "numeric:q_out" in r.stdout
 

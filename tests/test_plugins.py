@@ -56,7 +56,7 @@ def test_entry_point_plugin_is_registered_and_checked(plugin_dir, device):
 
 
 def test_cli_impl_module_attr_runs_the_same_suite(plugin_dir):
-    env = {"PYTHONPATH": f"{plugin_dir}:{ROOT}", "PATH": "/usr/bin:/bin", "VP_DEVICE": "cpu"}
+    env = {**os.environ, "PYTHONPATH": f"{plugin_dir}:{ROOT}"}
     run = subprocess.run([sys.executable, "-m", "harness", "run", "--op", "qk_norm_rope", "--impl",
                           "vp_vendor_plugin:BAD", "--generated", "2", "--case", "h8", "--csv", str(plugin_dir / "out.csv"), "--quiet"],
                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)

@@ -1,0 +1,389 @@
+"""verify_attention: parity of every implementation, the reference chain against the oracle and
+SDPA, the backend gate's truth table, can_handle refusals and fallbacks, typed errors, and
+one test per planted bug.
+
+Budget (2-core CPU, interpreter): the per-head split-KV kernel runs B·H·S + B·H programs, so
+its catalog parity is one run per case (determinism and poisoned-output runs on a subset);
+the shared-KV kernel and the dispatcher get all three runs on every catalog case."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from cases import base
+from cases import verify_attention as cases
+from fused import verify_attention as fused
+from harness import compare, runners, tolerance
+from reference import checks
+from reference import verify_attention as ref
+from tests.helpers import assert_passes, failed_checks
+
+OP = "verify_attention"
+CATALOG = {c.name: c for c in cases.catalog()}
+FULL_CHECK_SPLIT = ("qwen35-tp-h4-l3", "k3-mla-h4-l2-e4m3fnuz", "dspark-hkv2-h8-noncausal", "tile-boundary-split2",
+                    "empty-prefix-one-request", "width-5")
+
+
+@pytest.fixture(scope="module")
+def spec(registry):
+    return registry.ops[OP]
+
+
+def _passes(spec, impl, case, device, **kw):
+    res = runners.run_case(spec, impl, case, device, **kw)
+    if res.refused:
+        return res.refused
+    bad = [r for r in res.records if not r.passed]
+    assert not bad, "\n".join(f"{r.check}: err={r.err:.4g} allowed={r.allowed:.4g} {r.detail} {r.worst}" for r in bad)
+    assert res.records
+    return True
+
+
+# ----------------------------------------------------------------------------- parity
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+@pytest.mark.parametrize("impl", ["reference", "sdpa", "fused-shared-kv", "fused"])
+def test_catalog_parity(spec, registry, device, impl, name):
+    verdict = _passes(spec, registry.impls[f"{OP}/{impl}"], CATALOG[name], device)
+    if impl in ("reference", "sdpa", "fused"):
+        assert verdict is True, f"{impl} must handle every case: {verdict}"
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_catalog_parity_split_kv(spec, registry, device, name):
+    full = name in FULL_CHECK_SPLIT
+    _passes(spec, registry.impls[f"{OP}/fused-split-kv"], CATALOG[name], device, determinism=full, poisoned=full)
+
+
+@pytest.mark.parametrize("impl", ["fused-shared-kv", "fused-split-kv", "fused"])
+@settings(max_examples=12)
+@given(case=cases.cases(max_batch=2, max_heads=4, max_prefix=40, max_splits=2))
+def test_generated_parity(spec, registry, device, impl, case):
+    _passes(spec, registry.impls[f"{OP}/{impl}"], case, device, determinism=False, poisoned=False)
+
+
+def test_every_catalog_case_ran_on_a_kernel(registry, device):
+    """The catalog is not all refusals: each kernel accepts most of it, the dispatcher reaches both."""
+    for impl in ("fused-shared-kv", "fused-split-kv"):
+        ok = [n for n, c in CATALOG.items() if registry.impls[f"{OP}/{impl}"].can_handle(c, device) is True]
+        assert len(ok) >= len(CATALOG) * 0.6, (impl, len(ok))
+
+
+# ----------------------------------------------------------------------------- the chain itself
+
+def test_reference_chain_agrees_with_oracle_and_sdpa(device):
+    """Held to the floor alone (no reference to hide behind), on every catalog case; SDPA with
+    the explicit mask is an independent check of the mask and the scales."""
+    worst = 0.0
+    for c in CATALOG.values():
+        kw = cases.build_inputs(c, device)
+        o = ref.verify_attention_oracle(**kw)["o"]
+        tol = tolerance.lookup(OP, "o", torch.bfloat16)
+        r = compare.numeric("o", ref.verify_attention(**kw)["o"], o, None, tol, is_reference=True)
+        s = compare.numeric("o", ref.verify_attention_sdpa(**kw)["o"], o, None, tol, is_reference=True)
+        assert r.passed and s.passed, (c.name, r.err, s.err, r.detail, s.detail)
+        worst = max(worst, r.err)
+    assert worst > 0.5, "suspiciously exact: is the comparison looking at bf16 outputs at all?"
+
+
+def test_split_count_does_not_change_the_answer(device):
+    """Partitioning the prefix is an fp32 implementation detail: 1 vs 7 splits agree far below bf16."""
+    c = CATALOG["peaky-softmax"]
+    kw = cases.build_inputs(c, device)
+    a = ref.verify_attention(**{**kw, "num_kv_splits": 1})["o"].float()
+    b = ref.verify_attention(**{**kw, "num_kv_splits": 7})["o"].float()
+    assert (a - b).abs().max() <= 2 ** -7 * a.abs().max()
+
+
+def test_empty_prefix_equals_draft_only_softmax(device):
+    c = CATALOG["empty-prefix-all"]
+    kw = cases.build_inputs(c, device)
+    out = ref.verify_attention(**kw)["o"].double()
+    q, k, v = kw["q"].double(), kw["k"].double(), kw["v"].double()
+    L = c.L
+    for b in range(c.B):
+        sl = slice(b * L, (b + 1) * L)
+        x = torch.einsum("ihd,jhd->hij", q[sl], k[sl].expand(-1, c.H, -1)) * kw["sm_scale"]
+        x = x.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+        want = torch.einsum("hij,jhd->ihd", x.softmax(-1), v[sl].expand(-1, c.H, -1))
+        assert (out[sl] - want).abs().max() < 2 ** -7 * want.abs().max()
+
+
+# ----------------------------------------------------------------------------- the gate
+
+F = ("generic", "kimi-k3", "qwen3.5", "minimax", "dspark-draft")
+TRUTH_TABLE = {
+    # (family, topk, use_mla, splitkv_switch, local_kv_heads): (shared_kv, split_kv)
+    ("kimi-k3", 1, True, True, 1): (True, True),
+    ("kimi-k3", 1, True, False, 1): (True, False),
+    ("kimi-k3", 2, True, True, 1): (False, False),
+    ("generic", 1, True, True, 1): (False, True),
+    ("qwen3.5", 1, True, True, 1): (False, True),
+    ("qwen3.5", 1, False, True, 1): (True, True),
+    ("qwen3.5", 1, False, False, 1): (False, False),
+    ("qwen3.5", 1, False, True, 2): (False, True),
+    ("qwen3.5", 4, False, True, 1): (False, False),
+    ("minimax", 1, False, True, 1): (True, True),
+    ("minimax", 1, False, True, 4): (False, True),
+    ("minimax", 2, False, True, 1): (False, False),
+    ("dspark-draft", 1, False, True, 4): (True, True),
+    ("dspark-draft", 1, False, True, 1): (True, True),
+    ("dspark-draft", 1, False, False, 4): (False, False),
+    ("dspark-draft", 3, False, True, 4): (False, False),
+    ("generic", 1, False, True, 1): (False, True),
+    ("generic", 1, False, False, 1): (False, False),
+    ("generic", 2, False, True, 1): (False, False),
+}
+
+
+@pytest.mark.parametrize("key", sorted(TRUTH_TABLE, key=str))
+def test_gate_truth_table(key):
+    family, topk, mla, switch, hkv = key
+    r = fused.gate(model_family=family, topk=topk, use_mla=mla, splitkv_switch=switch, num_local_kv_heads=hkv)
+    assert (r.shared_kv, r.split_kv) == TRUTH_TABLE[key]
+
+
+def test_gate_never_shares_kv_for_trees():
+    """Seed 002's invariant over the whole input space."""
+    for family in F:
+        for topk in (2, 3, 8):
+            for mla in (False, True):
+                for switch in (False, True):
+                    for hkv in (1, 2, 8):
+                        r = fused.gate(model_family=family, topk=topk, use_mla=mla, splitkv_switch=switch,
+                                       num_local_kv_heads=hkv)
+                        assert not r.shared_kv and not r.split_kv
+
+
+@pytest.mark.parametrize("total,tp,local", [(1, 8, 1), (2, 2, 1), (2, 4, 1), (8, 2, 4), (8, 8, 1), (32, 4, 8)])
+def test_local_kv_heads_after_tp(total, tp, local):
+    assert fused.local_kv_heads(total, tp) == local
+
+
+def test_qwen35_shared_kv_only_when_tp_leaves_one_kv_head():
+    """Qwen3.5 (2 KV heads): TP2 leaves one local KV head (shared-KV), TP1 leaves two (split-KV)."""
+    for tp, shared in ((1, False), (2, True), (4, True)):
+        r = fused.gate(model_family="qwen3.5", topk=1, use_mla=False, splitkv_switch=True,
+                       num_local_kv_heads=fused.local_kv_heads(2, tp))
+        assert r.shared_kv is shared
+
+
+def test_gate_rejects_unknown_family():
+    with pytest.raises(ValueError, match="model_family"):
+        fused.gate(model_family="llama", topk=1, use_mla=False, splitkv_switch=True, num_local_kv_heads=1)
+
+
+# ----------------------------------------------------------------------------- can_handle, fallback
+
+REFUSALS = {
+    # case: (kernel, words in the reason)
+    "ragged-widths": ("split_kv", "ragged"),
+    "empty-prefix-all": ("shared_kv", "empty kv_indices"),
+    "group-6-odd": ("shared_kv", "KV_GROUP_NUM 6 % BLOCK_H 4"),
+    "group-3-hkv2": ("shared_kv", "KV_GROUP_NUM 3 % BLOCK_H 2"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSALS))
+def test_can_handle_refuses_with_a_reason(device, name):
+    kind, words = REFUSALS[name]
+    verdict = fused.can_handle(kind, **cases.build_inputs(CATALOG[name], device))
+    assert isinstance(verdict, str) and words in verdict
+
+
+@pytest.mark.parametrize("shape,words", [
+    (dict(H=6, Hkv=4, D=64, Dv=64), "% num_kv_heads"),
+    (dict(H=4, Hkv=1, D=64, Dv=128), "head_dim 64 < v_head_dim 128"),
+    (dict(H=4, Hkv=1, D=64, Dv=64, kv_dtype=torch.float16), "kv dtype"),
+    (dict(H=4, Hkv=1, D=72, Dv=64), "rope part"),
+])
+def test_shape_refusals(shape, words):
+    kw = dict(uniform=True, kv_dtype=torch.bfloat16, n_prefix=10, **shape)
+    for kind in ("split_kv", "shared_kv"):
+        verdict = fused.shape_can_handle(kind, **kw)
+        assert isinstance(verdict, str) and words in verdict
+
+
+def test_launch_refuses_instead_of_answering_wrong(device):
+    kw = cases.build_inputs(CATALOG["group-6-odd"], device)
+    with pytest.raises(ValueError, match="KV_GROUP_NUM"):
+        fused.verify_shared_kv(**kw)
+
+
+@pytest.mark.parametrize("name", ["group-6-odd", "ragged-widths", "empty-prefix-all", "tree-topk2-qwen35"])
+def test_fallback_gives_the_same_answer(device, name):
+    """Where a kernel refuses, the dispatcher falls back (split-KV or reference) — same bytes as the
+    path it fell back to, and within tolerance of the oracle."""
+    kw = cases.build_inputs(CATALOG[name], device)
+    got = fused.verify_attention(**kw)["o"]
+    if fused.can_handle("split_kv", **kw) is True and kw["topk"] == 1:
+        want = fused.verify_split_kv(**kw)["o"]
+    else:
+        want = ref.verify_attention(**kw)["o"]
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_dispatch_routes_like_the_gate(device, monkeypatch):
+    """Which kernel ran: spy on both launches for a shared-KV, a split-KV and a tree case."""
+    seen = []
+    real = fused._launch
+    monkeypatch.setattr(fused, "_launch", lambda kind, **kw: seen.append(kind) or real(kind, **kw))
+    for name, want in (("qwen35-tp-h4-l1", ["shared_kv"]), ("gqa-hkv2-h4-d128", ["split_kv"]),
+                       ("group-6-odd", ["split_kv"]), ("tree-topk2-qwen35", [])):
+        seen.clear()
+        fused.verify_attention(**cases.build_inputs(CATALOG[name], device))
+        assert seen == want, name
+
+
+def test_shared_and_split_kernels_agree_closely(device):
+    """Two kernels, one math helper: on a shared-KV case they differ by fp32 noise at most."""
+    kw = cases.build_inputs(CATALOG["minimax-h8-l5"], device)
+    a = fused.verify_shared_kv(**kw)["o"].float()
+    b = fused.verify_split_kv(**kw)["o"].float()
+    assert (a - b).abs().max() <= 2 ** -7 * a.abs().max()
+
+
+def test_padding_rule_meets_tl_dot_rows():
+    for bh in (1, 2, 4, 8, 16):
+        for L in range(1, 10):
+            lp = fused.l_pad_for(L, bh)
+            assert bh * lp >= 16 and lp >= L and lp & (lp - 1) == 0
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _kw(device, **over):
+    kw = cases.build_inputs(cases.VerifyAttentionCase(H=4, Hkv=2, D=64, Dv=64, B=2, L=3, prefix="const:9", seed=3),
+                            device)
+    kw.update(over)
+    return kw
+
+
+BAD = [
+    ("q", lambda kw: kw["q"][0], checks.RankError),
+    ("q", lambda kw: kw["q"].float(), checks.DTypeError),
+    ("k", lambda kw: kw["k"][:, :1].expand(-1, 3, -1), checks.VerifyParityInputError),
+    ("v", lambda kw: kw["v"][:4], checks.ShapeError),
+    ("k_buffer", lambda kw: kw["k_buffer"].half(), checks.DTypeError),
+    ("v_buffer", lambda kw: kw["v_buffer"][:, :1], checks.ShapeError),
+    ("kv_indices", lambda kw: torch.full_like(kw["kv_indices"], kw["k_buffer"].shape[0]), checks.RangeError),
+    ("kv_indices", lambda kw: kw["kv_indices"].float(), checks.DTypeError),
+    ("qo_indptr", lambda kw: torch.tensor([0, 3, 3, 6], dtype=torch.int32), checks.ShapeError),
+    ("qo_indptr", lambda kw: torch.tensor([0, 0, 6], dtype=torch.int32), checks.VerifyParityInputError),
+    ("kv_indptr", lambda kw: torch.tensor([0, 9, 99], dtype=torch.int32), checks.VerifyParityInputError),
+    ("sm_scale", lambda kw: 0.0, checks.VerifyParityInputError),
+    ("k_scale", lambda kw: 1, checks.VerifyParityInputError),
+    ("num_kv_splits", lambda kw: 0, checks.VerifyParityInputError),
+    ("custom_mask", lambda kw: torch.ones(18, dtype=torch.bool), checks.VerifyParityInputError),
+    ("o", lambda kw: torch.empty(6, 4, 32, dtype=torch.bfloat16), checks.ShapeError),
+    ("model_family", lambda kw: "llama", checks.VerifyParityInputError),
+]
+
+
+@pytest.mark.parametrize("impl", ["reference", "split_kv", "shared_kv", "dispatch", "sdpa"])
+@pytest.mark.parametrize("arg,make,err", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
+def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
+    fn = {"reference": ref.verify_attention, "split_kv": fused.verify_split_kv, "shared_kv": fused.verify_shared_kv,
+          "dispatch": fused.verify_attention, "sdpa": ref.verify_attention_sdpa}[impl]
+    kw = _kw(device)
+    kw[arg] = make(kw)
+    with pytest.raises(err) as info:
+        fn(**kw)
+    assert info.value.arg == arg
+
+
+def test_qo_indptr_gap_named(device):
+    """qo_indptr rising past num_tokens is named as qo_indptr, not discovered as a segfault."""
+    kw = _kw(device, qo_indptr=torch.tensor([0, 3, 7], dtype=torch.int32))
+    with pytest.raises(checks.VerifyParityInputError) as info:
+        fused.verify_shared_kv(**kw)
+    assert info.value.arg == "qo_indptr"
+
+
+# ----------------------------------------------------------------------------- strategies
+
+def test_strategy_reaches_edge_cases_and_ids_round_trip():
+    drawn = base.draw(cases.cases(), 150, rng_seed=1)
+    assert any(c.layout == "mla" for c in drawn) and any(c.topk > 1 for c in drawn)
+    assert any(c.ragged for c in drawn) and any(not c.is_causal and c.Hkv > 1 for c in drawn)
+    assert any(c.kv_dtype == "e4m3fnuz" and c.k_scale != 1.0 for c in drawn)
+    assert any(c.prefix.endswith(":0") for c in drawn) and any(c.L == 1 for c in drawn)
+    for c in drawn + list(cases.catalog(big=True)):
+        cid = base.case_id(OP, c)
+        assert base.parse_case(cases.VerifyAttentionCase, cid.split(":", 1)[1]) == dataclasses.replace(c, name="")
+
+
+def test_catalog_covers_the_issue():
+    big = cases.catalog(big=True)
+    small = cases.catalog()
+    assert len({c.name for c in big}) == len(big)
+    assert {4, 8, 16, 64, 128} <= {c.H for c in big}
+    assert {1, 2, 3, 4, 5, 6, 7, 8} <= {c.L for c in small}
+    assert {64, 128, 256, 576} <= {c.D for c in small}
+    assert {1, 2, 4} <= {c.Hkv for c in small}
+    assert {"bf16", "e4m3fn", "e4m3fnuz"} <= {c.kv_dtype for c in small}
+    lens = {n for c in small for n in cases.prefix_lengths(c.prefix, c.B, c.seed)}
+    assert {0, 1, 63, 64, 65, 127, 128, 129} <= lens
+    assert max(n for c in big for n in cases.prefix_lengths(c.prefix, c.B, c.seed)) >= 200_000
+    assert max(n for c in small for n in cases.prefix_lengths(c.prefix, c.B, c.seed)) <= 300
+    assert max(c.H for c in small) <= 16 and any(c.B == 24 for c in small)
+
+
+# ----------------------------------------------------------------------------- the harness bites
+
+MUTANT_PROOF = {
+    # mutant: a catalog case it must fail on (the check is numeric:o for all of them)
+    "mutant-drafts-not-causal": "qwen35-tp-h4-l2",
+    "mutant-is-causal-ignored": "dspark-hkv2-h8-noncausal",
+    "mutant-k-scale-on-drafts": "k3-mla-h4-l2-e4m3fnuz",
+    "mutant-kv-head-offset-straddling": "gqa-hkv2-h4-d128",
+    "mutant-last-partial-tile-dropped": "tile-boundary-pm1",
+    "mutant-split-boundary-overlap": "prefix-one",
+    "mutant-padded-draft-keys-unmasked": "dspark-hkv4-h8-l7-noncausal",
+    "mutant-shared-kv-at-topk-gt-1": "tree-topk2-qwen35",
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANT_PROOF))
+def test_mutant_is_flagged(spec, registry, device, mutant):
+    impl = registry.impls[f"{OP}/{mutant}"]
+    assert impl.catches == ("numeric:o",)
+    res = runners.run_case(spec, impl, CATALOG[MUTANT_PROOF[mutant]], device, determinism=False, poisoned=False)
+    assert not res.refused, res.refused
+    bad = [r.check for r in res.records if not r.passed]
+    assert "numeric:o" in bad, f"{mutant} survived {MUTANT_PROOF[mutant]}"
+
+
+def test_every_mutant_has_a_proof(registry):
+    names = {i.name for i in registry.for_op(OP, ("mutant",))}
+    assert names == set(MUTANT_PROOF)
+
+
+@pytest.mark.parametrize("mutant,name", [
+    ("mutant-drafts-not-causal", "width-1"),  # one draft: nothing to mask
+    ("mutant-is-causal-ignored", "qwen35-tp-h4-l2"),  # causal anyway
+    ("mutant-k-scale-on-drafts", "qwen35-tp-h4-l2"),  # bf16, k_scale 1
+    ("mutant-padded-draft-keys-unmasked", "qwen35-tp-h4-l3"),  # causal rule already hides the padding
+    ("mutant-shared-kv-at-topk-gt-1", "qwen35-tp-h4-l3"),  # topk 1: the bad gate changes nothing
+])
+def test_mutant_invisible_where_the_bug_cannot_show(spec, registry, device, mutant, name):
+    """Why the catalog carries the cases it does: each bug needs its trigger."""
+    assert failed_checks(spec, registry.impls[f"{OP}/{mutant}"], CATALOG[name], device) == []
+
+
+def test_tolerance_does_not_hide_a_dropped_key_or_zeros(spec, device):
+    from harness.registry import Impl
+
+    def zeros(**kw):
+        return {"o": torch.zeros_like(ref.verify_attention(**kw)["o"])}
+
+    def one_ulp_off(**kw):
+        o = ref.verify_attention(**kw)["o"]
+        return {"o": (o.view(torch.int16) + 1).view(torch.bfloat16)}
+
+    for fn in (zeros, one_ulp_off):
+        bad = failed_checks(spec, Impl(OP, fn.__name__, "external", fn), CATALOG["qwen35-tp-h4-l2"], device)
+        assert "numeric:o" in bad, fn.__name__
