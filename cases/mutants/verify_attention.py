@@ -1,0 +1,137 @@
+"""Mutants of verify_attention (seeds 002, 003).
+
+Kernel-level bugs that an argument can express wrap the real Triton kernels (or the real
+backend dispatcher) with the wrong argument; bugs inside a loop bound or a mask are expressed
+as the reference chain with one launch replaced by its buggy twin (``_stages``), which is
+where the same bug would sit in any implementation of the chain.
+"""
+from __future__ import annotations
+
+import torch
+
+from harness.registry import Impl
+from reference import verify_attention as r
+
+
+def _dispatch(**kw):
+    from fused import verify_attention as f
+
+    return f.verify_attention(**kw)
+
+
+def _drafts_not_causal(**kw):
+    """The backend with the causal mask among drafts dropped (IS_CAUSAL=False always)."""
+    return _dispatch(**{**kw, "is_causal": False})
+
+
+def _is_causal_ignored(**kw):
+    """The backend with IS_CAUSAL hard-wired on: DSpark's non-causal drafts get a causal mask."""
+    return _dispatch(**{**kw, "is_causal": True})
+
+
+def _k_scale_on_drafts(**kw):
+    """Draft scores multiplied by k_scale too (drafts are bf16, never quantised)."""
+    def draft(qh, kd, vd, *, scale, mask):
+        return r.draft_partial(qh, kd, vd, scale=scale * kw["k_scale"], mask=mask)
+
+    return r.verify_attention(_stages=(r.prefix_split_partials, draft, r.combine), **kw)
+
+
+def _kv_head_offset_straddling(**kw):
+    """The real shared-KV kernel launched with BLOCK_H > KV_GROUP_NUM and the can_handle check
+    off: one KV-head offset (head_start // KV_GROUP_NUM) for a block spanning two groups."""
+    from fused import verify_attention as f
+
+    H, Hkv = kw["q"].shape[1], kw["k_buffer"].shape[1]
+    group = H // Hkv
+    bh = 2
+    while bh <= group:
+        bh *= 2
+    return f._launch("shared_kv", block_h=bh, check=False, **kw)
+
+
+def _kv_head_can_handle(case, device):
+    from cases import verify_attention as c
+
+    if case.topk != 1 or case.ragged or sum(c.prefix_lengths(case.prefix, case.B, case.seed)) == 0:
+        return "the straddling launch needs uniform widths, a prefix and topk 1"
+    return True
+
+
+def _last_partial_tile_dropped(**kw):
+    """Each split's prefix loop runs over whole BLOCK_N tiles only: the partial last tile is lost."""
+    from fused import verify_attention as f
+
+    block_n = f.block_config(kw["q"].shape[2])[1]
+
+    def bounds(n, splits):
+        return [(lo, lo + (hi - lo) // block_n * block_n) for lo, hi in r.split_bounds(n, splits)]
+
+    def prefix(qh, kp, vp, **a):
+        return r.prefix_split_partials(qh, kp, vp, bounds=bounds, **a)
+
+    return r.verify_attention(_stages=(prefix, r.draft_partial, r.combine), **kw)
+
+
+def _split_boundary_overlap(**kw):
+    """Off-by-one split partition: split s > 0 starts one token early, so every boundary key is
+    counted in two splits."""
+    def bounds(n, splits):
+        return [(max(0, lo - 1) if s and hi > lo else lo, hi) for s, (lo, hi) in enumerate(r.split_bounds(n, splits))]
+
+    def prefix(qh, kp, vp, **a):
+        return r.prefix_split_partials(qh, kp, vp, bounds=bounds, **a)
+
+    return r.verify_attention(_stages=(prefix, r.draft_partial, r.combine), **kw)
+
+
+def _padded_draft_keys_unmasked(**kw):
+    """Seed 002 class: the draft tile padded to 16 rows/keys for tl.dot, the padding not masked —
+    padded keys (k = 0, v = 0) get score 0 and join the softmax denominator wherever the draft
+    rule lets them (non-causal drafts see every column of the tile)."""
+    def draft(qh, kd, vd, *, scale, mask):
+        L = kd.shape[1]
+        pad = max(16, 1 << (L - 1).bit_length()) - L
+        kd = torch.nn.functional.pad(kd, (0, 0, 0, pad))  # (H, L_pad, D), zero keys
+        vd = torch.nn.functional.pad(vd, (0, 0, 0, pad))
+        causal_like = bool(torch.equal(mask, torch.ones_like(mask).tril()))
+        extra = torch.full((L, pad), not causal_like, dtype=torch.bool, device=mask.device)
+        return r.draft_partial(qh, kd, vd, scale=scale, mask=torch.cat((mask, extra), 1))
+
+    return r.verify_attention(_stages=(r.prefix_split_partials, draft, r.combine), **kw)
+
+
+def _shared_kv_at_topk_gt_1(**kw):
+    """The backend behind a gate that forgets topk == 1: trees go to the shared-KV kernel, which
+    reads no tree mask and applies the causal chain rule instead."""
+    from fused import verify_attention as f
+
+    def bad_gate(*, topk, **g):
+        return f.gate(topk=1, **g)
+
+    return f.verify_attention(gate_fn=bad_gate, **kw)
+
+
+def _m(name, fn, doc, **extra):
+    return Impl("verify_attention", name, "mutant", fn, doc=doc, catches=("numeric:o",), **extra)
+
+
+MUTANTS = [
+    _m("mutant-drafts-not-causal", _drafts_not_causal,
+       "seeds 002/003, mask class: causal mask among drafts missing (draft i sees j > i)"),
+    _m("mutant-is-causal-ignored", _is_causal_ignored,
+       "seed 003, mask class: IS_CAUSAL ignored, non-causal DSpark drafts masked causally"),
+    _m("mutant-k-scale-on-drafts", _k_scale_on_drafts,
+       "seeds 002/003, scale class: k_scale applied to bf16 draft scores (only fp8 prefix is scaled)"),
+    _m("mutant-kv-head-offset-straddling", _kv_head_offset_straddling,
+       "seed 003, addressing class: BLOCK_H does not divide KV_GROUP_NUM, heads of a block use one KV head",
+       can_handle=_kv_head_can_handle),
+    _m("mutant-last-partial-tile-dropped", _last_partial_tile_dropped,
+       "tiling class: the partial last prefix tile of each split is skipped"),
+    _m("mutant-split-boundary-overlap", _split_boundary_overlap,
+       "split-KV class: off-by-one split partition, boundary keys counted twice"),
+    _m("mutant-padded-draft-keys-unmasked", _padded_draft_keys_unmasked,
+       "seed 002, padding class: draft tile padded to >= 16 for tl.dot without masking the padding"),
+    _m("mutant-shared-kv-at-topk-gt-1", _shared_kv_at_topk_gt_1,
+       "seed 002, gate class: shared-KV enabled at topk > 1, tree mask silently replaced by the causal chain"),
+]

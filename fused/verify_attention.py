@@ -1,0 +1,256 @@
+"""Fused target-verify attention (seeds 002, 003): launch wrappers, ``can_handle``, the backend
+gate (a pure function) and the dispatcher shared-KV → split-KV → reference.
+
+Kernels live in ``fused/kernels/verify_attention.py`` (one jit helper holds the math). Both
+paths launch a prefix kernel writing per-split partials ``(m, l, v_scale·Σp·v)`` and one
+combine kernel that adds the draft triangle and merges by log-sum-exp:
+  split-KV   prefix grid (B, H, S), combine grid (B, H)            — per-head baseline;
+  shared-KV  prefix grid (B, H/BLOCK_H, S), combine (B, H/BLOCK_H) — one KV tile per head block.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from fused.kernels import verify_attention as kern
+from reference import verify_attention as ref
+
+KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+# arch -> head_dim -> (BLOCK_H, BLOCK_N, num_warps, num_stages). BLOCK_H is an upper bound: the
+# wrapper takes the largest power of two <= min(BLOCK_H, KV_GROUP_NUM) and refuses a group it
+# does not divide. The interpreter pays per program and per op: wide head blocks, few programs;
+# its BLOCK_N = 64 is what the catalog's tile-boundary cases (63/64/65, 127/128/129) straddle.
+BLOCK_CONFIG = {
+    "interpreter": {64: (16, 64, 1, 1), 128: (16, 64, 1, 1), 256: (16, 64, 1, 1), 576: (16, 64, 1, 1)},
+    "sm90": {64: (16, 64, 4, 2), 128: (16, 64, 4, 2), 256: (16, 32, 8, 2), 576: (16, 32, 8, 1)},
+    "gfx942": {64: (4, 256, 4, 1), 128: (4, 128, 4, 1), 256: (4, 64, 8, 1), 576: (4, 32, 8, 1)},
+    "gfx950": {64: (4, 256, 4, 1), 128: (4, 128, 4, 1), 256: (4, 64, 8, 1), 576: (4, 32, 8, 1)},
+}
+_DEFAULT_ARCH = "sm90"
+
+
+@functools.cache
+def _gpu_arch() -> str:
+    from harness.devices import _gpu_device
+
+    return _gpu_device().arch
+
+
+def arch() -> str:
+    return "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else _gpu_arch()
+
+
+def block_config(head_dim: int, arch_name: str | None = None) -> tuple[int, int, int, int]:
+    table = BLOCK_CONFIG.get(arch_name or arch(), BLOCK_CONFIG[_DEFAULT_ARCH])
+    key = min((d for d in table if d >= head_dim), default=max(table))
+    return table[key]
+
+
+def block_h_for(group: int, head_dim: int, arch_name: str | None = None) -> int:
+    """Largest power of two <= the table's BLOCK_H and <= the group (KV_GROUP_NUM)."""
+    cap = block_config(head_dim, arch_name)[0]
+    bh = 1
+    while bh * 2 <= min(cap, group):
+        bh *= 2
+    return bh
+
+
+def l_pad_for(L: int, block_h: int) -> int:
+    """Drafts per head padded so that BLOCK_H·L_PAD >= 16 rows (tl.dot); next_power_of_2(0) is
+    0 in Triton, so L >= 1 is required (the validator guarantees it)."""
+    return max(triton.next_power_of_2(triton.cdiv(16, block_h)), triton.next_power_of_2(max(1, L)))
+
+
+# ----------------------------------------------------------------------------- can_handle
+
+def shape_can_handle(kind: str, *, uniform: bool, H: int, Hkv: int, D: int, Dv: int, kv_dtype: torch.dtype,
+                     n_prefix: int, block_h: int | None = None) -> bool | str:
+    """True, or why the ``kind`` ("split_kv" | "shared_kv") kernel cannot run this shape."""
+    if not uniform:
+        return "ragged verify widths (the kernels index drafts as b·L + i)"
+    if Hkv < 1 or H % Hkv:
+        return f"num_heads {H} % num_kv_heads {Hkv} != 0"
+    if D < Dv:
+        return f"head_dim {D} < v_head_dim {Dv}"
+    if 0 < D - Dv < 16:
+        return f"rope part D - Dv = {D - Dv} < 16 (tl.dot needs K >= 16)"
+    if kv_dtype not in KV_DTYPES:
+        return f"kv dtype {kv_dtype} unsupported"
+    if n_prefix == 0:
+        return "empty kv_indices"
+    if kind == "shared_kv":
+        group = H // Hkv
+        bh = block_h or block_h_for(group, D)
+        if group % bh:
+            return f"KV_GROUP_NUM {group} % BLOCK_H {bh} != 0"
+        if bh == 1 and group > 1:
+            return "no head sharing possible (BLOCK_H would be 1)"
+    return True
+
+
+def _shape_of(q, k_buffer, v_buffer, qo_indptr, kv_indptr, **_):
+    qo = qo_indptr.tolist()
+    w = {qo[i + 1] - qo[i] for i in range(len(qo) - 1)}
+    return dict(uniform=len(w) == 1, H=q.shape[1], Hkv=k_buffer.shape[1], D=q.shape[2], Dv=v_buffer.shape[2],
+                kv_dtype=k_buffer.dtype, n_prefix=int(kv_indptr[-1]))
+
+
+def can_handle(kind: str, **inputs) -> bool | str:
+    """Tensor-level ``can_handle`` of one kernel ("split_kv" | "shared_kv")."""
+    return shape_can_handle(kind, **_shape_of(**inputs))
+
+
+# ----------------------------------------------------------------------------- launches
+
+def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
+            k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, check=True, **_routing):
+    B, T, H, Hkv, D, Dv = ref.validate(
+        q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+        kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
+        num_kv_splits=num_kv_splits, o=o, **_routing)
+    shape = _shape_of(q=q, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr)
+    group = H // Hkv
+    if kind == "shared_kv":
+        block_h = block_h or block_h_for(group, D)
+    else:
+        block_h = 1
+    if check:
+        verdict = shape_can_handle(kind, block_h=block_h, **shape)
+        if verdict is not True:
+            raise ValueError(f"{kind} kernel cannot run this input: {verdict}")
+    L = T // B
+    pe_dim = D - Dv
+    nope_dim = D - pe_dim
+    _, block_n, num_warps, num_stages = block_config(D)
+    l_pad = l_pad_for(L, block_h)
+    S = num_kv_splits
+    if o is None:
+        o = torch.empty(T, H, Dv, dtype=q.dtype, device=q.device)
+    mid_acc = torch.empty(T, H, S, Dv, dtype=torch.float32, device=q.device)
+    mid_ml = torch.empty(T, H, S, 2, dtype=torch.float32, device=q.device)
+    dims = dict(NOPE_DIM=nope_dim, PE_DIM=pe_dim, DV=Dv, BLOCK_DN=triton.next_power_of_2(nope_dim),
+                BLOCK_DPE=max(1, triton.next_power_of_2(pe_dim)),  # next_power_of_2(0) == 0 (seed 002)
+                BLOCK_DV=triton.next_power_of_2(Dv))
+    common = dict(mid_acc_ptr=mid_acc, mid_ml_ptr=mid_ml, q_ptr=q, k_buffer_ptr=k_buffer, v_buffer_ptr=v_buffer,
+                  kv_indptr_ptr=kv_indptr, kv_indices_ptr=kv_indices, L=L, H=H, num_kv_splits=S,
+                  scale=sm_scale * k_scale, v_scale=v_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1),
+                  stride_kb_s=k_buffer.stride(0), stride_kb_h=k_buffer.stride(1),
+                  stride_vb_s=v_buffer.stride(0), stride_vb_h=v_buffer.stride(1),
+                  KV_GROUP_NUM=group, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages, **dims)
+    if kind == "shared_kv":
+        kern._verify_shared_kv_prefix_kernel[(B, triton.cdiv(H, block_h), S)](
+            HAS_KV_HEADS=Hkv > 1, BLOCK_H=block_h, L_PAD=l_pad, **common)
+    else:
+        kern._verify_split_kv_prefix_kernel[(B, H, S)](L_PAD=l_pad, **common)
+    kern._verify_combine_kernel[(B, triton.cdiv(H, block_h))](
+        o_ptr=o, mid_acc_ptr=mid_acc, mid_ml_ptr=mid_ml, q_ptr=q, k_ptr=k, v_ptr=v, L=L, H=H, num_kv_splits=S,
+        sm_scale=sm_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_k_t=k.stride(0),
+        stride_k_h=k.stride(1), stride_v_t=v.stride(0), stride_v_h=v.stride(1), KV_GROUP_NUM=group,
+        HAS_KV_HEADS=(Hkv > 1) if kind == "shared_kv" else True, IS_CAUSAL=bool(is_causal), BLOCK_H=block_h,
+        L_PAD=l_pad, L_KEYS=max(16, triton.next_power_of_2(L)), num_warps=num_warps, **dims)
+    return {"o": o}
+
+
+def verify_split_kv(**kw):
+    """Per-head split-KV kernel; same contract as ``reference.verify_attention.verify_attention``
+    for topk == 1 (tree masks are not supported: the gate never routes them here)."""
+    return _launch("split_kv", **kw)
+
+
+def verify_shared_kv(**kw):
+    """Grouped shared-KV kernel; same contract, topk == 1 only (it ignores tree masks)."""
+    return _launch("shared_kv", **kw)
+
+
+# ----------------------------------------------------------------------------- the gate
+
+@dataclass(frozen=True)
+class VerifyRoute:
+    shared_kv: bool  # try the grouped shared-KV kernel first
+    split_kv: bool  # then the per-head split-KV kernel (else the reference / extend path)
+
+
+def local_kv_heads(total_kv_heads: int, tp_size: int) -> int:
+    """KV heads on one rank after TP: heads are split, and replicated once tp_size > total."""
+    if total_kv_heads < 1 or tp_size < 1:
+        raise ValueError(f"total_kv_heads and tp_size must be >= 1, got {total_kv_heads}, {tp_size}")
+    return max(1, total_kv_heads // tp_size)
+
+
+def gate(*, model_family: str, topk: int, use_mla: bool, splitkv_switch: bool, num_local_kv_heads: int
+         ) -> VerifyRoute:
+    """Pure backend decision (SGLang ``_should_use_verify_shared_kv`` of seeds 002/003).
+
+    Shared-KV only at topk == 1 (the kernel ignores tree masks): MLA only for Kimi-K3; the
+    DSpark draft (GQA, non-causal, several KV heads) when the split-KV switch is on; Qwen3.5 /
+    MiniMax GQA when the switch is on and exactly one KV head is local. Split-KV whenever the
+    switch is on at topk == 1. Everything else takes the generic path (the reference chain).
+    """
+    if model_family not in ref.MODEL_FAMILIES:
+        raise ValueError(f"model_family: expected one of {ref.MODEL_FAMILIES}, got {model_family!r}")
+    chain = topk == 1
+    if not chain:
+        return VerifyRoute(False, False)
+    if use_mla:
+        shared = model_family == "kimi-k3"
+    elif model_family == "dspark-draft":
+        shared = splitkv_switch
+    else:
+        shared = splitkv_switch and model_family in ("qwen3.5", "minimax") and num_local_kv_heads == 1
+    return VerifyRoute(shared_kv=shared, split_kv=splitkv_switch)
+
+
+def verify_attention(*, gate_fn=gate, **kw):
+    """The backend's target-verify step: gate, then shared-KV → split-KV → reference, each
+    kernel tried only if its ``can_handle`` accepts. Returns {"o": ...}; same answer on every path."""
+    ref.validate(**kw)
+    D, Dv = kw["q"].shape[2], kw["v"].shape[2]
+    route = gate_fn(model_family=kw.get("model_family", "generic"), topk=kw.get("topk", 1), use_mla=D != Dv,
+                    splitkv_switch=kw.get("splitkv_switch", True), num_local_kv_heads=kw["k_buffer"].shape[1])
+    if route.shared_kv and can_handle("shared_kv", **kw) is True:
+        return verify_shared_kv(**kw)
+    if route.split_kv and can_handle("split_kv", **kw) is True:
+        return verify_split_kv(**kw)
+    return ref.verify_attention(**kw)
+
+
+# ----------------------------------------------------------------------------- compile check
+
+def compile_specs():
+    """Signatures for ``python -m harness compile``: every constexpr variant the wrappers launch
+    on sm90, for GQA D 64/128/256 and MLA 576/512, bf16 and fp8 KV."""
+    specs = []
+    for (D, Dv, hkv), kv in [((64, 64, 2), "bf16"), ((128, 128, 1), "bf16"), ((256, 256, 1), "bf16"),
+                             ((256, 256, 1), "fp8e4nv"), ((576, 512, 1), "bf16"), ((576, 512, 1), "fp8e4nv")]:
+        pe = D - Dv
+        bh_cap, block_n, warps, _ = block_config(D, "sm90")
+        dims = dict(NOPE_DIM=D - pe, PE_DIM=pe, DV=Dv, BLOCK_DN=triton.next_power_of_2(D - pe),
+                    BLOCK_DPE=max(1, triton.next_power_of_2(pe)), BLOCK_DV=triton.next_power_of_2(Dv))
+        group = 16 // hkv if hkv > 1 else 16
+        bh = block_h_for(group, D, "sm90")
+        pre_sig = {"mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16", "k_buffer_ptr": f"*{kv}",
+                   "v_buffer_ptr": f"*{kv}", "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "L": "i32",
+                   "H": "i32", "num_kv_splits": "i32", "scale": "fp32", "v_scale": "fp32",
+                   **{s: "i32" for s in ("stride_q_t", "stride_q_h", "stride_kb_s", "stride_kb_h", "stride_vb_s",
+                                         "stride_vb_h")}}
+        tag = f"D={D},Dv={Dv},hkv={hkv},kv={kv}"
+        specs.append((f"_verify_split_kv_prefix_kernel[{tag}]", kern._verify_split_kv_prefix_kernel, pre_sig,
+                      dict(KV_GROUP_NUM=group, L_PAD=l_pad_for(4, 1), BLOCK_N=block_n, **dims), warps))
+        specs.append((f"_verify_shared_kv_prefix_kernel[{tag}]", kern._verify_shared_kv_prefix_kernel, pre_sig,
+                      dict(KV_GROUP_NUM=group, HAS_KV_HEADS=hkv > 1, BLOCK_H=bh, L_PAD=l_pad_for(4, bh),
+                           BLOCK_N=block_n, **dims), warps))
+        comb_sig = {"o_ptr": "*bf16", "mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16",
+                    "k_ptr": "*bf16", "v_ptr": "*bf16", "L": "i32", "H": "i32", "num_kv_splits": "i32",
+                    "sm_scale": "fp32",
+                    **{s: "i32" for s in ("stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
+                                          "stride_v_h")}}
+        for causal in (True, False):
+            specs.append((f"_verify_combine_kernel[{tag},causal={int(causal)}]", kern._verify_combine_kernel, comb_sig,
+                          dict(KV_GROUP_NUM=group, HAS_KV_HEADS=hkv > 1, IS_CAUSAL=causal, BLOCK_H=bh,
+                               L_PAD=l_pad_for(4, bh), L_KEYS=16, **dims), warps))
+    return specs

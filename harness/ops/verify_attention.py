@@ -1,0 +1,112 @@
+"""Registry entry for ``verify_attention`` (seeds 002, 003): its OpSpec and built-in implementations.
+
+  reference         the per-head split-KV chain (torch, fp32, one bf16 rounding)
+  fused-split-kv    per-head split-KV Triton kernel, grid (B, H, S) + combine
+  fused-shared-kv   grouped shared-KV Triton kernel, grid (B, H/BLOCK_H, S) + combine
+  fused             the backend: gate, then shared-KV → split-KV → reference by can_handle
+  compiled          torch.compile of the reference chain's per-request math (GPU only)
+  sdpa              torch SDPA on dense K/V with the explicit verify mask (external)
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from harness.registry import Impl, OpSpec, OutputSpec, Registry
+
+
+def _kernel_can_handle(kind):
+    """Impl-level can_handle: the kernel's own shape rule on the case's shape, plus topk == 1
+    (neither kernel reads a tree mask; in the backend the gate keeps them away from trees)."""
+    def can_handle(case, device):
+        from cases import verify_attention as c
+        from fused import verify_attention as f
+
+        if case.topk != 1:
+            return f"topk {case.topk} > 1 needs a tree mask; the {kind} kernel has none"
+        kv = torch.bfloat16 if case.kv_dtype == "bf16" else torch.float8_e4m3fn
+        return f.shape_can_handle(kind, uniform=len(set(c.widths(case))) == 1, H=case.H, Hkv=case.Hkv, D=case.D,
+                                  Dv=case.Dv, kv_dtype=kv, n_prefix=sum(c.prefix_lengths(case.prefix, case.B,
+                                                                                         case.seed)))
+    return can_handle
+
+
+def _split_kv(**kw):
+    from fused import verify_attention as f
+
+    return f.verify_split_kv(**kw)
+
+
+def _shared_kv(**kw):
+    from fused import verify_attention as f
+
+    return f.verify_shared_kv(**kw)
+
+
+def _dispatch(**kw):
+    from fused import verify_attention as f
+
+    return f.verify_attention(**kw)
+
+
+@functools.cache
+def _compiled_stages():
+    from reference import verify_attention as r
+
+    opts = dict(dynamic=True)
+    return (torch.compile(r.prefix_split_partials, **opts), torch.compile(r.draft_partial, **opts),
+            torch.compile(r.combine, **opts))
+
+
+def _compiled(**kw):
+    """The reference chain with each launch torch.compile'd (dynamic shapes)."""
+    from reference import verify_attention as r
+
+    return r.verify_attention(_stages=_compiled_stages(), **kw)
+
+
+def _compiled_can_handle(case, device):
+    if device.interpreted:
+        return "torch.compile on CPU recompiles per shape class (minutes per run); GPU runs only"
+    return True
+
+
+def _spec() -> OpSpec:
+    from cases import verify_attention as c
+    from reference import verify_attention as r
+
+    return OpSpec(
+        name="verify_attention",
+        case_type=c.VerifyAttentionCase,
+        catalog=c.catalog,
+        strategy=c.cases,
+        build_inputs=c.build_inputs,
+        reference=r.verify_attention,
+        oracle=r.verify_attention_oracle,
+        outputs=(OutputSpec("o", "numeric"),),
+        effects=lambda case, inputs, oracle: [],
+        writable=(),
+        out_args=("o",),
+        doc="target-verify attention over a paged prefix + drafts (GQA / MLA, fp8 KV); shared-KV vs per-head "
+            "split-KV (seeds 002, 003)",
+    )
+
+
+def register(reg: Registry) -> None:
+    from reference import verify_attention as r
+
+    reg.add_op(_spec())
+    reg.add(Impl("verify_attention", "reference", "reference", r.verify_attention,
+                 doc="per-head split-KV chain: prefix split partials, draft triangle, LSE combine"))
+    reg.add(Impl("verify_attention", "fused-split-kv", "fused", _split_kv, can_handle=_kernel_can_handle("split_kv"),
+                 doc="per-head split-KV Triton kernel, grid (B, H, S) + combine"))
+    reg.add(Impl("verify_attention", "fused-shared-kv", "fused", _shared_kv,
+                 can_handle=_kernel_can_handle("shared_kv"),
+                 doc="grouped shared-KV Triton kernel, grid (B, H/BLOCK_H, S) + combine"))
+    reg.add(Impl("verify_attention", "fused", "fused", _dispatch,
+                 doc="backend: gate, then shared-KV -> split-KV -> reference by can_handle"))
+    reg.add(Impl("verify_attention", "compiled", "compiled", _compiled, can_handle=_compiled_can_handle,
+                 doc="torch.compile(dynamic=True) of the reference chain's three launches"))
+    reg.add(Impl("verify_attention", "sdpa", "external", r.verify_attention_sdpa,
+                 doc="torch SDPA (fp32) on dense K/V with the explicit verify mask"))

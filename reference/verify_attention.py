@@ -1,0 +1,286 @@
+"""Target-verify attention over a paged prefix plus the draft chunk (seeds 002, 003) — the
+unfused per-head split-KV chain and a dense fp64 oracle.
+
+Launches of the unfused chain, per query head h (the structure of the per-head kernel):
+  1. ``prefix_split_partials``  the prefix of request b cut into ``num_kv_splits`` chunks;
+     per chunk s, in fp32: m_s = max_j x_j, l_s = Σ_j exp(x_j − m_s),
+     acc_s = v_scale · Σ_j exp(x_j − m_s)·v_j, with x_j = (q·k_j)·(sm_scale·k_scale).
+  2. ``draft_partial``  the L draft keys of request b, unscaled by k/v scales:
+     x_j = (q·k_j)·sm_scale, masked causally (j ≤ i), fully (non-causal) or by a tree mask.
+  3. ``combine``  log-sum-exp merge: M = max(m_*), o = Σ acc_* e^{m_*−M} / Σ l_* e^{m_*−M},
+     rounded once to bf16.
+
+Split partition (shared with the kernels): split_len = cdiv(n, S); split s covers
+[s·split_len, min((s+1)·split_len, n)); a split may be empty (m = −inf, l = 0, acc = 0).
+
+Layouts: GQA (``D == Dv``, query head h reads KV head h // (H / Hkv)) and MLA (Hkv = 1,
+D = 576 = 512 + 64, Dv = 512, V = the first 512 dims of K, passed as a strided view).
+fp8 buffers are upcast exactly to fp32; k_scale / v_scale apply to the prefix only.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from reference.checks import (
+    VerifyParityInputError,
+    check_contiguous,
+    check_dtype,
+    check_index_range,
+    check_inner_contiguous,
+    check_rank,
+    check_same_device,
+    check_shape,
+)
+
+ACT_DTYPES = (torch.bfloat16,)
+KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+INDEX_DTYPES = (torch.int32, torch.int64)
+MODEL_FAMILIES = ("generic", "kimi-k3", "qwen3.5", "minimax", "dspark-draft")
+
+
+def validate(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
+             k_scale=1.0, v_scale=1.0, num_kv_splits=1, custom_mask=None, o=None, topk=1,
+             model_family="generic", splitkv_switch=True) -> tuple[int, int, int, int, int, int]:
+    """Check every argument; return (B, T, H, Hkv, D, Dv). Shared by every implementation.
+
+    Shapes: q (T, H, D) bf16; k (T, Hkv, D), v (T, Hkv, Dv) bf16; k_buffer (S, Hkv, D),
+    v_buffer (S, Hkv, Dv) bf16 or fp8; qo_indptr, kv_indptr (B+1,) int; kv_indices (N,) int;
+    custom_mask (Σ_b L_b²,) bool or None; o (T, H, Dv) bf16 or None.
+    """
+    check_rank("q", q, 3)
+    T, H, D = q.shape
+    check_dtype("q", q, ACT_DTYPES)
+    check_inner_contiguous("q", q)
+    check_rank("k", k, 3)
+    Hkv = k.shape[1]
+    check_shape("k", k, (T, Hkv, D))
+    check_dtype("k", k, ACT_DTYPES)
+    check_inner_contiguous("k", k)
+    if Hkv < 1 or H % Hkv:
+        raise VerifyParityInputError("k", f"num_heads {H} must be a multiple of num_kv_heads {Hkv}")
+    check_rank("v", v, 3)
+    Dv = v.shape[2]
+    check_shape("v", v, (T, Hkv, Dv))
+    check_dtype("v", v, ACT_DTYPES)
+    check_inner_contiguous("v", v)
+    if Dv > D:
+        raise VerifyParityInputError("v", f"v_head_dim {Dv} exceeds head_dim {D}")
+    check_rank("k_buffer", k_buffer, 3)
+    check_shape("k_buffer", k_buffer, (None, Hkv, D))
+    check_dtype("k_buffer", k_buffer, KV_DTYPES)
+    check_inner_contiguous("k_buffer", k_buffer)
+    check_shape("v_buffer", v_buffer, (k_buffer.shape[0], Hkv, Dv))
+    check_dtype("v_buffer", v_buffer, (k_buffer.dtype,))
+    check_inner_contiguous("v_buffer", v_buffer)
+    check_rank("qo_indptr", qo_indptr, 1)
+    B = qo_indptr.shape[0] - 1
+    if B < 1:
+        raise VerifyParityInputError("qo_indptr", f"needs at least 2 entries, got shape {tuple(qo_indptr.shape)}")
+    check_dtype("qo_indptr", qo_indptr, INDEX_DTYPES)
+    check_shape("kv_indptr", kv_indptr, (B + 1,))
+    check_dtype("kv_indptr", kv_indptr, INDEX_DTYPES)
+    check_rank("kv_indices", kv_indices, 1)
+    check_dtype("kv_indices", kv_indices, INDEX_DTYPES)
+    check_contiguous("kv_indices", kv_indices)
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    if qo[0] != 0 or qo[-1] != T or any(b < a for a, b in zip(qo, qo[1:])):
+        raise VerifyParityInputError("qo_indptr", f"must rise from 0 to num_tokens {T}, got {qo}")
+    if any(qo[i + 1] == qo[i] for i in range(B)):
+        raise VerifyParityInputError("qo_indptr", f"every request needs at least one draft token, got {qo}")
+    if kvp[0] != 0 or kvp[-1] > kv_indices.shape[0] or any(b < a for a, b in zip(kvp, kvp[1:])):
+        raise VerifyParityInputError("kv_indptr", f"must rise from 0 to at most len(kv_indices) "
+                                                  f"{kv_indices.shape[0]}, got {kvp}")
+    check_index_range("kv_indices", kv_indices[: kvp[-1]], low=0, high=k_buffer.shape[0])
+    for arg, val in (("sm_scale", sm_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+        if not isinstance(val, float) or not (val > 0.0 and math.isfinite(val)):
+            raise VerifyParityInputError(arg, f"must be a positive finite float, got {val!r}")
+    if not isinstance(num_kv_splits, int) or num_kv_splits < 1:
+        raise VerifyParityInputError("num_kv_splits", f"must be a positive int, got {num_kv_splits!r}")
+    if not isinstance(topk, int) or topk < 1:
+        raise VerifyParityInputError("topk", f"must be a positive int, got {topk!r}")
+    if (custom_mask is not None) != (topk > 1):
+        raise VerifyParityInputError("custom_mask", f"a tree mask is required exactly when topk > 1 (topk={topk}, "
+                                                    f"mask {'given' if custom_mask is not None else 'missing'})")
+    if custom_mask is not None:
+        n_mask = sum((qo[i + 1] - qo[i]) ** 2 for i in range(B))
+        check_shape("custom_mask", custom_mask, (n_mask,))
+        check_dtype("custom_mask", custom_mask, (torch.bool,))
+    if model_family not in MODEL_FAMILIES:
+        raise VerifyParityInputError("model_family", f"must be one of {MODEL_FAMILIES}, got {model_family!r}")
+    if o is not None:
+        check_shape("o", o, (T, H, Dv))
+        check_dtype("o", o, ACT_DTYPES)
+        check_contiguous("o", o)
+    check_same_device(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                      kv_indices=kv_indices, custom_mask=custom_mask, o=o)
+    return B, T, H, Hkv, D, Dv
+
+
+def split_bounds(n: int, num_kv_splits: int) -> list[tuple[int, int]]:
+    """[start, end) of every split of an n-token prefix (cdiv partition; trailing splits may be empty)."""
+    length = -(-n // num_kv_splits)
+    return [(min(s * length, n), min((s + 1) * length, n)) for s in range(num_kv_splits)]
+
+
+def draft_mask(L: int, is_causal: bool, tree: torch.Tensor | None, device) -> torch.Tensor:
+    """(L, L) bool: may draft i see draft j. A tree mask (topk > 1) replaces the causal rule."""
+    if tree is not None:
+        return tree.view(L, L).to(device)
+    if is_causal:
+        return torch.ones(L, L, dtype=torch.bool, device=device).tril()
+    return torch.ones(L, L, dtype=torch.bool, device=device)
+
+
+def tree_masks(custom_mask, qo: list[int]) -> list[torch.Tensor | None]:
+    """Per request: its (L_b²,) slice of the flat tree mask, or None when there is none."""
+    if custom_mask is None:
+        return [None] * (len(qo) - 1)
+    out, off = [], 0
+    for b in range(len(qo) - 1):
+        n = (qo[b + 1] - qo[b]) ** 2
+        out.append(custom_mask[off: off + n])
+        off += n
+    return out
+
+
+def _partial(x: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None):
+    """x (H, L, N) fp32 scores, vals (H, N, Dv) fp32, mask (L, N) bool -> m (H, L), l (H, L), acc (H, L, Dv)."""
+    if mask is not None:
+        x = x.masked_fill(~mask, float("-inf"))
+    m = x.amax(dim=-1)  # (H, L)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(x - m_safe[..., None])  # (H, L, N)
+    return m, p.sum(-1), p @ vals  # (H, L, N) @ (H, N, Dv) -> (H, L, Dv)
+
+
+def prefix_split_partials(qh, kp, vp, *, scale, v_scale, num_kv_splits, bounds=split_bounds):
+    """Launch 1. qh (H, L, D) fp32; kp (H, n, D), vp (H, n, Dv) fp32 (per query head) ->
+    list over splits of (m, l, acc); empty splits give (−inf, 0, 0)."""
+    H, L, _ = qh.shape
+    out = []
+    for start, end in bounds(kp.shape[1], num_kv_splits):
+        if end <= start:
+            out.append((torch.full((H, L), float("-inf"), device=qh.device), torch.zeros(H, L, device=qh.device),
+                        torch.zeros(H, L, vp.shape[-1], device=qh.device)))
+            continue
+        x = (qh @ kp[:, start:end].transpose(1, 2)) * scale  # (H, L, D) @ (H, D, n_s) -> (H, L, n_s)
+        m, l, acc = _partial(x, vp[:, start:end], None)
+        out.append((m, l, acc * v_scale))
+    return out
+
+
+def draft_partial(qh, kd, vd, *, scale, mask):
+    """Launch 2. qh (H, L, D); kd (H, L, D); vd (H, L, Dv) fp32; mask (L, L) bool -> (m, l, acc)."""
+    x = (qh @ kd.transpose(1, 2)) * scale  # (H, L, D) @ (H, D, L) -> (H, L, L)
+    return _partial(x, vd, mask)
+
+
+def combine(parts) -> torch.Tensor:
+    """Launch 3. Log-sum-exp merge of (m, l, acc) partials -> (H, L, Dv) fp32."""
+    M = torch.stack([m for m, _, _ in parts]).amax(0)  # (H, L); finite: the draft part always has a key
+    num = sum(acc * torch.exp(m - M)[..., None] for m, _, acc in parts)
+    den = sum(l * torch.exp(m - M) for m, l, _ in parts)
+    return num / den[..., None]
+
+
+def _per_head(x: torch.Tensor, H: int) -> torch.Tensor:
+    """(N, Hkv, X) -> (H, N, X): the KV head each query head reads (GQA groups are contiguous)."""
+    return x.transpose(0, 1).repeat_interleave(H // x.shape[1], dim=0)
+
+
+def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
+                     k_scale=1.0, v_scale=1.0, num_kv_splits=1, custom_mask=None, o=None, topk=1,
+                     model_family="generic", splitkv_switch=True, _stages=None):
+    """The reference chain. Returns {"o": (T, H, Dv) bf16} (written into ``o`` when given).
+
+    ``_stages`` (prefix, draft, combine) replaces the launches; only mutants pass it.
+    """
+    B, T, H, Hkv, D, Dv = validate(
+        q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+        kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
+        num_kv_splits=num_kv_splits, custom_mask=custom_mask, o=o, topk=topk, model_family=model_family,
+        splitkv_switch=splitkv_switch)
+    prefix_fn, draft_fn, combine_fn = _stages or (prefix_split_partials, draft_partial, combine)
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    trees = tree_masks(custom_mask, qo)
+    res = torch.empty(T, H, Dv, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        t0, t1 = qo[b], qo[b + 1]
+        idx = kv_indices[kvp[b]: kvp[b + 1]].long()
+        qh = q[t0:t1].float().transpose(0, 1)  # (H, L, D) bf16 -> fp32
+        kp = _per_head(k_buffer[idx].float(), H)  # (H, n, D) bf16/fp8 -> fp32 (exact)
+        vp = _per_head(v_buffer[idx].float(), H)  # (H, n, Dv)
+        parts = prefix_fn(qh, kp, vp, scale=sm_scale * k_scale, v_scale=v_scale, num_kv_splits=num_kv_splits)
+        mask = draft_mask(t1 - t0, is_causal, trees[b], q.device)
+        parts.append(draft_fn(qh, _per_head(k[t0:t1].float(), H), _per_head(v[t0:t1].float(), H),
+                              scale=sm_scale, mask=mask))
+        res[t0:t1] = combine_fn(parts).transpose(0, 1)  # (H, L, Dv) -> (L, H, Dv)
+    out = res.to(q.dtype)  # fp32 -> bf16, round to nearest even (the only rounding)
+    if o is None:
+        return {"o": out}
+    o.copy_(out)
+    return {"o": o}
+
+
+def dense_mask(n: int, L: int, is_causal: bool, tree: torch.Tensor | None, device) -> torch.Tensor:
+    """(L, n + L) bool: the whole prefix, then the draft rule."""
+    return torch.cat((torch.ones(L, n, dtype=torch.bool, device=device), draft_mask(L, is_causal, tree, device)), 1)
+
+
+def verify_attention_oracle(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale,
+                            is_causal=True, k_scale=1.0, v_scale=1.0, custom_mask=None, **_unused):
+    """fp64 oracle: dense softmax over [prefix ; drafts] with an explicit mask, per-column score
+    scale (sm_scale·k_scale on the prefix, sm_scale on drafts) and v_scale on prefix values.
+    Returns {"o": (T, H, Dv) f64}."""
+    T, H, D = q.shape
+    Hkv, Dv = k.shape[1], v.shape[2]
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    trees = tree_masks(custom_mask, qo)
+    out = torch.empty(T, H, Dv, dtype=torch.float64)
+    g = H // Hkv
+    for b in range(len(qo) - 1):
+        t0, t1 = qo[b], qo[b + 1]
+        L = t1 - t0
+        idx = kv_indices[kvp[b]: kvp[b + 1]].long().cpu()
+        n = idx.numel()
+        keys = torch.cat((k_buffer[idx].cpu().double(), k[t0:t1].cpu().double()))  # (n+L, Hkv, D)
+        vals = torch.cat((v_buffer[idx].cpu().double() * v_scale, v[t0:t1].cpu().double()))  # (n+L, Hkv, Dv)
+        col_scale = torch.cat((torch.full((n,), sm_scale * k_scale, dtype=torch.float64),
+                               torch.full((L,), sm_scale, dtype=torch.float64)))
+        mask = dense_mask(n, L, is_causal, None if trees[b] is None else trees[b].cpu(), "cpu")
+        for h in range(H):
+            x = torch.einsum("id,jd->ij", q[t0:t1, h].cpu().double(), keys[:, h // g]) * col_scale  # (L, n+L)
+            x = x.masked_fill(~mask, float("-inf"))
+            w = torch.softmax(x, dim=-1)
+            out[t0:t1, h] = w @ vals[:, h // g]  # (L, n+L) @ (n+L, Dv)
+    return {"o": out}
+
+
+def verify_attention_sdpa(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale,
+                          is_causal=True, k_scale=1.0, v_scale=1.0, custom_mask=None, o=None, **kw):
+    """torch SDPA per request on dense fp32 K/V (prefix pre-scaled by k_scale / v_scale) with the
+    explicit (L, n + L) mask — an independent implementation, not a reference."""
+    validate(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+             kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
+             custom_mask=custom_mask, o=o, **kw)
+    T, H, _ = q.shape
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    trees = tree_masks(custom_mask, qo)
+    res = torch.empty(T, H, v.shape[2], dtype=torch.float32, device=q.device)
+    for b in range(len(qo) - 1):
+        t0, t1 = qo[b], qo[b + 1]
+        idx = kv_indices[kvp[b]: kvp[b + 1]].long()
+        keys = torch.cat((k_buffer[idx].float() * k_scale, k[t0:t1].float()))  # (n+L, Hkv, D)
+        vals = torch.cat((v_buffer[idx].float() * v_scale, v[t0:t1].float()))  # (n+L, Hkv, Dv)
+        mask = dense_mask(idx.numel(), t1 - t0, is_causal, trees[b], q.device)
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q[t0:t1].float().transpose(0, 1)[None], keys.transpose(0, 1)[None], vals.transpose(0, 1)[None],
+            attn_mask=mask, scale=sm_scale, enable_gqa=True)  # (1, H, L, Dv)
+        res[t0:t1] = y[0].transpose(0, 1)
+    out = res.to(q.dtype)
+    if o is None:
+        return {"o": out}
+    o.copy_(out)
+    return {"o": o}
