@@ -34,6 +34,15 @@ KERNEL_FP8_POLICY = "saturate"
 # (e4m3fnuz) raises "type fp8e4b8 not supported in this architecture. The supported fp8 dtypes
 # are ('fp8e4b15', 'fp8e4nv', 'fp8e5')"; e4m3fnuz runs compiled on AMD and interpreted on CPU.
 FP8_TARGETS = {"e4m3fn": ("sm90", "gfx942", "gfx950"), "e4m3fnuz": ("gfx942", "gfx950")}
+
+
+def kernel_fp8_formats(device) -> tuple[str, ...]:
+    """fp8 formats the kernel runs in on ``device`` (a ``harness.devices.Device``): both under
+    the interpreter; on NVIDIA (any arch: the backend has no fp8e4b8) e4m3fn; on AMD per arch."""
+    if device.interpreted:
+        return tuple(FP8_TARGETS)
+    target = device.arch if device.kind == "rocm" else "sm90"
+    return tuple(f for f, targets in FP8_TARGETS.items() if target in targets)
 FUSED_SWITCH_ENV = "VP_FUSED_MLA_FP8_PREPARE"
 
 

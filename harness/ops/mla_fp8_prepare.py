@@ -41,10 +41,8 @@ def _fused_can_handle(case, dev):
     if case.policy != f.KERNEL_FP8_POLICY:
         return (f"fp8 policy {case.policy!r}: the kernel implements {f.KERNEL_FP8_POLICY!r} "
                 f"(the dispatch sends this call to the chain)")
-    if not dev.interpreted:
-        target = dev.arch if dev.kind == "rocm" else "sm90"
-        if target not in f.FP8_TARGETS[case.fp8_format]:
-            return f"{case.fp8_format} on {dev.kind} {dev.arch}: Triton has no such fp8 conversion for this target"
+    if case.fp8_format not in f.kernel_fp8_formats(dev):
+        return f"{case.fp8_format} on {dev.kind} {dev.arch}: Triton has no such fp8 conversion for this target"
     return True
 
 
@@ -58,6 +56,8 @@ def _compiled_chain():
         r.scatter_kv(kv_buffer, phys, kn8, kr8)
         return q8
 
+    # one graph per (fp8 format, policy, input layouts, loc dtype): ~50 variants, past dynamo's default of 8
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return torch.compile(chain, dynamic=True)
 
 
