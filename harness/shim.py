@@ -107,7 +107,40 @@ def install() -> None:
         return orig_dot(self, up(a), up(b), d, input_precision, max_num_imprecise_acc)
 
     it.InterpreterBuilder.create_dot = create_dot
+    _install_nested_call_fast_path(it, tl)
     _installed = True
+
+
+def _install_nested_call_fast_path(it, tl) -> None:
+    """Speed only, no numerics: the interpreter re-patches ``triton.language`` (an
+    ``inspect.getmembers`` walk) on every call of a nested ``@triton.jit`` helper, although the
+    launch already patched the same modules and nested scopes are never restored. Skip the
+    walk when the helper sees no language module the launch has not patched (about 2x faster
+    for kernels built from helpers; outputs are bitwise identical)."""
+    orig_patch_lang, orig_grid_call = it._patch_lang, it.GridExecutor.__call__
+    stack: list = []  # per active launch: ids of the language modules it patched (None: not yet)
+
+    def langs(fn):
+        return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+
+    def patch_lang(fn):
+        seen = langs(fn)
+        if stack and stack[-1] is not None and seen <= stack[-1]:
+            return it._LangPatchScope()
+        scope = orig_patch_lang(fn)
+        if stack:  # nested scopes are never restored: these modules stay patched for the launch
+            stack[-1] = seen if stack[-1] is None else stack[-1] | seen
+        return scope
+
+    def grid_call(self, *args, **kwargs):
+        stack.append(None)
+        try:
+            return orig_grid_call(self, *args, **kwargs)
+        finally:
+            stack.pop()
+
+    it._patch_lang = patch_lang
+    it.GridExecutor.__call__ = grid_call
 
 
 def installed() -> bool:
