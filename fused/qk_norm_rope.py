@@ -53,7 +53,8 @@ def _norm_rope_tile(
     return tl.where(rope_mask, y * c + sign[None, :] * yp * s, y)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "H", "stride_q_t", "stride_q_h", "stride_kv_t", "stride_qo_t", "stride_qo_h",
+                               "stride_kvo_t", "stride_ring_s", "stride_cs_p"])
 def _qk_norm_rope_kernel(
     q_out_ptr,  # (T, H, D) out, contiguous
     kv_out_ptr,  # (T, D) out, contiguous

@@ -76,11 +76,11 @@ def _poison(spec: OpSpec, inputs: dict) -> None:
         inputs[name].view(torch.uint8).fill_(0xFF)  # NaN bit patterns for every float format
 
 
-def provide_outputs(spec: OpSpec, inputs: dict, ref_out: dict) -> dict:
-    """Allocate every caller-provided output argument the case left to the implementation."""
+def provide_outputs(spec: OpSpec, inputs: dict, ref_out: dict, dev: Device) -> dict:
+    """Allocate, on the device, every caller-provided output argument the case left to the implementation."""
     for name in spec.out_args:
         if inputs.get(name) is None:
-            inputs[name] = torch.empty_like(ref_out[name])
+            inputs[name] = torch.empty_like(ref_out[name], device=dev.torch_device)
     return inputs
 
 
@@ -106,7 +106,7 @@ def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool =
                 "determinism", {**out, **{b: inputs[b] for b in spec.writable}},
                 {**out2, **{b: again[b] for b in spec.writable}}))
         if poisoned:
-            p = provide_outputs(spec, spec.build_inputs(case, dev), ref_out)
+            p = provide_outputs(spec, spec.build_inputs(case, dev), ref_out, dev)
             _poison(spec, p)
             p_before = {b: p[b].detach().cpu().clone() for b in spec.writable}
             p_out, _ = _call(impl.fn, p, dev)

@@ -2,6 +2,7 @@
 ``verify_parity.impls`` of an installed distribution, or ``--impl module:attr``."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
