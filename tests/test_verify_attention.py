@@ -341,7 +341,7 @@ MUTANT_PROOF = {
     "mutant-k-scale-on-drafts": "k3-mla-h4-l2-e4m3fnuz",
     "mutant-kv-head-offset-straddling": "gqa-hkv2-h4-d128",
     "mutant-last-partial-tile-dropped": "tile-boundary-pm1",
-    "mutant-split-boundary-overlap": "prefix-one",
+    "mutant-split-boundary-overlap": "tile-boundary-split2",
     "mutant-padded-draft-keys-unmasked": "dspark-hkv4-h8-l7-noncausal",
     "mutant-shared-kv-at-topk-gt-1": "tree-topk2-qwen35",
 }
