@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from reference.mla_fp8_prepare import FP8_DTYPES, POLICIES, fp8_code_values
+from reference.mla_fp8_prepare import FP8_DTYPES, fp8_code_values
 
 FP8_FORMATS = tuple(FP8_DTYPES)
 Q_LAYOUTS = ("model", "contiguous", "inner_strided")  # inner_strided: not covered -> fallback

@@ -147,8 +147,8 @@ def concat_q(q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
 def scatter_kv(kv_buffer: torch.Tensor, loc: torch.Tensor, k_nope8: torch.Tensor, k_rope8: torch.Tensor) -> None:
     """Launch 5. kv_buffer (S, Dn + R) fp8; kv_buffer[loc[t]] = [k_nope8[t] | k_rope8[t]]; loc < 0 skipped."""
     valid = loc >= 0
-    rows = torch.cat((k_nope8, k_rope8), dim=-1)  # (T, Dn + R) fp8
-    kv_buffer.view(torch.uint8)[loc[valid].long()] = rows.view(torch.uint8)[valid]
+    rows = torch.cat((k_nope8.view(torch.uint8), k_rope8.view(torch.uint8)), dim=-1)  # (T, Dn + R) fp8 bytes
+    kv_buffer.view(torch.uint8)[loc[valid].long()] = rows[valid]  # bytes: fp8 index_put is not on every build
 
 
 def quantize_chain(*, q_nope, q_rope, k_nope, k_rope, fp8_dtype, kv_descale=None, fp8_policy="saturate"):

@@ -57,7 +57,8 @@ def _double_write(**kw):
         pool = ref.KVPool(kw["kv_buffer"], kw["slot_map"])
         inv = ref.inv_descale(kw["kv_descale"])
         dt = kw["kv_buffer"].dtype
-        pool.write_rows(_fallback_loc(kw, pool), _truncate_fp8(kw["k_nope"], dt, inv), _truncate_fp8(kw["k_rope"], dt, inv))
+        pool.write_rows(_fallback_loc(kw, pool), _truncate_fp8(kw["k_nope"], dt, inv),
+                        _truncate_fp8(kw["k_rope"], dt, inv))
         out["kv_writes"] = out["kv_writes"] + pool.writes
     return out
 
@@ -78,7 +79,8 @@ def _policy_flip(**kw):
     loc = kw["decode_kernel_loc"]
     if kw["save_kv_cache"] and kw["fused_switch"] and loc is not None:
         q8 = torch.empty_like(ref.concat_q(kw["q_nope"], kw["q_rope"]), dtype=kw["kv_buffer"].dtype)
-        f._launch(q8=q8, loc=loc, k_mul=f.k_mul_tensor(kw["kv_descale"], q8.device), **_kernel_args(kw, policy=False))  # BUG
+        k_mul = f.k_mul_tensor(kw["kv_descale"], q8.device)
+        f._launch(q8=q8, loc=loc, k_mul=k_mul, **_kernel_args(kw, policy=False))  # BUG: whatever the policy
         pool.record(loc)
         return {"q8": q8, "kv_writes": pool.writes}
     return f.mla_fp8_prepare_step(**kw)

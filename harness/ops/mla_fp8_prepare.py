@@ -51,8 +51,9 @@ def _compiled_chain():
     from reference import mla_fp8_prepare as r
 
     def chain(q_nope, q_rope, k_nope, k_rope, kv_buffer, phys, inv, policy: str):
-        q8, kn8, kr8 = (r.cast_fp8(r.concat_q(q_nope, q_rope), kv_buffer.dtype, policy),
-                        r.cast_fp8(k_nope, kv_buffer.dtype, policy, inv), r.cast_fp8(k_rope, kv_buffer.dtype, policy, inv))
+        dt = kv_buffer.dtype
+        q8 = r.cast_fp8(r.concat_q(q_nope, q_rope), dt, policy)
+        kn8, kr8 = r.cast_fp8(k_nope, dt, policy, inv), r.cast_fp8(k_rope, dt, policy, inv)
         r.scatter_kv(kv_buffer, phys, kn8, kr8)
         return q8
 
