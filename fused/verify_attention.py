@@ -20,6 +20,9 @@ from fused.kernels import verify_attention as kern
 from reference import verify_attention as ref
 
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+# fp8 flavours a compiled backend converts natively (the interpreter converts both through the shim)
+ARCH_KV_DTYPES = {"sm90": (torch.bfloat16, torch.float8_e4m3fn), "gfx942": (torch.bfloat16, torch.float8_e4m3fnuz),
+                  "gfx950": (torch.bfloat16, torch.float8_e4m3fn)}
 
 # arch -> head_dim -> (BLOCK_H, BLOCK_N, num_warps, num_stages). BLOCK_H is an upper bound: the
 # wrapper takes the largest power of two <= min(BLOCK_H, KV_GROUP_NUM) and refuses a group it
@@ -27,7 +30,7 @@ KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 # its BLOCK_N = 64 is what the catalog's tile-boundary cases (63/64/65, 127/128/129) straddle.
 BLOCK_CONFIG = {
     "interpreter": {64: (16, 64, 1, 1), 128: (16, 64, 1, 1), 256: (16, 64, 1, 1), 576: (16, 64, 1, 1)},
-    "sm90": {64: (16, 64, 4, 2), 128: (16, 64, 4, 2), 256: (16, 32, 8, 2), 576: (16, 32, 8, 1)},
+    "sm90": {64: (16, 64, 4, 2), 128: (16, 64, 4, 2), 256: (16, 32, 8, 2), 576: (8, 32, 8, 1)},
     "gfx942": {64: (4, 256, 4, 1), 128: (4, 128, 4, 1), 256: (4, 64, 8, 1), 576: (4, 32, 8, 1)},
     "gfx950": {64: (4, 256, 4, 1), 128: (4, 128, 4, 1), 256: (4, 64, 8, 1), 576: (4, 32, 8, 1)},
 }
@@ -69,8 +72,9 @@ def l_pad_for(L: int, block_h: int) -> int:
 # ----------------------------------------------------------------------------- can_handle
 
 def shape_can_handle(kind: str, *, uniform: bool, H: int, Hkv: int, D: int, Dv: int, kv_dtype: torch.dtype,
-                     n_prefix: int, block_h: int | None = None) -> bool | str:
+                     n_prefix: int, block_h: int | None = None, arch_name: str | None = None) -> bool | str:
     """True, or why the ``kind`` ("split_kv" | "shared_kv") kernel cannot run this shape."""
+    arch_name = arch_name or arch()
     if not uniform:
         return "ragged verify widths (the kernels index drafts as b·L + i)"
     if Hkv < 1 or H % Hkv:
@@ -79,8 +83,8 @@ def shape_can_handle(kind: str, *, uniform: bool, H: int, Hkv: int, D: int, Dv: 
         return f"head_dim {D} < v_head_dim {Dv}"
     if 0 < D - Dv < 16:
         return f"rope part D - Dv = {D - Dv} < 16 (tl.dot needs K >= 16)"
-    if kv_dtype not in KV_DTYPES:
-        return f"kv dtype {kv_dtype} unsupported"
+    if kv_dtype not in ARCH_KV_DTYPES.get(arch_name, KV_DTYPES):
+        return f"kv dtype {kv_dtype} unsupported on {arch_name}"
     if n_prefix == 0:
         return "empty kv_indices"
     if kind == "shared_kv":
@@ -108,9 +112,10 @@ def can_handle(kind: str, **inputs) -> bool | str:
 # ----------------------------------------------------------------------------- launches
 
 def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
-            k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, check=True, validate=True, **_routing):
+            k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, check=True, validate=True,
+            stages=("prefix", "combine"), **_routing):
     """``check=False`` skips can_handle (mutants only); ``validate=False`` skips the host-syncing
-    argument checks (the benchmark times the launches alone, after one validated call)."""
+    argument checks and ``stages`` leaves a launch out (the benchmark's time breakdown)."""
     if validate:
         ref.validate(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
                      kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
@@ -145,11 +150,15 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
                   stride_kb_s=k_buffer.stride(0), stride_kb_h=k_buffer.stride(1),
                   stride_vb_s=v_buffer.stride(0), stride_vb_h=v_buffer.stride(1),
                   KV_GROUP_NUM=group, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages, **dims)
-    if kind == "shared_kv":
+    if "prefix" not in stages:
+        pass
+    elif kind == "shared_kv":
         kern._verify_shared_kv_prefix_kernel[(B, triton.cdiv(H, block_h), S)](
             HAS_KV_HEADS=Hkv > 1, BLOCK_H=block_h, L_PAD=l_pad, **common)
     else:
         kern._verify_split_kv_prefix_kernel[(B, H, S)](L_PAD=l_pad, **common)
+    if "combine" not in stages:
+        return {"o": o}
     kern._verify_combine_kernel[(B, triton.cdiv(H, block_h))](
         o_ptr=o, mid_acc_ptr=mid_acc, mid_ml_ptr=mid_ml, q_ptr=q, k_ptr=k, v_ptr=v, L=L, H=H, num_kv_splits=S,
         sm_scale=sm_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_k_t=k.stride(0),

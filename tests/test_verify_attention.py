@@ -387,3 +387,32 @@ def test_tolerance_does_not_hide_a_dropped_key_or_zeros(spec, device):
     for fn in (zeros, one_ulp_off):
         bad = failed_checks(spec, Impl(OP, fn.__name__, "external", fn), CATALOG["qwen35-tp-h4-l2"], device)
         assert "numeric:o" in bad, fn.__name__
+
+
+def test_fp8_flavour_refused_where_the_arch_cannot_convert():
+    """e4m3fnuz is gfx942's format, e4m3fn sm90's / gfx950's: the other one falls back, never crashes."""
+    kw = dict(uniform=True, H=4, Hkv=1, D=64, Dv=64, n_prefix=10)
+    for kind in ("split_kv", "shared_kv"):
+        assert "unsupported on sm90" in fused.shape_can_handle(kind, kv_dtype=torch.float8_e4m3fnuz, arch_name="sm90",
+                                                               **kw)
+        assert fused.shape_can_handle(kind, kv_dtype=torch.float8_e4m3fn, arch_name="sm90", **kw) is True
+        assert "unsupported on gfx942" in fused.shape_can_handle(kind, kv_dtype=torch.float8_e4m3fn,
+                                                                 arch_name="gfx942", **kw)
+        assert fused.shape_can_handle(kind, kv_dtype=torch.float8_e4m3fnuz, arch_name="interpreter", **kw) is True
+
+
+@pytest.mark.parametrize("layout", ["gqa", "mla"])
+def test_bench_baselines_compute_the_op(layout):
+    """The benchmark's dense reference (what it torch.compiles) and its SDPA call compute the
+    same function as the oracle on the benchmark's own inputs (small sizes, CPU)."""
+    from harness.bench import verify_attention as bench
+
+    B, n, H, L = 2, 40, 4, 4
+    kw, D, Dv = bench._inputs(layout, B, n, H, L, dev="cpu")
+    want = ref.verify_attention_oracle(**kw)["o"]
+    idx = kw["kv_indices"].view(B, n).long()
+    mask = bench._dense_mask(n, L, "cpu")
+    q4, k4, v4 = kw["q"].view(B, L, H, D), kw["k"].view(B, L, 1, D), kw["v"].reshape(B, L, 1, Dv)
+    dense = bench._dense_reference(q4, k4, v4, kw["k_buffer"], kw["v_buffer"], idx, mask, kw["sm_scale"])
+    tol = tolerance.lookup(OP, "o", torch.bfloat16)
+    assert compare.numeric("o", dense.reshape(B * L, H, Dv), want, None, tol, is_reference=True).passed

@@ -44,6 +44,8 @@ class BenchRow:
     shared_pct_copy: float  # of the measured copy bandwidth
     split_pct_copy: float
     max_abs_diff: float  # shared-KV vs split-KV outputs
+    shared_prefix_ms: float  # the shared-KV prefix kernel alone (the combine left out)
+    shared_combine_ms: float  # the combine kernel alone (draft triangle + LSE merge)
 
 
 def copy_bandwidth_tb_s() -> float:
@@ -55,9 +57,8 @@ def copy_bandwidth_tb_s() -> float:
     return 2 * x.numel() * x.element_size() / (ms * 1e-3) / 1e12
 
 
-def _inputs(layout: str, B: int, n: int, H: int, L: int):
+def _inputs(layout: str, B: int, n: int, H: int, L: int, dev: str = "cuda"):
     D, Dv = (576, 512) if layout == "mla" else (256, 256)
-    dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(B * 1000 + n)
     T, S = B * L, B * n
     q = torch.randn(T, H, D, device=dev, generator=g).bfloat16()
@@ -123,6 +124,10 @@ def run(out: Path, quick: bool) -> list[BenchRow]:
                 fast = dict(check=False, validate=False)  # validated by the two calls above
                 t_shared = bench(lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, **fast))
                 t_split = bench(lambda: f._launch("split_kv", **kw, num_kv_splits=s_split, **fast))
+                t_prefix = bench(lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, stages=("prefix",),
+                                                   **fast))
+                t_combine = bench(lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, stages=("combine",),
+                                                    **fast))
                 q4 = kw["q"].view(B, L, H, D)
                 k4, v4 = kw["k"].view(B, L, 1, D), kw["v"].reshape(B, L, 1, Dv)
                 idx = kw["kv_indices"].view(B, n).long()
@@ -147,11 +152,12 @@ def run(out: Path, quick: bool) -> list[BenchRow]:
                                t_split / t_shared, t_comp / t_shared, t_sdpa / t_shared,
                                kv_bytes / (t_shared * 1e-3) / 1e12, 100 * kv_bytes / (t_shared * 1e-3) / 1e12 / bw,
                                100 * kv_bytes / (t_split * 1e-3) / 1e12 / bw,
-                               float((a.float() - b.float()).abs().max()))
+                               float((a.float() - b.float()).abs().max()), t_prefix, t_combine)
                 rows.append(row)
                 print(f"{layout} B={B:3d} prefix={n:6d}: shared {t_shared:8.3f} ms ({row.shared_pct_copy:5.1f}% copy) | "
                       f"split {t_split:8.3f} ms ({row.split_over_shared:5.2f}x) | compiled {t_comp:8.3f} ms | "
-                      f"sdpa {t_sdpa:8.3f} ms | max|Δ| {row.max_abs_diff:.3g}", flush=True)
+                      f"sdpa {t_sdpa:8.3f} ms | shared prefix/combine {t_prefix:.3f}/{t_combine:.3f} ms | "
+                      f"max|Δ| {row.max_abs_diff:.3g}", flush=True)
                 del kw, a, b
                 torch.cuda.empty_cache()
     out.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,9 @@ def _kernel_can_handle(kind):
 
         if case.topk != 1:
             return f"topk {case.topk} > 1 needs a tree mask; the {kind} kernel has none"
-        kv = torch.bfloat16 if case.kv_dtype == "bf16" else torch.float8_e4m3fn
+        from harness.devices import FP8_DTYPES
+
+        kv = torch.bfloat16 if case.kv_dtype == "bf16" else FP8_DTYPES[case.kv_dtype]
         return f.shape_can_handle(kind, uniform=len(set(c.widths(case))) == 1, H=case.H, Hkv=case.Hkv, D=case.D,
                                   Dv=case.Dv, kv_dtype=kv, n_prefix=sum(c.prefix_lengths(case.prefix, case.B,
                                                                                          case.seed)))
