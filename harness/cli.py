@@ -80,7 +80,10 @@ def cmd_run(args) -> int:
     from reports.rows import to_frame, write_csv
 
     dev, prof, reg = _setup(args)
-    ops, impls = _select_impls(reg, args, ("reference", "fused", "compiled", "external"))
+    # torch.compile of the chains runs on every device, but on the CPU machine inductor's C++
+    # compiles cost minutes per run, so there it is opt-in: --kind compiled or --impl compiled.
+    default = ("reference", "fused", "external") + (() if dev.interpreted else ("compiled",))
+    ops, impls = _select_impls(reg, args, default)
     print(f"verify-parity run: device={dev.kind} ({dev.name}, {dev.arch}, fp8 {dev.fp8_format}) profile={prof.name} "
           f"shim={dev.shim or 'off (compiled)'}; impls: {', '.join(i.key for i in impls)}", flush=True)
     rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,

@@ -63,3 +63,19 @@ def test_shard_slices_are_a_partition(tmp_path):
 def test_unknown_impl_is_a_clear_error(tmp_path):
     r = _run("run", "--impl", "nope", "--generated", "0", "--csv", str(tmp_path / "x.csv"))
     assert r.returncode != 0 and "unknown implementation" in r.stderr
+
+
+def test_mutants_command_kills_every_qk_mutant_with_a_repro(tmp_path):
+    r = _run("mutants", "--op", "qk_norm_rope", "--generated", "0", "--case", "tiny-rows-eps-visible",
+             "--csv", str(tmp_path / "m.csv"), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for m in ("mutant-rope-style-swapped-q", "mutant-eps-outside-sqrt", "mutant-store-left-on-in-verify"):
+        assert f"KILLED {m}" in r.stdout
+    assert r.stdout.count("repro: python -m harness repro") >= 3 and "SURVIVED" not in r.stdout
+
+
+def test_mutants_command_fails_when_one_survives(tmp_path):
+    """On a unit-scale case the eps mutant is invisible: the command must say so and fail."""
+    r = _run("mutants", "--op", "qk_norm_rope", "--impl", "mutant-eps-outside-sqrt", "--generated", "0",
+             "--case", "one-token-one-head", "--csv", str(tmp_path / "m.csv"), "--quiet")
+    assert r.returncode == 1 and "SURVIVED mutant-eps-outside-sqrt" in r.stdout, r.stdout + r.stderr

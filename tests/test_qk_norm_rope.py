@@ -202,3 +202,9 @@ def test_tolerance_does_not_hide(spec, device, bug):
     impl = Impl(OP, bug.__name__, "external", bug)
     bad = failed_checks(spec, impl, CATALOG["dsv4-verify-b1-l3-h16"], device)
     assert "numeric:q_out" in bad
+
+
+@pytest.mark.parametrize("name", ["one-token-one-head", "neox-decode-q-weight"])
+def test_compiled_reference_chain_passes(spec, registry, device, name):
+    """torch.compile of the chain is a registered implementation and is held to the same suite."""
+    assert_passes(spec, registry.impls[f"{OP}/compiled"], CATALOG[name], device)

@@ -26,6 +26,9 @@ def _qk_fused(**kw):
 def _qk_compiled_fns():
     from reference import qk_norm_rope as r
 
+    # One graph per (rope style, weight present, q_out given) × dynamic shapes: past the default
+    # recompile limit dynamo silently runs eager, and "compiled" would no longer be compiled.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return torch.compile(r.q_norm_rope, dynamic=True), torch.compile(r.kv_norm_rope, dynamic=True)
 
 
