@@ -101,13 +101,13 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (op, impl): cases, cases passing every check, failing, refused; worst err/allowed."""
     if frame.empty:
         return frame
-    per_case = frame.groupby(["op", "impl", "kind", "case"]).agg(
-        failed=("status", lambda s: (s == "fail").any()), refused=("status", lambda s: (s == "refused").all()),
-        ratio=("err", lambda e: 0.0), seconds=("seconds", "first"))
-    ratio = (frame["err"] / frame["allowed"]).groupby([frame["op"], frame["impl"], frame["kind"], frame["case"]]).max()
-    per_case["ratio"] = ratio
-    out = per_case.groupby(["op", "impl", "kind"]).agg(
-        cases=("failed", "size"), passed=("failed", lambda f: int((~f).sum())), failed=("failed", "sum"),
+    keys = ["op", "impl", "kind", "case"]
+    f = frame.assign(failed=frame["status"] == "fail", refused=frame["status"] == "refused",
+                     ratio=frame["err"] / frame["allowed"])
+    per_case = f.groupby(keys).agg(failed=("failed", "any"), refused=("refused", "all"), ratio=("ratio", "max"),
+                                   seconds=("seconds", "first"))
+    out = per_case.groupby(keys[:3]).agg(
+        cases=("failed", "size"), passed=("failed", lambda x: int((~x).sum())), failed=("failed", "sum"),
         refused=("refused", "sum"), worst_err_over_allowed=("ratio", "max"), seconds=("seconds", "sum"))
     out["passed"] -= out["refused"]
     return out.reset_index()
