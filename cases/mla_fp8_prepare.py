@@ -243,6 +243,25 @@ def build_inputs(case: MlaFp8PrepareCase, device) -> dict:
     )
 
 
+def expected_path(case: MlaFp8PrepareCase) -> str:
+    """Where the dispatch should send the case: "kernel", "fallback" (a gate branch is off), or
+    "nan-policy" (the fallback, because the kernel saturates; the fused impl refuses these)."""
+    if case.policy != "saturate":
+        return "nan-policy"
+    on = case.save_kv_cache and case.switch and case.capture_loc and case.q_layout != "inner_strided"
+    return "kernel" if on else "fallback"
+
+
+def case_from_display(display: str) -> MlaFp8PrepareCase:
+    """The case behind a report row's ``case`` column (catalog name or full case id)."""
+    named = {f"mla_fp8_prepare/{c.name}": c for c in catalog(big=True)}
+    if display in named:
+        return named[display]
+    from cases.base import parse_case
+
+    return parse_case(MlaFp8PrepareCase, display.split(":", 1)[1])
+
+
 def written_rows(case: MlaFp8PrepareCase, inputs: dict) -> torch.Tensor:
     """Physical rows attention reads for this step's tokens: the only rows that may change."""
     if not case.save_kv_cache:
