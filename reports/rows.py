@@ -77,3 +77,60 @@ def write_csv(rows: list, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     to_frame(rows).to_csv(path, index=False)
     return path
+
+
+@dataclass(frozen=True)
+class PerfRow:
+    """One benchmarked (op, impl, shape). Times in microseconds; the ratios are the benchmark's
+    own (reference or compiled p50 over this impl's p50: > 1 means this impl is faster)."""
+    op: str
+    impl: str
+    case: str  # shape id, e.g. "B=8,L=4,H=16"
+    p20_us: float
+    p50_us: float
+    p80_us: float
+    reference_p50_us: float
+    compiled_p50_us: float
+    speedup_vs_reference: float
+    speedup_vs_compiled: float
+    gbps: float  # achieved bandwidth (bytes the op must move / p50)
+    frac_of_copy: float  # gbps / measured device-to-device copy bandwidth
+    launches: int
+    # provenance
+    git_sha: str
+    device: str
+    arch: str
+    fp8_format: str
+    torch: str
+    triton: str
+    shim: str
+    profile: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One end-to-end gate verdict: a path under test vs the reference path on the same problems."""
+    layout: str  # micro-model / target layout
+    path: str  # path under test
+    problems: int
+    accuracy: float
+    exact_agreement: float  # fraction of problems whose output equals non-speculative greedy
+    mean_accept_len: float
+    p_value: float
+    verdict: str  # pass | fail
+    detail: str
+    # provenance
+    git_sha: str
+    device: str
+    arch: str
+    fp8_format: str
+    torch: str
+    triton: str
+    shim: str
+    profile: str
+    seed: int
+
+
+def columns(row_type: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(row_type)]
