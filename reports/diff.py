@@ -1,0 +1,64 @@
+"""Baseline diff: this run vs a previous run's CSV.
+
+Parity, per (op, impl, case, check): REGRESS (pass or refused -> fail), FIXED (fail -> pass or
+refused), NEW, REMOVED, CHANGED (pass <-> refused). Perf, per (op, impl, case): SLOWER when
+p50 grew by more than ``threshold`` (0.10 = 10 %). Unchanged keys are left out.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+PARITY_KEY = ["op", "impl", "case", "check"]
+PERF_KEY = ["op", "impl", "case"]
+COLUMNS = ["kind", "op", "impl", "case", "check", "change", "old", "new", "repro"]
+_RANK = {"pass": 0, "refused": 1, "fail": 2}
+
+
+def _status(frame: pd.DataFrame) -> pd.DataFrame:
+    """One status per key; a key seen twice (overlapping shards) keeps its worst status."""
+    f = frame.assign(_rank=frame["status"].map(_RANK))
+    f = f.sort_values("_rank", kind="stable").drop_duplicates(PARITY_KEY, keep="last")
+    return f[PARITY_KEY + ["status", "repro"]]
+
+
+def _change(old, new) -> str:
+    if pd.isna(old):
+        return "NEW"
+    if pd.isna(new):
+        return "REMOVED"
+    if old == new:
+        return "SAME"
+    if new == "fail":
+        return "REGRESS"
+    if old == "fail":
+        return "FIXED"
+    return "CHANGED"
+
+
+def parity_diff(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    m = _status(old).merge(_status(new), on=PARITY_KEY, how="outer", suffixes=("_old", "_new"))
+    m["change"] = [_change(o, n) for o, n in zip(m["status_old"], m["status_new"])]
+    m = m[m["change"] != "SAME"]
+    return pd.DataFrame({"kind": "parity", **{k: m[k] for k in PARITY_KEY}, "change": m["change"],
+                         "old": m["status_old"].fillna(""), "new": m["status_new"].fillna(""),
+                         "repro": m["repro_new"].fillna(m["repro_old"]).fillna("")}, columns=COLUMNS)
+
+
+def perf_diff(old: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.10) -> pd.DataFrame:
+    m = old[PERF_KEY + ["p50_us"]].merge(new[PERF_KEY + ["p50_us"]], on=PERF_KEY, suffixes=("_old", "_new"))
+    m = m[m["p50_us_new"] > m["p50_us_old"] * (1.0 + threshold)]
+    return pd.DataFrame({"kind": "perf", **{k: m[k] for k in PERF_KEY}, "check": "p50_us", "change": "SLOWER",
+                         "old": m["p50_us_old"], "new": m["p50_us_new"], "repro": ""}, columns=COLUMNS)
+
+
+def diff(old: pd.DataFrame, new: pd.DataFrame, *, old_perf: pd.DataFrame | None = None,
+         new_perf: pd.DataFrame | None = None, threshold: float = 0.10) -> pd.DataFrame:
+    parts = [parity_diff(old, new)]
+    if old_perf is not None and new_perf is not None and not old_perf.empty and not new_perf.empty:
+        parts.append(perf_diff(old_perf, new_perf, threshold))
+    parts = [p for p in parts if not p.empty]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
+
+
+def regressions(d: pd.DataFrame) -> pd.DataFrame:
+    return d[d["change"] == "REGRESS"]

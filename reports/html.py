@@ -1,0 +1,92 @@
+"""One self-contained HTML report (inline CSS and SVG, no network assets) rendered with jinja2.
+
+Sections: provenance, summary, per-op tables, failures (worst check, worst elements, repro
+line), error-vs-shape plots, mutant kill matrix, benchmark ratios, gate verdicts, baseline diff.
+Everything shown is a column of the rows or a count/grouping of them.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+
+from reports import plots
+from reports.junit import CASE_KEY, PROVENANCE, failure_line, worst_failure
+
+MAX_DIFF_ROWS = 1000  # shown; diff.csv has them all
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def _records(frame: pd.DataFrame | None) -> list[dict]:
+    return [] if frame is None else frame.to_dict("records")
+
+
+def per_op_checks(frame: pd.DataFrame, op: str) -> pd.DataFrame:
+    """impl × check: failing / total rows (poisoned-output reruns folded into their check)."""
+    f = frame[frame["op"] == op].assign(check=lambda d: d["check"].str.split("@").str[0],
+                                         failed=lambda d: d["status"] == "fail")
+    g = f.groupby(["impl", "check"]).agg(failed=("failed", "sum"), total=("failed", "size")).reset_index()
+    g["cell"] = [f"{a}/{b}" if a else f"ok {b}" for a, b in zip(g["failed"], g["total"])]
+    return g.pivot(index="impl", columns="check", values="cell").fillna("").reset_index()
+
+
+def kill_matrix(mutants: pd.DataFrame) -> pd.DataFrame:
+    """mutant × check: number of cases in which the check flagged the mutant; killed = any."""
+    f = mutants.assign(check=mutants["check"].str.split("@").str[0])
+    bad = f[f["status"] == "fail"]
+    m = bad.groupby(["op", "impl", "check"])["case"].nunique().unstack("check")
+    m = m.reindex(pd.MultiIndex.from_frame(f[["op", "impl"]].drop_duplicates())).fillna(0).astype(int)
+    m.insert(0, "cases", f.groupby(["op", "impl"])["case"].nunique().reindex(m.index).values)
+    m.insert(1, "killed", (m.drop(columns="cases") > 0).any(axis=1).map({True: "KILLED", False: "SURVIVED"}))
+    return m.reset_index()
+
+
+def failure_groups(frame: pd.DataFrame) -> list[dict]:
+    bad = frame[frame["status"] == "fail"]
+    out = []
+    for (op, impl, case), g in bad.groupby(CASE_KEY, sort=False):
+        w = worst_failure(g)
+        out.append(dict(op=op, impl=impl, case=case, headline=failure_line(w), repro=w["repro"],
+                        checks=g[["check", "err", "allowed", "max_abs", "mismatch_frac", "worst", "detail"]]
+                        .to_dict("records")))
+    return out
+
+
+def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd.DataFrame | None = None,
+           gate: pd.DataFrame | None = None, diff: pd.DataFrame | None = None, baseline: str = "",
+           threshold: float = 0.10) -> str:
+    from harness.suite import summary
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters["fmt"] = _fmt
+    ops = list(dict.fromkeys(frame["op"]))
+    prov = {c: sorted({str(v) for v in frame[c]}) for c in PROVENANCE if c in frame.columns}
+    s = summary(frame) if not frame.empty else pd.DataFrame()
+    counts = frame.groupby("status").size().to_dict() if not frame.empty else {}
+    diff_counts = diff.groupby("change").size().to_dict() if diff is not None and not diff.empty else {}
+    km = kill_matrix(mutants) if mutants is not None and not mutants.empty else None
+    return env.get_template("report.html.j2").render(
+        prov=prov, counts=counts, n_rows=len(frame), n_cases=frame[CASE_KEY].drop_duplicates().shape[0],
+        summary=_records(s), summary_cols=list(s.columns),
+        ops=[dict(name=op, table=per_op_checks(frame, op), svg=plots.svg(frame, op)) for op in ops],
+        failures=failure_groups(frame),
+        kills=_records(km), kill_cols=[] if km is None else list(km.columns),
+        perf=_records(perf), perf_cols=[] if perf is None else [c for c in perf.columns if c not in PROVENANCE],
+        gate=gate, gate_rows=_records(gate), gate_cols=[] if gate is None else [c for c in gate.columns if c not in PROVENANCE],
+        diff=diff, diff_counts=diff_counts, diff_rows=_records(None if diff is None else diff.head(MAX_DIFF_ROWS)),
+        diff_more=0 if diff is None else max(len(diff) - MAX_DIFF_ROWS, 0), baseline=baseline, threshold=threshold)
+
+
+def write(path: str | Path, frame: pd.DataFrame, **kw) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(frame, **kw), encoding="utf-8")
+    return path
