@@ -1,4 +1,4 @@
-"""python -m harness {list, run, repro, mutants} — thin: parse, delegate, print, exit code."""
+"""python -m harness {list, run, repro, mutants, compile, report} — thin: parse, delegate, print, exit code."""
 from __future__ import annotations
 
 import argparse
@@ -91,6 +91,10 @@ def cmd_run(args) -> int:
     path = write_csv(rows, args.csv)
     print(f"rows: {len(rows)} -> {path}")
     frame = to_frame(rows)
+    if args.junit:
+        from reports import junit
+
+        print(f"junit -> {junit.write(frame, args.junit)}")
     if args.expect_fail:  # mutant runs: every implementation must be flagged
         return _print_kills(frame)
     return _print_report(frame)
@@ -162,6 +166,17 @@ def cmd_compile(args) -> int:
     return 0 if bad.empty else 1
 
 
+def cmd_report(args) -> int:
+    from reports.build import build
+
+    b = build(args.csv, args.out, mutants=args.mutants or [], perf=args.perf or [], gate=args.gate or [],
+              baseline=args.baseline, baseline_perf=args.baseline_perf, threshold=args.slower)
+    print(f"report: {b.rows} rows ({b.failed_rows} failing) -> {b.out}/report.html, junit.xml, merged.csv, diff.csv")
+    if args.baseline:
+        print(f"baseline diff vs {args.baseline}: {b.diff_rows} changed rows, {b.regress} REGRESS")
+    return 1 if b.regress else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -186,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--case", default=None, help="only cases whose id contains this text")
         p.add_argument("--csv", default=f"runs/{name}.csv")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument("--junit", default=None, help="also write JUnit XML here")
         p.set_defaults(fn=cmd_run, expect_fail=expect_fail)
         if expect_fail:
             p.set_defaults(kind=["mutant"])
@@ -197,5 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     common(p)
     p.add_argument("case_id")
     p.set_defaults(fn=cmd_repro)
+    p = sub.add_parser("report", help="merge run CSVs into report.html, junit.xml, merged.csv, diff.csv")
+    p.add_argument("--csv", action="append", required=True, help="parity CSV (repeatable: shards are merged)")
+    p.add_argument("--mutants", action="append", help="mutants-run CSV for the kill matrix (repeatable)")
+    p.add_argument("--perf", action="append", help="benchmark CSV of reports.rows.PerfRow (repeatable)")
+    p.add_argument("--gate", action="append", help="gate CSV of reports.rows.GateRow (repeatable)")
+    p.add_argument("--baseline", default=None, help="a previous run's parity CSV; exit 1 on any REGRESS")
+    p.add_argument("--baseline-perf", default=None, help="a previous run's perf CSV (SLOWER rows)")
+    p.add_argument("--slower", type=float, default=0.10, help="perf slowdown threshold (0.10 = 10%%)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(fn=cmd_report)
     args = ap.parse_args(argv)
     return args.fn(args)
