@@ -28,5 +28,6 @@ def read(paths: list[str | Path], row_type: type = ParityRow) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     out = pd.concat(frames, ignore_index=True)
     strs = [c for c in _str_columns(row_type) if c in out.columns]
-    out[strs] = out[strs].fillna("").astype(str)  # empty detail/worst/shim cells read back as ""
+    for c in strs:  # empty detail/worst/shim cells read back as NaN: make them "" again
+        out[c] = out[c].astype(object).where(out[c].notna(), "").astype(str)
     return out.drop_duplicates(ignore_index=True)

@@ -1,0 +1,149 @@
+"""reports/: shard merge, baseline diff (a mutant's rows and only those REGRESS), JUnit XML,
+HTML content, and ``python -m harness report`` exit codes — on real parity runs."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from reports import diff, frames, html, junit
+from reports.rows import PerfRow
+from tests.report_runs import OP, run_frame
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = ["op", "impl", "case", "check"]
+
+
+@pytest.fixture(scope="module")
+def runs(device, tmp_path_factory):
+    d = tmp_path_factory.mktemp("runs")
+    clean, mutant = run_frame(device, mutant=False), run_frame(device, mutant=True)
+    clean.to_csv(d / "clean.csv", index=False)
+    mutant.to_csv(d / "mutant.csv", index=False)
+    return d, clean, mutant
+
+
+def _keys(frame) -> set:
+    return set(map(tuple, frame[KEY].itertuples(index=False)))
+
+
+def test_runs_line_up_and_mutant_bites_only_some_rows(runs):
+    _, clean, mutant = runs
+    assert _keys(clean) == _keys(mutant)
+    assert (clean["status"] == "pass").all(), clean[clean["status"] != "pass"][KEY + ["detail"]]
+    bad = mutant[mutant["status"] == "fail"]
+    assert not bad.empty and (bad["impl"] == "fused").all()
+    assert (mutant["status"] == "pass").sum() > 0  # decode cases: the mutant computes the fused result
+
+
+def test_baseline_diff_marks_exactly_the_mutant_rows_regress(runs):
+    d, clean, mutant = runs
+    old, new = frames.read([d / "clean.csv"]), frames.read([d / "mutant.csv"])
+    got = diff.diff(old, new)
+    assert set(got["change"]) == {"REGRESS"}
+    assert _keys(got) == _keys(mutant[mutant["status"] == "fail"])
+    back = diff.diff(new, old)  # and the other way round: exactly those rows are FIXED
+    assert set(back["change"]) == {"FIXED"} and _keys(back) == _keys(got)
+
+
+def test_diff_new_removed_and_identity(runs):
+    _, clean, _ = runs
+    assert diff.diff(clean, clean).empty
+    one_case = clean["case"].iloc[0]
+    got = diff.parity_diff(clean[clean["case"] != one_case], clean)
+    assert set(got["change"]) == {"NEW"} and set(got["case"]) == {one_case}
+    got = diff.parity_diff(clean, clean[clean["case"] != one_case])
+    assert set(got["change"]) == {"REMOVED"} and len(got) == (clean["case"] == one_case).sum()
+
+
+def test_shards_merge_into_the_whole_run(runs, device, tmp_path):
+    _, clean, _ = runs
+    paths = []
+    for i in (1, 2, 3):
+        part = run_frame(device, mutant=False, shard_spec=f"{i}/3")
+        paths.append(tmp_path / f"shard{i}.csv")
+        part.to_csv(paths[-1], index=False)
+    merged = frames.read(paths + paths[:1])  # a shard passed twice is not counted twice
+    assert len(merged) == len(clean) and _keys(merged) == _keys(clean)
+    assert diff.diff(clean, merged).empty
+    with pytest.raises(ValueError, match="missing columns"):
+        pd.DataFrame({"op": [OP]}).to_csv(tmp_path / "bad.csv", index=False)
+        frames.read([tmp_path / "bad.csv"])
+
+
+def test_perf_slowdown_beyond_threshold():
+    prov = dict(git_sha="x", device="cuda:H200", arch="sm90", fp8_format="e4m3fn", torch="t", triton="t",
+                shim="", profile="nightly", seed=0)
+    base = dict(op=OP, impl="fused", p20_us=9.0, p80_us=11.0, reference_p50_us=20.0, compiled_p50_us=15.0,
+                speedup_vs_reference=2.0, speedup_vs_compiled=1.5, gbps=1.0, frac_of_copy=0.5, launches=1, **prov)
+    old = pd.DataFrame([dataclasses.asdict(PerfRow(case=c, p50_us=10.0, **base)) for c in ("a", "b", "c")])
+    new = old.assign(p50_us=[10.5, 11.5, 8.0])  # +5 %, +15 %, faster
+    got = diff.perf_diff(old, new, threshold=0.10)
+    assert list(got["case"]) == ["b"] and set(got["change"]) == {"SLOWER"}
+    assert list(diff.perf_diff(old, new, threshold=0.20)["case"]) == []
+    assert list(diff.perf_diff(old, new, threshold=0.01)["case"]) == ["a", "b"]
+
+
+def test_junit_one_testcase_per_case_failure_names_worst_check_and_repro(runs):
+    _, _, mutant = runs
+    root = junit.to_xml(mutant).getroot()
+    cases = root.findall(".//testcase")
+    assert len(cases) == len(mutant.drop_duplicates(["op", "impl", "case"]))
+    failing = {(tc.get("classname"), tc.get("name")): tc.find("failure") for tc in cases if tc.find("failure") is not None}
+    bad = mutant[mutant["status"] == "fail"]
+    assert set(failing) == {(f"{OP}.{i}", c) for i, c in zip(bad["impl"], bad["case"])}
+    for (cls, case), el in failing.items():
+        rows = bad[bad["case"] == case]
+        assert rows["repro"].iloc[0] in el.get("message")
+        assert el.get("type") in set(rows["check"])
+        assert all(ch in el.text for ch in rows["check"])  # the body lists every failing check
+    suite = root.find("testsuite")
+    assert int(suite.get("failures")) == len(failing) and int(suite.get("tests")) == len(cases)
+    ET.fromstring(ET.tostring(root))  # well-formed
+
+
+def test_html_sections_and_self_contained(runs):
+    _, clean, mutant = runs
+    text = html.render(mutant, mutants=mutant, diff=diff.diff(clean, mutant), baseline="clean.csv")
+    for sid in ("summary", "per-op", "failures", "plots", "kill-matrix", "perf", "gate", "diff"):
+        assert f'id="{sid}"' in text, sid
+    bad = mutant[mutant["status"] == "fail"]
+    assert bad["repro"].iloc[0].replace("'", "&#39;") in text
+    assert "REGRESS" in text and "<svg" in text
+    for needle in ("<script", "<link", "src=", "url(", "@import"):
+        assert needle not in text, needle
+    assert text.count("http") == text.count('xmlns="http://www.w3.org/2000/svg"')
+
+
+def test_kill_matrix_counts_cases_per_check(runs):
+    _, _, mutant = runs
+    km = html.kill_matrix(mutant).set_index("impl")
+    bad = mutant[mutant["status"] == "fail"]
+    assert km.loc["fused", "killed"] == "KILLED" and km.loc["reference", "killed"] == "SURVIVED"
+    for check, g in bad.assign(check=bad["check"].str.split("@").str[0]).groupby("check"):
+        assert km.loc["fused", check] == g["case"].nunique()
+
+
+def _report(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "harness", "report", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_report_exit_code_follows_regressions(runs, tmp_path):
+    d, _, mutant = runs
+    r = _report("--csv", d / "mutant.csv", "--baseline", d / "clean.csv", "--mutants", d / "mutant.csv", "--out", tmp_path / "a")
+    assert r.returncode == 1, r.stdout + r.stderr
+    for name in ("report.html", "junit.xml", "merged.csv", "diff.csv"):
+        assert (tmp_path / "a" / name).stat().st_size > 0, name
+    written = pd.read_csv(tmp_path / "a" / "diff.csv")
+    assert (written["change"] == "REGRESS").sum() == (mutant["status"] == "fail").sum()
+    r = _report("--csv", d / "clean.csv", "--baseline", d / "mutant.csv", "--out", tmp_path / "b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert set(pd.read_csv(tmp_path / "b" / "diff.csv")["change"]) == {"FIXED"}
