@@ -31,8 +31,8 @@ def worst_failure(group: pd.DataFrame):
 
 def failure_line(r) -> str:
     ratio = _ratio(r)
-    what = "exact mismatch" if math.isinf(ratio) else f"err/allowed={ratio:.3g}"
-    return f"{r['check']}: {what}; {r['detail'] or r['worst']}"
+    what = "" if math.isinf(ratio) else f"err/allowed={ratio:.3g}; "
+    return f"{r['check']}: {what}{r['detail'] or r['worst']}"
 
 
 def to_xml(frame: pd.DataFrame, *, name: str = "verify-parity") -> ET.ElementTree:
