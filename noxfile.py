@@ -1,4 +1,5 @@
-"""Every user-facing entry point: `nox -s parity`, `nox -s tests`, `nox -s mutants`, `nox -s compile`.
+"""Every user-facing entry point: `nox -s parity`, `nox -s tests`, `nox -s mutants`, `nox -s compile`,
+`nox -s report`.
 
 Installs are vendor-safe. On a CPU machine the session venv takes the pins of
 ``constraints/cpu.txt`` (torch 2.13.0 CPU build, triton 3.9.0, numpy 2.4.6). On a CUDA or
@@ -8,6 +9,7 @@ replaced by CUDA wheels. Arguments after ``--`` go to the underlying command.
 """
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 
@@ -61,3 +63,18 @@ def compile(session: nox.Session) -> None:
     _install(session)
     env = {"TRITON_INTERPRET": "0", "VP_DEVICE": "compile"}
     session.run("python", "-m", "harness", "compile", *session.posargs, env=env)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def report(session: nox.Session) -> None:
+    """runs/report/{report.html, junit.xml, merged.csv, diff.csv} from the CSVs in runs/: parity*.csv
+    (shards merged), and mutants*.csv, perf*.csv, gate*.csv when present. `-- --baseline OLD.csv`
+    diffs against a previous run and fails on any REGRESS."""
+    _install(session)
+    parity = sorted(glob.glob("runs/parity*.csv"))
+    if not parity:
+        session.error("no runs/parity*.csv: run `nox -s parity` (or its shards) first")
+    args = [a for p in parity for a in ("--csv", p)]
+    for flag, pattern in (("--mutants", "runs/mutants*.csv"), ("--perf", "runs/perf*.csv"), ("--gate", "runs/gate*.csv")):
+        args += [a for p in sorted(glob.glob(pattern)) for a in (flag, p)]
+    session.run("python", "-m", "harness", "report", *args, "--out", "runs/report", *session.posargs)
