@@ -1,0 +1,198 @@
+"""Store-timing timelines (DESIGN.md): model families, named timelines and a hypothesis strategy.
+
+A timeline is a script of batches, each one forward mode over some of the requests:
+  ``P:r.c``  prefill (extend) a chunk of c tokens for request r
+  ``D:r``    decode one token (1-source: store, then attend over the ring)
+  ``V:r.a``  target-verify L tokens (2-source) and accept the first a of them, 0 <= a <= L;
+             the rest are rejected and rolled back: their KV must never be visible again.
+Batches are ``;``-separated, requests inside one batch ``+``-separated, e.g.
+``P:0.5+1.2;V:0.3+1.0;D:0+1``. A request in no batch idles; requests at different positions
+share a batch ("mixed"); ``pad`` padded tokens (loc = -1) ride along in every prepare launch.
+The string form keeps the case id parseable (``cases.base.case_id``), so every generated
+timeline re-runs from its id.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+MODES = {"P": "extend", "D": "decode", "V": "target_verify"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family's attention layer stack (tiny shapes: CI runs it on the interpreter)."""
+    name: str
+    layout: str  # ring | paged (reference.kv_model)
+    prepare: str  # qk_norm_rope | mla_fp8_prepare | projection (plain q/k/v matmuls, no fused op)
+    H: int  # num_heads
+    Hkv: int  # num_kv_heads
+    D: int  # head_dim (mla: Dn + R)
+    Dv: int  # v_head_dim
+    rope_dim: int  # qk: rotated dims; mla: the k_rope width R
+    causal: bool  # draft rule in verify
+    model_family: str  # what verify_attention's gate sees
+    verify_store: str  # the clean backend's verify store: pre (causally indexed, before attention) | post
+    translated: bool = False  # logical out_cache_loc -> another physical row
+    kv_descale: float = 1.0  # mla fp8 scale (a power of two: dequantised rows are exact in bf16)
+    layers: int = 2
+    d_model: int = 32
+    splits: int = 2  # num_kv_splits
+
+
+FAMILIES = {
+    # DeepSeek-V4 MQA, unified ring (seed 000): qk_norm_rope + verify_attention, k = v = the kv row
+    "dsv4-mqa-ring": Family("dsv4-mqa-ring", "ring", "qk_norm_rope", H=4, Hkv=1, D=64, Dv=64, rope_dim=16,
+                            causal=True, model_family="generic", verify_store="pre"),
+    # Kimi-K3 absorbed MLA, fp8 KV in a translating paged pool (seed 001): mla_fp8_prepare + MLA attention
+    "k3-mla-fp8": Family("k3-mla-fp8", "paged", "mla_fp8_prepare", H=2, Hkv=1, D=80, Dv=64, rope_dim=16,
+                         causal=True, model_family="kimi-k3", verify_store="pre", translated=True, kv_descale=2.0),
+    # Qwen3.5 GQA, one local KV head: shared-KV kernel (seed 002), post-attention store
+    "qwen35-gqa": Family("qwen35-gqa", "paged", "projection", H=4, Hkv=1, D=64, Dv=64, rope_dim=0,
+                         causal=True, model_family="qwen3.5", verify_store="post"),
+    # DSpark draft attention: several KV heads, non-causal drafts (seed 003), ring
+    "dspark-noncausal": Family("dspark-noncausal", "ring", "projection", H=8, Hkv=4, D=64, Dv=64, rope_dim=0,
+                               causal=False, model_family="dspark-draft", verify_store="pre"),
+}
+
+
+@dataclass(frozen=True)
+class Timeline:
+    family: str = "dsv4-mqa-ring"
+    steps: str = "P:0.4;V:0.2"  # see the module docstring
+    L: int = 3  # verify width (uniform: the kernels index drafts as b·L + i)
+    window: int = 8  # W: committed history each chunk attends to
+    pad: int = 0  # padded tokens per prepare launch
+    translated: bool = True  # only where the family has a pool that translates (k3)
+    resolve_loc: bool = True  # k3: the capture-stable physical write loc resolves (else the fallback writes)
+    act_scale: float = 1.0  # activation magnitude (1e-3 puts mean(x²) near eps: the eps-placement bug shows)
+    seed: int = 0
+    name: str = ""
+
+
+def parse_steps(steps: str) -> list[tuple[str, list[tuple[int, int]]]]:
+    """``P:0.5+1.2;D:0`` -> [("extend", [(0, 5), (1, 2)]), ("decode", [(0, 0)])]."""
+    out = []
+    for batch in filter(None, steps.split(";")):
+        kind, reqs = batch.split(":", 1)
+        items = []
+        for it in reqs.split("+"):
+            r, _, a = it.partition(".")
+            items.append((int(r), int(a or 0)))
+        if len({r for r, _ in items}) != len(items):
+            raise ValueError(f"timeline batch {batch!r}: a request appears twice")
+        out.append((MODES[kind], items))
+    return out
+
+
+def num_requests(t: Timeline) -> int:
+    return 1 + max(r for _, items in parse_steps(t.steps) for r, _ in items)
+
+
+def max_len(t: Timeline) -> int:
+    """Longest position count any request reaches (chunk included)."""
+    n = [0] * num_requests(t)
+    top = 0
+    for mode, items in parse_steps(t.steps):
+        for r, a in items:
+            c = a if mode == "extend" else 1 if mode == "decode" else t.L
+            top = max(top, n[r] + c)
+            n[r] += a if mode == "target_verify" else c
+    return top
+
+
+def validate(t: Timeline) -> None:
+    if t.family not in FAMILIES:
+        raise ValueError(f"family: expected one of {sorted(FAMILIES)}, got {t.family!r}")
+    seen = set()
+    for mode, items in parse_steps(t.steps):
+        for r, a in items:
+            if mode == "extend":
+                if a < 1 or r in seen:
+                    raise ValueError(f"request {r}: prefill once, with at least one token")
+                seen.add(r)
+            elif r not in seen:
+                raise ValueError(f"request {r}: {mode} before its prefill")
+            if mode == "target_verify" and not 0 <= a <= t.L:
+                raise ValueError(f"request {r}: accepted {a} outside [0, L={t.L}]")
+
+
+# ----------------------------------------------------------------------------- named timelines
+
+_SCRIPTS = {
+    # every accept count 0..L once, rollback after each partial accept, decode in between
+    "accept-0-to-L": ("P:0.5;V:0.0;V:0.1;D:0;V:0.2;V:0.3;D:0", 3, 6),
+    # the ring wraps (C = W + L = 7) several times; verify right at the window edge
+    "wrap-around": ("P:0.4;V:0.3;V:0.3;D:0;V:0.2;V:0.3;V:0.1;D:0;V:0.3;V:0.0;V:0.3", 3, 4),
+    # three requests at different positions in one batch, padded launches, one idle at times
+    "mixed-padded": ("P:0.6;P:1.1;V:0.2+1.3;P:2.3;D:0+1+2;V:0.0+1.3+2.1;V:1.2+2.3;D:0+2", 3, 5),
+    # width 1 (a verify is a 2-source decode) and width 4
+    "width-1": ("P:0.3;V:0.1;V:0.0;V:0.1;D:0", 1, 4),
+    "width-4-reject": ("P:0.2+1.7;V:0.4+1.0;V:0.1+1.2;D:0+1;V:0.3+1.4", 4, 5),
+}
+
+
+def _named(family: str) -> list[Timeline]:
+    out = []
+    for name, (steps, L, W) in _SCRIPTS.items():
+        pad = 2 if name == "mixed-padded" else 0
+        out.append(Timeline(family=family, steps=steps, L=L, window=W, pad=pad, seed=len(out),
+                            name=f"{family}/{name}"))
+    return out
+
+
+def catalog() -> list[Timeline]:
+    """Named timelines: every script in every family, plus family-specific ones."""
+    out = [t for f in FAMILIES for t in _named(f)]
+    out += [
+        # eps inside vs outside the square root only shows when mean(x²) ~ eps
+        Timeline(family="dsv4-mqa-ring", steps="P:0.3;D:0;V:0.2;D:0", L=2, window=4, act_scale=1e-3,
+                 name="dsv4-mqa-ring/tiny-activations"),
+        # no resolvable capture-stable write loc: the fallback chain must write every row once
+        Timeline(family="k3-mla-fp8", steps="P:0.3+1.2;V:0.1+1.3;D:0+1;V:0.0+1.2", L=3, window=5,
+                 resolve_loc=False, pad=1, name="k3-mla-fp8/fallback-write"),
+        # the same pool without translation (identity slot map)
+        Timeline(family="k3-mla-fp8", steps="P:0.4;V:0.2;V:0.3;D:0", L=3, window=5, translated=False,
+                 name="k3-mla-fp8/untranslated-pool"),
+    ]
+    for t in out:
+        validate(t)
+    return out
+
+
+# ----------------------------------------------------------------------------- strategy
+
+@st.composite
+def timelines(draw, *, family: str | None = None, max_requests: int = 3, max_batches: int = 6,
+              max_width: int = 4) -> Timeline:
+    """A random valid timeline: requests prefilled at different times, then decode/verify
+    batches over random subsets of the prefilled requests with random accept counts."""
+    fam = family or draw(st.sampled_from(sorted(FAMILIES)))
+    B = draw(st.integers(1, max_requests))
+    L = draw(st.integers(1, max_width))
+    W = draw(st.integers(2, 9))
+    order = list(range(B))
+    batches, live = [], []
+    pending = order[:]
+    n_batches = draw(st.integers(2, max_batches))
+    for i in range(n_batches + B):
+        if pending and (not live or draw(st.booleans())):
+            r = pending.pop(0)
+            batches.append(f"P:{r}.{draw(st.integers(1, 7))}")
+            live.append(r)
+            continue
+        if i >= n_batches + B - 1 and pending:
+            continue
+        subset = draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True))
+        if draw(st.integers(0, 3)) == 0:
+            batches.append("D:" + "+".join(str(r) for r in sorted(subset)))
+        else:
+            batches.append("V:" + "+".join(f"{r}.{draw(st.integers(0, L))}" for r in sorted(subset)))
+    if not any(b.startswith("V") for b in batches):
+        batches.append("V:" + f"{live[0]}.{draw(st.integers(0, L))}")
+    t = Timeline(family=fam, steps=";".join(batches), L=L, window=W, pad=draw(st.integers(0, 2)),
+                 translated=draw(st.booleans()), resolve_loc=draw(st.integers(0, 3)) > 0,
+                 seed=draw(st.integers(0, 2 ** 16)))
+    validate(t)
+    return t
