@@ -79,6 +79,9 @@ def cmd_run(args) -> int:
     from harness import suite
     from reports.rows import to_frame, write_csv
 
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
     dev, prof, reg = _setup(args)
     # torch.compile of the chains runs on every device, but on the CPU machine inductor's C++
     # compiles cost minutes per run, so there it is opt-in: --kind compiled or --impl compiled.
@@ -96,8 +99,80 @@ def cmd_run(args) -> int:
 
         print(f"junit -> {junit.write(frame, args.junit)}")
     if args.expect_fail:  # mutant runs: every implementation must be flagged
-        return _print_kills(frame)
+        rc = _print_kills(frame)
+        if args.kill_matrix:
+            rc = max(rc, _kill_matrix(args, dev, reg))
+        return rc
     return _print_report(frame)
+
+
+def _kill_matrix(args, dev, reg) -> int:
+    """mutant × (parity, timeline, gate) on targeted catalogs and timelines; clean impls must pass all."""
+    from harness import killmatrix
+
+    print("\nkill matrix (targeted parity catalogs + store-timing timelines):", flush=True)
+    rows = killmatrix.build(reg, dev, only=args.case if args.case and not args.op else None,
+                            progress=None if args.quiet else lambda m: print(m, flush=True))
+    path = Path(args.kill_matrix)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    killmatrix.frame(rows).to_csv(path, index=False)
+    survivors, broken = killmatrix.verdict(rows)
+    n_mut = sum(r.kind != "clean" for r in rows)
+    print(f"kill matrix -> {path}: {n_mut - len(survivors)}/{n_mut} mutants killed; "
+          f"{sum(r.kind == 'clean' for r in rows) - len(broken)}/{sum(r.kind == 'clean' for r in rows)} clean pass")
+    for r in survivors:
+        print(f"SURVIVED {r.subject}: {r.doc}")
+    for r in broken:
+        print(f"CLEAN FAILS {r.subject}: {r.first_failure}")
+    return 1 if survivors or broken else 0
+
+
+def cmd_timelines(args) -> int:
+    """Clean paths (or one path mutant / op implementation plugged in) over named + generated timelines."""
+    from cases import base
+    from cases import timelines as tl
+    from cases.mutants import timelines as mt
+    from harness import timeline
+
+    dev, prof, reg = _setup(args)
+    fams = args.family or sorted(tl.FAMILIES)
+    work = []
+    if args.timeline:
+        t = base.parse_case(tl.Timeline, args.timeline.split(":", 1)[1]) if args.timeline.startswith("timeline:") \
+            else {x.name: x for x in tl.catalog()}[args.timeline]
+        work.append(t)
+    else:
+        work += [t for t in tl.catalog() if t.family in fams]
+        n = prof.generated // 10 if args.generated is None else args.generated
+        for f in fams:
+            work += base.draw(tl.timelines(family=f), n, rng_seed=args.seed) if n else []
+    muts = {m.name: m for m in mt.PATH_MUTANTS}
+    rows, n_fail = [], 0
+    for t in work:
+        if args.path_mutant:
+            paths = [muts[args.path_mutant].path(reg, t.family)]
+        else:
+            paths = [timeline.clean_path(reg, t.family, prepare=p, attn=a) for p, a in args.path or [("fused", "fused")]]
+        for path in paths:
+            recs = timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
+            bad = timeline.failures(recs)
+            tid = t.name or base.case_id("timeline", t)
+            n_fail += bool(bad)
+            rows += [dict(path=path.name, timeline=tid, step=s.step, mode=s.mode, layer=s.layer, family=s.family,
+                          check=s.record.check, status="pass" if s.record.passed else "fail", err=s.record.err,
+                          allowed=s.record.allowed, detail=s.record.detail or s.record.worst) for s in recs]
+            if bad and not args.quiet:
+                s = bad[0]
+                print(f"FAIL {path.name} {tid} step {s.step} ({s.mode}) layer {s.layer} [{s.record.check}] "
+                      f"{s.record.detail or s.record.worst}\n  repro: python -m harness timelines --device {dev.kind} "
+                      f"--timeline '{base.case_id('timeline', t)}'", flush=True)
+    frame = pd.DataFrame(rows)
+    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(args.csv, index=False)
+    n_runs = frame[["path", "timeline"]].drop_duplicates().shape[0] if len(frame) else 0
+    print(f"timelines: {n_runs} runs ({len(work)} timelines), {n_runs - n_fail} pass, {n_fail} fail; "
+          f"{len(frame)} checks -> {args.csv}")
+    return 1 if n_fail or not n_runs else 0
 
 
 def _print_kills(frame: pd.DataFrame) -> int:
@@ -205,6 +280,21 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=cmd_run, expect_fail=expect_fail)
         if expect_fail:
             p.set_defaults(kind=["mutant"])
+            p.add_argument("--kill-matrix", default="runs/kill_matrix.csv",
+                           help="also build the mutant × (parity, timeline, gate) matrix here ('' to skip)")
+    p = sub.add_parser("timelines", help="store-timing timelines: clean paths vs the logical truth")
+    common(p)
+    p.add_argument("--family", action="append", help="model family (repeatable; default: all)")
+    p.add_argument("--timeline", default=None, help="one catalog name, or a 'timeline:...' id from a FAIL line")
+    p.add_argument("--path", action="append", type=lambda s: tuple(s.split("+")),
+                   help="prepare+attn implementation names, e.g. reference+reference (repeatable; default fused+fused)")
+    p.add_argument("--path-mutant", default=None, help="run a path mutant of cases/mutants/timelines.py instead")
+    p.add_argument("--profile", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--generated", type=int, default=None, help="generated timelines per family (default: profile/10)")
+    p.add_argument("--csv", default="runs/timelines.csv")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_timelines)
     p = sub.add_parser("compile", help="compile every kernel for NVIDIA/AMD targets (no GPU needed)")
     p.add_argument("--op", action="append")
     p.add_argument("--target", action="append", choices=("sm90", "gfx942", "gfx950"))

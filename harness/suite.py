@@ -88,12 +88,17 @@ def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: 
     bar = tqdm(work, desc="parity", unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,
                mininterval=0.5 if sys.stderr.isatty() else 15.0)
     n_fail = 0
-    for p, impl in bar:
-        res = runners.run_case(p.spec, impl, p.case, dev)
-        new = rows_for(p, impl, dev, res, prov)
-        n_fail += any(r.status == "fail" for r in new)
-        bar.set_postfix_str(f"{impl.name} fail={n_fail}")
-        rows += new
+    done = 0
+    try:
+        for p, impl in bar:
+            res = runners.run_case(p.spec, impl, p.case, dev)
+            new = rows_for(p, impl, dev, res, prov)
+            n_fail += any(r.status == "fail" for r in new)
+            bar.set_postfix_str(f"{impl.name} fail={n_fail}")
+            rows += new
+            done += 1
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a CI time limit): keep what ran, say so
+        print(f"\ninterrupted: {done} of {len(work)} runs done; rows so far are kept", file=sys.stderr)
     return rows
 
 
