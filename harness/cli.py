@@ -99,10 +99,7 @@ def cmd_run(args) -> int:
 
         print(f"junit -> {junit.write(frame, args.junit)}")
     if args.expect_fail:  # mutant runs: every implementation must be flagged
-        rc = _print_kills(frame)
-        if args.kill_matrix:
-            rc = max(rc, _kill_matrix(args, dev, reg))
-        return rc
+        return _print_kills(frame)
     return _print_report(frame)
 
 
@@ -111,8 +108,7 @@ def _kill_matrix(args, dev, reg) -> int:
     from harness import killmatrix
 
     print("\nkill matrix (targeted parity catalogs + store-timing timelines):", flush=True)
-    rows = killmatrix.build(reg, dev, only=args.case if args.case and not args.op else None,
-                            progress=None if args.quiet else lambda m: print(m, flush=True))
+    rows = killmatrix.build(reg, dev, progress=None if args.quiet else lambda m: print(m, flush=True))
     path = Path(args.kill_matrix)
     path.parent.mkdir(parents=True, exist_ok=True)
     killmatrix.frame(rows).to_csv(path, index=False)
@@ -281,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         if expect_fail:
             p.set_defaults(kind=["mutant"])
             p.add_argument("--kill-matrix", default="runs/kill_matrix.csv",
-                           help="also build the mutant × (parity, timeline, gate) matrix here ('' to skip)")
+                           help="where the mutant × (parity, timeline, gate) matrix goes (no selection given)")
+            p.add_argument("--broad", action="store_true",
+                           help="run the whole parity suite over every mutant instead of the kill matrix")
     p = sub.add_parser("timelines", help="store-timing timelines: clean paths vs the logical truth")
     common(p)
     p.add_argument("--family", action="append", help="model family (repeatable; default: all)")

@@ -160,8 +160,11 @@ class TimelineRun:
     def _read_slots(self, logical: torch.Tensor) -> torch.Tensor:
         return self._phys(logical) if self.path.translate_reads else logical
 
-    def run(self) -> list[StepRecord]:
+    def run(self, *, stop_on_failure: bool = False) -> list[StepRecord]:
+        """Every step; ``stop_on_failure`` ends after the first step with a failing check (mutant runs)."""
         for step, (mode, items) in enumerate(tl.parse_steps(self.t.steps)):
+            if stop_on_failure and failures(self.records):
+                break
             try:
                 self._step(step, mode, items)
             except Exception as exc:  # a crash is a failure of the path, with its message
@@ -369,8 +372,9 @@ class TimelineRun:
         return o
 
 
-def run_timeline(path: Path, t: tl.Timeline, device="cpu", fp8_dtype=torch.float8_e4m3fn) -> list[StepRecord]:
-    return TimelineRun(path, t, device, fp8_dtype).run()
+def run_timeline(path: Path, t: tl.Timeline, device="cpu", fp8_dtype=torch.float8_e4m3fn, *,
+                 stop_on_failure: bool = False) -> list[StepRecord]:
+    return TimelineRun(path, t, device, fp8_dtype).run(stop_on_failure=stop_on_failure)
 
 
 def failures(records: list[StepRecord]) -> list[StepRecord]:

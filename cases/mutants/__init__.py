@@ -17,3 +17,7 @@ def register(reg: Registry) -> None:
             continue
         for impl in importlib.import_module(f"cases.mutants.{op}").MUTANTS:
             reg.add(impl)
+    # store-timing mutants (op-level ones; the path mutants are not Impls), cases/mutants/timelines.py
+    for impl in importlib.import_module("cases.mutants.timelines").MUTANTS:
+        if impl.op in reg.ops:
+            reg.add(impl)

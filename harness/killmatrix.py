@@ -1,0 +1,149 @@
+"""The mutant kill matrix: every mutant × check family (parity, timeline, gate), and the same
+targeted runs for the clean implementations, which must pass all of them.
+
+  parity    the op suite (``harness.runners.run_case``) on a fixed targeted catalog subset per op
+            (``cases.mutants.timelines.PARITY_CASES``); for a path mutant, the registered kernels
+            it runs — which are clean, so parity is *expected* to let it through;
+  timeline  ``harness.timeline`` checks (prepare, visible_kv, attn, state) on the op's targeted
+            timelines, the op implementation plugged into each family's clean fused path; a path
+            mutant runs its own families;
+  gate      the dispatch decisions the timeline runner observed (``gate:*`` records).
+A mutant is killed when any family flags it; a run stops a mutant's timelines at the first
+kill (the matrix needs which families catch it, not how often). Exit status: non-zero when a
+mutant survives or a clean implementation fails anything.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+from cases import timelines as tl
+from cases.mutants import timelines as mt
+from harness import runners, timeline
+from harness.registry import Impl, Registry
+
+CLEAN = {"qk_norm_rope": ("reference", "fused"), "mla_fp8_prepare": ("reference", "fused"),
+         "verify_attention": ("reference", "fused", "fused-split-kv", "fused-shared-kv", "sdpa")}
+
+
+@dataclass(frozen=True)
+class KillRow:
+    subject: str  # op/impl or path mutant name
+    kind: str  # mutant | path-mutant | clean
+    parity: str  # killed | passed | refused (no targeted case ran) | "-"
+    timeline: str
+    gate: str
+    parity_checks: str
+    timeline_checks: str
+    gate_checks: str
+    first_failure: str
+    seconds: float
+    doc: str
+
+    @property
+    def killed(self) -> bool:
+        return "killed" in (self.parity, self.timeline, self.gate)
+
+
+def _catalog(spec, names):
+    named = {c.name: c for c in spec.catalog(big=True)}
+    return [named[n] for n in names]
+
+
+def _parity(reg: Registry, impl: Impl, dev) -> tuple[str, set, str]:
+    spec = reg.ops[impl.op]
+    bad, ran, first = set(), 0, ""
+    for case in _catalog(spec, mt.PARITY_CASES[impl.op]):
+        res = runners.run_case(spec, impl, case, dev, determinism=False, poisoned=False)
+        if res.refused:
+            continue
+        ran += 1
+        for r in res.records:
+            if not r.passed:
+                bad.add(r.check)
+                first = first or f"parity {impl.key} {case.name} [{r.check}] {r.detail or r.worst}"[:240]
+    if not ran:
+        return "refused", bad, first
+    return ("killed" if bad else "passed"), bad, first
+
+
+def _timelines(paths_and_timelines, dev, *, stop_at_kill: bool) -> tuple[str, str, set, set, str]:
+    tl_bad, gate_bad, first = set(), set(), ""
+    for path, t in paths_and_timelines:
+        recs = timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype, stop_on_failure=stop_at_kill)
+        for s in timeline.failures(recs):
+            (gate_bad if s.family == "gate" else tl_bad).add(s.record.check.split(":r")[0])
+            first = first or (f"timeline {path.name} {t.name or t.steps} step {s.step} ({s.mode}) layer {s.layer} "
+                              f"[{s.record.check}] {s.record.detail or s.record.worst}")[:240]
+        if stop_at_kill and (tl_bad or gate_bad):
+            break
+    state = lambda b: "killed" if b else "passed"  # noqa: E731
+    return state(tl_bad), state(gate_bad), tl_bad, gate_bad, first
+
+
+def _op_paths(reg: Registry, impl: Impl):
+    named = {t.name: t for t in tl.catalog()}
+    for tname in mt.OP_TIMELINES[impl.op]:
+        t = named[tname]
+        slot = "attn" if impl.op == "verify_attention" else "prepare"
+        path = timeline.clean_path(reg, t.family)
+        path = timeline.Path(f"{t.family}:{impl.key}", t.family, *(
+            (path.prepare, impl) if slot == "attn" else (impl, path.attn)))
+        yield path, t
+
+
+def _row(subject, kind, par, tls, secs, doc) -> KillRow:
+    p_state, p_bad, p_first = par
+    t_state, g_state, t_bad, g_bad, t_first = tls
+    return KillRow(subject, kind, p_state, t_state, g_state, ",".join(sorted(p_bad)), ",".join(sorted(t_bad)),
+                   ",".join(sorted(g_bad)), p_first or t_first, round(secs, 1), doc)
+
+
+def build(reg: Registry, dev, *, only: str | None = None, progress=print) -> list[KillRow]:
+    rows = []
+    named = {t.name: t for t in tl.catalog()}
+    subjects = []
+    for op, names in CLEAN.items():
+        subjects += [("clean", reg.impls[f"{op}/{n}"]) for n in names]
+    subjects += [("mutant", i) for i in reg.impls.values() if i.kind == "mutant"]
+    subjects += [("path-mutant", m) for m in mt.PATH_MUTANTS]
+    for kind, subj in subjects:
+        name = subj.key if isinstance(subj, Impl) else subj.name
+        if only and only not in name:
+            continue
+        t0 = time.perf_counter()
+        if kind == "path-mutant":
+            par_bad, par_first, states = set(), "", []
+            for key in subj.uses:  # the kernels it runs, on their own targeted catalogs
+                s, bad, first = _parity(reg, reg.impls[key], dev)
+                states.append(s)
+                par_bad |= bad
+                par_first = par_first or first
+            par = ("killed" if par_bad else "passed", par_bad, par_first)
+            pairs = [(subj.path(reg, f), named[f"{f}/{mt.PATH_TIMELINE}"]) for f in subj.families]
+            tls = _timelines(pairs, dev, stop_at_kill=True)
+        else:
+            par = _parity(reg, subj, dev)
+            tls = _timelines(list(_op_paths(reg, subj)), dev, stop_at_kill=kind == "mutant")
+        row = _row(name, kind, par, tls, time.perf_counter() - t0, subj.doc)
+        rows.append(row)
+        if progress:
+            verdict = ("KILLED" if row.killed else "SURVIVED") if kind != "clean" else ("FAIL" if row.killed else "ok")
+            progress(f"{verdict:8s} {name:55s} parity={row.parity:7s} timeline={row.timeline:7s} "
+                     f"gate={row.gate:7s} {row.seconds:6.1f}s")
+    return rows
+
+
+def verdict(rows: list[KillRow]) -> tuple[list[KillRow], list[KillRow]]:
+    """(survivors, failing clean implementations)."""
+    return ([r for r in rows if r.kind != "clean" and not r.killed],
+            [r for r in rows if r.kind == "clean" and r.killed])
+
+
+def frame(rows: list[KillRow]):
+    import pandas as pd
+
+    return pd.DataFrame([r.__dict__ for r in rows])
+
+
