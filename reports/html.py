@@ -29,11 +29,15 @@ def _records(frame: pd.DataFrame | None) -> list[dict]:
 
 
 def per_op_checks(frame: pd.DataFrame, op: str) -> pd.DataFrame:
-    """impl × check: failing / total rows (poisoned-output reruns folded into their check)."""
+    """impl × check: "failing/total" rows, else "ok total" or "refused total" (poisoned-output
+    reruns folded into their check)."""
     f = frame[frame["op"] == op].assign(check=lambda d: d["check"].str.split("@").str[0],
-                                         failed=lambda d: d["status"] == "fail")
-    g = f.groupby(["impl", "check"]).agg(failed=("failed", "sum"), total=("failed", "size")).reset_index()
-    g["cell"] = [f"{a}/{b}" if a else f"ok {b}" for a, b in zip(g["failed"], g["total"])]
+                                         failed=lambda d: d["status"] == "fail",
+                                         refused=lambda d: d["status"] == "refused")
+    g = f.groupby(["impl", "check"]).agg(failed=("failed", "sum"), refused=("refused", "sum"),
+                                         total=("failed", "size")).reset_index()
+    g["cell"] = [f"{a}/{n}" if a else f"refused {n}" if r == n else f"ok {n}"
+                 for a, r, n in zip(g["failed"], g["refused"], g["total"])]
     return g.pivot(index="impl", columns="check", values="cell").fillna("").reset_index()
 
 

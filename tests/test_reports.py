@@ -147,3 +147,12 @@ def test_cli_report_exit_code_follows_regressions(runs, tmp_path):
     r = _report("--csv", d / "clean.csv", "--baseline", d / "mutant.csv", "--out", tmp_path / "b")
     assert r.returncode == 0, r.stdout + r.stderr
     assert set(pd.read_csv(tmp_path / "b" / "diff.csv")["change"]) == {"FIXED"}
+
+
+def test_per_op_table_counts_failing_rows_per_check(runs):
+    _, _, mutant = runs
+    table = html.per_op_checks(mutant, OP).set_index("impl")
+    base = mutant.assign(check=mutant["check"].str.split("@").str[0])
+    for (impl, check), g in base.groupby(["impl", "check"]):
+        n_fail = int((g["status"] == "fail").sum())
+        assert table.loc[impl, check] == (f"{n_fail}/{len(g)}" if n_fail else f"ok {len(g)}")
