@@ -156,3 +156,14 @@ def test_per_op_table_counts_failing_rows_per_check(runs):
     for (impl, check), g in base.groupby(["impl", "check"]):
         n_fail = int((g["status"] == "fail").sum())
         assert table.loc[impl, check] == (f"{n_fail}/{len(g)}" if n_fail else f"ok {len(g)}")
+
+
+def test_cli_run_writes_junit_beside_the_csv(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "harness", "run", "--op", OP, "--impl", "fused", "--generated", "0",
+                        "--case", "one-token", "--quiet", "--csv", str(tmp_path / "r.csv"), "--junit",
+                        str(tmp_path / "r.xml")], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = pd.read_csv(tmp_path / "r.csv")
+    cases = ET.parse(tmp_path / "r.xml").getroot().findall(".//testcase")
+    assert sorted(tc.get("name") for tc in cases) == sorted(rows["case"].unique())
