@@ -161,7 +161,8 @@ def cmd_timelines(args) -> int:
                 s = bad[0]
                 print(f"FAIL {path.name} {tid} step {s.step} ({s.mode}) layer {s.layer} [{s.record.check}] "
                       f"{s.record.detail or s.record.worst}\n  repro: python -m harness timelines --device {dev.kind} "
-                      f"--timeline '{base.case_id('timeline', t)}'", flush=True)
+                      f"--timeline '{base.case_id('timeline', t)}'"
+                      + (f" --path-mutant {args.path_mutant}" if args.path_mutant else ""), flush=True)
     frame = pd.DataFrame(rows)
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.csv, index=False)
