@@ -84,7 +84,7 @@ def test_kv_model_rollback_frees_and_reuses_paged_slots():
     rejected = m.alloc(0, [2, 3, 4]).tolist()
     m.rollback(0, 3)
     assert m.table[0][2] == rejected[0] and len(m.table[0]) == 3
-    assert m.alloc(0, [3]).tolist() == [rejected[-1]], "LIFO free list: a rejected draft's slot comes back at once"
+    assert m.alloc(0, [3]).tolist() == [rejected[1]], "freed slots come back at once (lowest first)"
     m.rollback(0, 4, keep_rejected=False)
     assert m.visible_len[0] == 4 and m.history_slots(0).numel() == 4
 
