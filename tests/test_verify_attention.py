@@ -106,7 +106,7 @@ def test_empty_prefix_equals_draft_only_softmax(device):
     for b in range(c.B):
         sl = slice(b * L, (b + 1) * L)
         x = torch.einsum("ihd,jhd->hij", q[sl], k[sl].expand(-1, c.H, -1)) * kw["sm_scale"]
-        x = x.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+        x = x.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=x.device).tril(), float("-inf"))
         want = torch.einsum("hij,jhd->ihd", x.softmax(-1), v[sl].expand(-1, c.H, -1))
         assert (out[sl] - want).abs().max() < 2 ** -7 * want.abs().max()
 
