@@ -46,6 +46,16 @@ def _fused_can_handle(case, dev):
     return True
 
 
+def _compiled_can_handle(case, dev):
+    """Inductor emits Triton too: on the H200 it fails to compile fp8e4b8 (seen: InductorError,
+    'type fp8e4b8 not supported in this architecture'), so fnuz runs there only eagerly."""
+    from fused import mla_fp8_prepare as f
+
+    if case.fp8_format not in f.kernel_fp8_formats(dev):
+        return f"{case.fp8_format} on {dev.kind} {dev.arch}: torch.compile's Triton has no such fp8 conversion"
+    return True
+
+
 @functools.cache
 def _compiled_chain():
     from reference import mla_fp8_prepare as r
@@ -110,5 +120,5 @@ def register(reg: Registry) -> None:
                  doc="five launches: cat q, cast q, cast k_nope, cast k_rope, scatter at the physical rows"))
     reg.add(Impl(OP, "fused", "fused", _fused, can_handle=_fused_can_handle, fp8_policy="saturate",
                  doc="gate + one Triton launch (q8 and KV rows); the fallback chain when the gate says so"))
-    reg.add(Impl(OP, "compiled", "compiled", _compiled, fp8_policy="case (saturate|nan)",
+    reg.add(Impl(OP, "compiled", "compiled", _compiled, can_handle=_compiled_can_handle, fp8_policy="case (saturate|nan)",
                  doc="torch.compile(dynamic=True) of the reference chain's five launches"))
