@@ -36,8 +36,9 @@ def parity(session: nox.Session) -> None:
     """Parity of every op: catalog + generated cases (VP_PROFILE: ci | nightly | dev)."""
     _install(session)
     args = session.posargs or []
-    session.run("python", "-m", "harness", "run", "--device", DEVICE, "--csv", "runs/parity.csv", *args,
-                env={"VP_DEVICE": DEVICE})
+    jobs = os.environ.get("VP_JOBS", str(os.cpu_count() or 1) if DEVICE == "cpu" else "1")
+    session.run("python", "-m", "harness", "run", "--device", DEVICE, "--jobs", jobs, "--csv", "runs/parity.csv",
+                *args, env={"VP_DEVICE": DEVICE})
 
 
 @nox.session(venv_params=VENV_PARAMS)

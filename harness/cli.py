@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -87,10 +88,16 @@ def cmd_run(args) -> int:
     # compiles cost minutes per run, so there it is opt-in: --kind compiled or --impl compiled.
     default = ("reference", "fused", "external") + (() if dev.interpreted else ("compiled",))
     ops, impls = _select_impls(reg, args, default)
+    from harness.suite import generated_count
+
+    counts = ", ".join(f"{op} {generated_count(reg.ops[op], prof, interpreted=dev.interpreted, generated=args.generated)}"
+                       for op in ops)
     print(f"verify-parity run: device={dev.kind} ({dev.name}, {dev.arch}, fp8 {dev.fp8_format}) profile={prof.name} "
-          f"shim={dev.shim or 'off (compiled)'}; impls: {', '.join(i.key for i in impls)}", flush=True)
+          f"shim={dev.shim or 'off (compiled)'}; generated cases: {counts}; impls: {', '.join(i.key for i in impls)}",
+          flush=True)
     rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
-                     generated=args.generated, progress=not args.quiet, case_filter=args.case)
+                     generated=args.generated, progress=not args.quiet, case_filter=args.case, jobs=args.jobs,
+                     plugin_specs=tuple(s for s in args.impl or () if ":" in s))
     path = write_csv(rows, args.csv)
     print(f"rows: {len(rows)} -> {path}")
     frame = to_frame(rows)
@@ -271,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--generated", type=int, default=None, help="override the profile's generated-case count")
         p.add_argument("--shard", default=None, help="i/n: run the i-th of n deterministic slices")
         p.add_argument("--case", default=None, help="only cases whose id contains this text")
+        p.add_argument("--jobs", type=int, default=int(os.environ.get("VP_JOBS", "1")),
+                       help="worker processes (default $VP_JOBS or 1); rows keep the plan's order")
         p.add_argument("--csv", default=f"runs/{name}.csv")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument("--junit", default=None, help="also write JUnit XML here")

@@ -54,6 +54,9 @@ class OpSpec:
     writable: tuple[str, ...] = ()  # input buffers an implementation may write (canary-checked)
     out_args: tuple[str, ...] = ()  # caller-provided output arguments (poisoned with NaN in one run)
     doc: str = ""
+    # Under the Triton interpreter a profile's generated-case count is capped here for ops whose
+    # kernels cost seconds per launch there; compiled devices always run the full count.
+    interpreter_generated: int | None = None
 
 
 @dataclass(frozen=True)

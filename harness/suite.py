@@ -33,9 +33,19 @@ class Planned:
         return base.case_id(self.spec.name, self.case)
 
 
-def plan_cases(spec: OpSpec, profile: Profile, *, seed: int = 0, generated: int | None = None) -> list[Planned]:
+def generated_count(spec: OpSpec, profile: Profile, *, interpreted: bool, generated: int | None = None) -> int:
+    """``generated`` when given; else the profile's count, capped by the op under the interpreter."""
+    if generated is not None:
+        return generated
+    if interpreted and spec.interpreter_generated is not None:
+        return min(profile.generated, spec.interpreter_generated)
+    return profile.generated
+
+
+def plan_cases(spec: OpSpec, profile: Profile, *, seed: int = 0, generated: int | None = None,
+               interpreted: bool = False) -> list[Planned]:
     cat = spec.catalog(big=profile.big)
-    n = profile.generated if generated is None else generated
+    n = generated_count(spec, profile, interpreted=interpreted, generated=generated)
     gen = base.draw(spec.strategy(), n, rng_seed=seed) if n else []
     return [Planned(spec, c) for c in cat + gen]
 
@@ -73,25 +83,64 @@ def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov:
             for r in res.records]
 
 
+_WORKER: tuple | None = None
+
+
+def _worker_init(device_kind: str, fp8_format: str, plugin_specs: tuple[str, ...]) -> None:
+    global _WORKER
+    from harness.registry import default_registry
+
+    dev = devices.select(device_kind, fp8_format=fp8_format if device_kind == "cpu" else None)
+    _WORKER = (dev, default_registry(extra=plugin_specs))
+
+
+def _worker_run(task) -> runners.CaseResult:
+    op, impl_key, case = task
+    dev, reg = _WORKER
+    return runners.run_case(reg.ops[op], reg.impls[impl_key], case, dev)
+
+
+def _results(work, dev: Device, jobs: int, plugin_specs: tuple[str, ...]):
+    """(planned, impl, CaseResult) in plan order; ``jobs`` > 1 runs cases in spawned processes,
+    each rebuilding the registry (built-ins, mutants, entry points, ``plugin_specs``)."""
+    if jobs <= 1:
+        for p, impl in work:
+            yield p, impl, runners.run_case(p.spec, impl, p.case, dev)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    tasks = [(p.spec.name, impl.key, p.case) for p, impl in work]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                             initargs=(dev.kind, dev.fp8_format, plugin_specs)) as ex:
+        try:
+            for (p, impl), res in zip(work, ex.map(_worker_run, tasks, chunksize=1)):
+                yield p, impl, res
+        except BaseException:
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
 def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,
         shard_spec: str | None = None, generated: int | None = None, progress: bool = True,
-        case_filter: str | None = None) -> list[ParityRow]:
+        case_filter: str | None = None, jobs: int = 1, plugin_specs: tuple[str, ...] = ()) -> list[ParityRow]:
     prov = provenance(dev, profile, seed)
     work = []
     for op in ops:
         spec = reg.ops[op]
-        planned = shard(plan_cases(spec, profile, seed=seed, generated=generated), shard_spec)
+        planned = shard(plan_cases(spec, profile, seed=seed, generated=generated, interpreted=dev.interpreted),
+                        shard_spec)
         if case_filter:
             planned = [p for p in planned if case_filter in p.display or case_filter in p.full_id]
         work += [(p, i) for p in planned for i in impls if i.op == op]
     rows: list[ParityRow] = []
-    bar = tqdm(work, desc="parity", unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,
+    bar = tqdm(total=len(work), desc="parity", unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,
                mininterval=0.5 if sys.stderr.isatty() else 15.0)
     n_fail = 0
     done = 0
     try:
-        for p, impl in bar:
-            res = runners.run_case(p.spec, impl, p.case, dev)
+        for p, impl, res in _results(work, dev, jobs, plugin_specs):
+            bar.update(1)
             new = rows_for(p, impl, dev, res, prov)
             n_fail += any(r.status == "fail" for r in new)
             bar.set_postfix_str(f"{impl.name} fail={n_fail}")

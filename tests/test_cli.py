@@ -85,3 +85,14 @@ def test_mutants_command_fails_when_one_survives(tmp_path):
     r = _run("mutants", "--op", "qk_norm_rope", "--impl", "mutant-eps-outside-sqrt", "--generated", "0",
              "--case", "one-token-one-head", "--csv", str(tmp_path / "m.csv"), "--quiet")
     assert r.returncode == 1 and "SURVIVED mutant-eps-outside-sqrt" in r.stdout, r.stdout + r.stderr
+
+
+def test_jobs_give_the_same_rows_in_the_same_order(tmp_path):
+    args = ("run", "--op", "qk_norm_rope", "--impl", "fused", "--impl", "mutant-eps-outside-sqrt",
+            "--generated", "4", "--case", "rows", "--quiet")
+    one = _run(*args, "--csv", str(tmp_path / "one.csv"))
+    two = _run(*args, "--jobs", "2", "--csv", str(tmp_path / "two.csv"))
+    assert one.returncode == two.returncode == 1, one.stdout + two.stdout  # the mutant fails tiny-rows cases
+    cols = ["op", "impl", "case", "check", "status", "err"]
+    a, b = pd.read_csv(tmp_path / "one.csv")[cols], pd.read_csv(tmp_path / "two.csv")[cols]
+    assert len(a) > 0 and a.equals(b)
