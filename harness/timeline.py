@@ -80,6 +80,21 @@ def clean_path(reg: Registry, family: str, *, prepare: str = "fused", attn: str 
     return Path(f"{family}:{prepare}+{attn}", family, p, reg.impls[f"verify_attention/{attn}"], **kw)
 
 
+def backend_policy(fam: tl.Family, path: Path, store: str, mode: str, kv_returned: bool):
+    """The backend's decisions for one layer call -> (policy, backend_stores, store_first, one_source).
+    Shared by the timeline runner and the end-to-end engine (``harness.e2e.engine``)."""
+    if fam.prepare == "qk_norm_rope":  # the op stores in decode; the backend stores what it is handed
+        backend_stores = mode != "decode" and kv_returned
+    else:  # mla: the prepare writes every row; plain projections: the backend writes them all
+        backend_stores = fam.prepare == "projection"
+    policy = {"extend": "post", "decode": "decode", "target_verify": store}[mode]
+    if mode == "target_verify" and not kv_returned:
+        policy = "as-history"  # no chunk handed back: the ring is all the backend can attend to
+    store_first = policy in ("pre", "as-history") or (policy == "decode" and path.decode_store_first)
+    one_source = fam.prepare == "mla_fp8_prepare" or policy in ("decode", "as-history")
+    return policy, backend_stores, store_first, one_source
+
+
 # ----------------------------------------------------------------------------- the model
 
 class _Weights:
@@ -232,21 +247,14 @@ class TimelineRun:
                                 torch.nn.functional.pad(proj["v"][:T].view(T, fam.Hkv, fam.Dv),
                                                         (0, fam.D - fam.Dv))), 1)  # (T, 2, Hkv, D)
         # --- backend store policy + attention
-        if fam.prepare == "qk_norm_rope":  # the op stores in decode; the backend stores what it is handed
-            backend_stores = mode != "decode" and kv_returned
-        else:  # mla: the prepare writes every row; plain projections: the backend writes them all
-            backend_stores = fam.prepare == "projection"
-        policy = {"extend": "post", "decode": "decode", "target_verify": self.store}[mode]
-        if mode == "target_verify" and not kv_returned:
-            policy = "as-history"  # no chunk handed back: the ring is all the backend can attend to
+        policy, backend_stores, store_first, one_source = backend_policy(fam, self.path, self.store, mode,
+                                                                         kv_returned)
         if mode == "target_verify":
             ok = policy in ("pre", "post", "none")
             self._rec(step, mode, layer, "gate", compare.Record(
                 "gate:verify-2-source", ok, detail="" if ok else f"verify attended 1-source ({policy})"))
-        store_first = policy in ("pre", "as-history") or (policy == "decode" and self.path.decode_store_first)
         if backend_stores and store_first:
             self._store(buf, loc_phys, rows)
-        one_source = fam.prepare == "mla_fp8_prepare" or policy in ("decode", "as-history")
         if one_source:  # the chunk read back from the pool
             k_d, v_d = _chunk_kv(fam, buf[loc_phys.clamp(min=0)])
         else:
