@@ -1,0 +1,213 @@
+"""Greedy decoding, plain and speculative, over the KV model of the store-timing timelines
+(``reference.kv_model``: unified ring for DeepSeek-V4, translated paged pool for K3, paged for
+Qwen3.5), with every prepare and attention launch taken from a ``harness.timeline.Path``: any
+registered implementation (reference, fused, external, mutant) per op, plus the backend's
+store policy (``harness.timeline.backend_policy``, the one the timelines check).
+
+Speculative step for one request (width L + 1, uniform across the batch as the kernels need):
+  chunk = [t, d1 .. dL]  t = the last produced token (not in the KV yet), d = the drafter's guesses
+  p = argmax logits of the chunk; accept d_i while d_i == p_(i-1); k accepted -> the tokens
+  d1 .. dk, p_k are produced (acceptance length k + 1); t, d1 .. dk are committed, the rejected
+  drafts are rolled back (their slots freed, or kept visible by the stale-KV path mutant).
+Prefill always runs the reference attention (setup, as in the timelines); greedy decode runs the
+path's attention in decode mode (1-source), verify in target-verify mode (2-source).
+
+The window is the model's ``max_len``: every chunk sees the whole sequence, so a token attends to
+the same positions whether it arrives in a decode or inside a verify chunk.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from harness import timeline
+from harness.e2e import tokenizer as tok
+from harness.e2e.model import EPS, Micro
+from reference import kv_model
+from reference import verify_attention as va_ref
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: tuple[tuple[int, ...], ...]  # produced ids per request, cut after EOS and at max_new
+    accept_lens: tuple[tuple[int, ...], ...]  # per request: tokens produced by each verify step (k + 1)
+    steps: int  # forward launches after prefill
+
+    @property
+    def mean_accept_len(self) -> float:
+        a = [x for r in self.accept_lens for x in r]
+        return sum(a) / len(a) if a else float("nan")
+
+
+@contextlib.contextmanager
+def _cpu_threads(device: torch.device, n: int = 1):
+    """Micro-model launches are tiny: on a shared 2-core CPU, intra-op threads cost 40x more than
+    they save (a (15, 256) x (256, 768) float64 matmul: 16 ms on 2 threads, 0.4 ms on 1)."""
+    if device.type != "cpu":
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _cut(ids: list[int], max_new: int) -> tuple[int, ...]:
+    ids = ids[:max_new]
+    return tuple(ids[: ids.index(tok.EOS) + 1] if tok.EOS in ids else ids)
+
+
+class Engine:
+    def __init__(self, model: Micro, path: timeline.Path, *, L: int = 4, device="cpu",
+                 fp8_dtype=torch.float8_e4m3fn):
+        self.model, self.path, self.L, self.device = model, path, L, torch.device(device)
+        self.fam = model.fam
+        if path.family != model.cfg.layout:
+            raise ValueError(f"path {path.name} is for {path.family}, the model is {model.cfg.layout}")
+        self.store = path.verify_store or self.fam.verify_store
+        self.kv_dtype = fp8_dtype if self.fam.prepare == "mla_fp8_prepare" else torch.bfloat16
+
+    # ------------------------------------------------------------------ public
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new: int, drafter=None) -> Generation:
+        """Greedy output for each prompt; speculative (L drafts per verify) when a drafter is given."""
+        with _cpu_threads(self.device):
+            return self._generate(prompts, max_new, drafter)
+
+    def _generate(self, prompts, max_new, drafter):
+        B = len(prompts)
+        logits = self.prefill(prompts, max_new)
+        ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
+        out = [[int(t)] for t in logits[ends].argmax(-1)]
+        acc = [[] for _ in range(B)]
+        steps = 0
+        while True:
+            live = [r for r in range(B) if len(out[r]) < max_new and tok.EOS not in out[r]]
+            if not live:
+                break
+            steps += 1
+            if drafter is None:
+                logits = self._forward("decode", [(r, [out[r][-1]]) for r in live])
+                for r, t in zip(live, logits.argmax(-1).tolist()):
+                    out[r].append(t)
+                continue
+            chunks = []
+            for r in live:
+                d = list(drafter.propose(r, prompts[r], out[r], self.L))
+                if len(d) != self.L:
+                    raise ValueError(f"drafter proposed {len(d)} tokens, expected L = {self.L}")
+                chunks.append((r, [out[r][-1]] + d))
+            pred = self._forward("target_verify", chunks).argmax(-1).view(len(live), self.L + 1).tolist()
+            for (r, chunk), p in zip(chunks, pred):
+                k = 0
+                while k < self.L and chunk[k + 1] == p[k]:
+                    k += 1
+                out[r] += p[: k + 1]
+                acc[r].append(k + 1)
+                self.n[r] -= self.L - k  # the committed length: t and the k accepted drafts
+                self.kv.rollback(r, self.n[r], keep_rejected=self.path.keep_rejected)
+        return Generation(tuple(_cut(o, max_new) for o in out), tuple(tuple(a) for a in acc), steps)
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], max_new: int = 0) -> torch.Tensor:
+        """Fresh KV (room for ``max_new`` more tokens each), the prompts prefilled -> logits (sum len, V)."""
+        B, W, fam = len(prompts), self.model.cfg.max_len, self.fam
+        top = max(len(p) for p in prompts) + max_new + self.L + 1
+        if top > W:
+            raise ValueError(f"prompt + max_new + L + 1 = {top} exceeds the model's window/max_len {W}")
+        self.kv = kv_model.KVModel(kv_model.KVLayout(fam.layout, B, W, self.L + 1, timeline._row_shape(fam),
+                                                     self.kv_dtype, translated=fam.translated), fam.layers, top,
+                                   self.device)
+        self.n = [0] * B
+        return self._forward("extend", [(r, list(p)) for r, p in enumerate(prompts)])
+
+    # ------------------------------------------------------------------ one batch
+    def _forward(self, mode: str, items: list[tuple[int, list[int]]]) -> torch.Tensor:
+        kv, dev = self.kv, self.device
+        positions, logical, owners, ids = [], [], [], []
+        for r, chunk in items:
+            pos = list(range(self.n[r], self.n[r] + len(chunk)))
+            logical.append(kv.alloc(r, pos))
+            positions += pos
+            ids += chunk
+            owners.append((r, len(chunk)))
+        pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
+        loc_logical = torch.cat(logical)
+        loc_phys = kv.physical(loc_logical)
+        x = self.model.embed(torch.tensor(ids, device=dev))
+        for layer in range(self.fam.layers):
+            x = self._layer(mode, layer, x, pos_t, loc_logical, loc_phys, owners)
+            x = self.model.mlp(layer, x)
+        for r, c in owners:  # the whole chunk is history now; verify rolls the rejected part back
+            self.n[r] += c
+            kv.rollback(r, self.n[r])
+        return self.model.logits(x)
+
+    def _layer(self, mode, layer, x, pos_t, loc_logical, loc_phys, owners):
+        fam, m, kv = self.fam, self.model, self.kv
+        buf, T = kv.buffers[layer], x.shape[0]
+        pr = m.project(layer, x)
+        kv_returned, rows = True, None
+        if fam.prepare == "qk_norm_rope":
+            out = self.path.prepare.fn(
+                forward_mode=mode, ring=buf, loc=loc_phys, q_out=None, q=pr["q"].view(T, fam.H, fam.D), kv=pr["kv"],
+                kv_norm_weight=m.w(f"l{layer}.kv_norm").to(torch.bfloat16), q_norm_weight=None, eps=EPS,
+                rope_dim=m.rope_dim, cos=m.cos, sin=m.sin, positions=pos_t, rope_style=m.rope_style)
+            q, kv_out = out["q_out"], out.get("kv_out")
+            kv_returned = kv_out is not None
+            rows = kv_out if kv_returned else buf[loc_phys.clamp(min=0)]
+        elif fam.prepare == "mla_fp8_prepare":
+            dn, R = fam.D - fam.rope_dim, fam.rope_dim
+            out = self.path.prepare.fn(
+                q_nope=pr["q_nope"].view(T, fam.H, dn), q_rope=m.rope(pr["q_rope"].view(T, fam.H, R), pos_t),
+                k_nope=pr["k_nope"], k_rope=m.rope(pr["k_rope"], pos_t), kv_buffer=buf, out_cache_loc=loc_logical,
+                slot_map=kv.slot_map, decode_kernel_loc=loc_phys, save_kv_cache=True, fused_switch=True,
+                kv_descale=fam.kv_descale, fp8_policy="saturate")
+            q = out["q8"].to(torch.bfloat16)  # fp8 -> bf16, exact
+        else:
+            q = m.rope(pr["q"].view(T, fam.H, fam.D), pos_t)
+            k = m.rope(pr["k"].view(T, fam.Hkv, fam.D), pos_t)
+            v = torch.nn.functional.pad(pr["v"].view(T, fam.Hkv, fam.Dv), (0, fam.D - fam.Dv))
+            rows = torch.stack((k, v), 1)  # (T, 2, Hkv, D)
+        policy, stores, store_first, one_source = timeline.backend_policy(fam, self.path, self.store, mode,
+                                                                          kv_returned)
+        if stores and store_first:
+            self._store(buf, loc_phys, rows)
+        k_d, v_d = timeline._chunk_kv(fam, buf[loc_phys.clamp(min=0)] if one_source else rows)
+        o = self._attend(mode, q, k_d, v_d, buf, owners, loc_logical, as_history=policy == "as-history")
+        if stores and not store_first and policy != "none":
+            self._store(buf, loc_phys, rows)
+        return m.attn_out(layer, x, o)
+
+    @staticmethod
+    def _store(buf, loc_phys, rows):
+        valid = loc_phys >= 0
+        buf[loc_phys[valid]] = rows[valid].to(buf.dtype)
+
+    def _attend(self, mode, q, k_d, v_d, buf, owners, loc_logical, *, as_history):
+        """Attention over each request's history (+ the other chunk tokens, when the chunk is history)."""
+        fam, kv, dev = self.fam, self.kv, self.device
+        kb, vb = timeline._kv_views(fam, buf)
+        ends, read, off = [], [], 0
+        for r, c in owners:
+            h = kv.history_slots(r)
+            chunk = loc_logical[off: off + c]
+            for s, e in ([(off + i, off + i + 1) for i in range(c)] if as_history else [(off, off + c)]):
+                extra = torch.cat((chunk[: s - off], chunk[e - off:])) if as_history else chunk[:0]
+                ends.append(e)
+                slots = torch.cat((h, extra[extra >= 0]))
+                read.append(kv.physical(slots) if self.path.translate_reads else slots)
+            off += c
+        args = dict(q=q.contiguous(), k=k_d.contiguous(), v=v_d.contiguous(), k_buffer=kb, v_buffer=vb,
+                    qo_indptr=torch.tensor([0] + ends, dtype=torch.int32, device=dev),
+                    kv_indptr=torch.tensor([0] + [len(x) for x in read], device=dev).cumsum(0).to(torch.int32),
+                    kv_indices=torch.cat(read).to(torch.int32).contiguous(), sm_scale=1.0 / math.sqrt(fam.D),
+                    is_causal=fam.causal, k_scale=fam.kv_descale, v_scale=fam.kv_descale, num_kv_splits=fam.splits,
+                    custom_mask=None, o=None, topk=1, model_family=fam.model_family, splitkv_switch=True)
+        fn = va_ref.verify_attention if mode == "extend" else self.path.attn.fn
+        return fn(**args)["o"]
