@@ -1,0 +1,48 @@
+"""End-to-end gate data (issue 6): profiles and thresholds, with the reason for each number.
+
+A path passes when every applicable threshold holds:
+  * ``min_agreement``: its speculative output equals the reference path's plain greedy output on
+    at least this fraction of problems (bf16 verify vs decode rounding may flip a near-tie argmax
+    on a GPU; the CPU reference path agrees on every problem, tested);
+  * ``alpha``: the paired exact McNemar test against the reference path does not show it worse at
+    this level (seed 000: 0.950 vs 0.949 / 0.945 must pass, 0.950 vs 0.027 must fail);
+  * ``min_accuracy`` and ``min_accept_len``: only for trained models (a random-weight model's
+    answers are all wrong and its acceptance is whatever prompt lookup gets).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    min_agreement: float = 0.99
+    alpha: float = 1e-3  # p below this with the path worse than the reference = regression
+    min_accuracy: float = 0.95  # trained models only
+    min_accept_len: float = 2.0  # trained models only
+
+
+@dataclass(frozen=True)
+class GateProfile:
+    name: str
+    problems: int  # held-out test problems
+    max_new: int  # solution tokens generated per problem
+    paths: tuple[str, ...]  # "prepare+attn" implementation names, besides the reference path
+    path_mutants: tuple[str, ...]  # cases.mutants.timelines path mutants run through the gate
+    batch: int  # requests per engine batch
+    thresholds: Thresholds = Thresholds()
+
+
+PROFILES = {
+    # CPU, Triton interpreter: the fused kernels cost seconds per launch, so a small slice
+    "cpu-lite": GateProfile("cpu-lite", problems=100, max_new=160, paths=("fused+fused",),
+                            path_mutants=("path-store-before-attention",), batch=25),
+    # the H200: the issue's numbers (>= 500 problems)
+    "full": GateProfile("full", problems=600, max_new=200, paths=("fused+fused",),
+                        path_mutants=("path-store-before-attention", "path-stale-rejected-kv"), batch=100),
+    # tests
+    "smoke": GateProfile("smoke", problems=4, max_new=24, paths=(), path_mutants=("path-store-before-attention",),
+                         batch=4),
+}
+
+MODEL_DIR = "cases/models"  # <layout>.safetensors + .json, written by python -m harness.e2e.train
