@@ -1,5 +1,5 @@
 """Every user-facing entry point: `nox -s parity`, `nox -s tests`, `nox -s mutants`, `nox -s compile`,
-`nox -s report`.
+`nox -s report`, `nox -s gate`.
 
 Installs are vendor-safe. On a CPU machine the session venv takes the pins of
 ``constraints/cpu.txt`` (torch 2.13.0 CPU build, triton 3.9.0, numpy 2.4.6). On a CUDA or
@@ -79,3 +79,13 @@ def report(session: nox.Session) -> None:
     for flag, pattern in (("--mutants", "runs/mutants*.csv"), ("--perf", "runs/perf*.csv"), ("--gate", "runs/gate*.csv")):
         args += [a for p in sorted(glob.glob(pattern)) for a in (flag, p)]
     session.run("python", "-m", "harness", "report", *args, "--out", "runs/report", *session.posargs)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def gate(session: nox.Session) -> None:
+    """End-to-end gate (issue 6): micro-models on held-out GSM8K-style problems through the reference,
+    fused and path-mutant paths; runs/gate.csv. Profile: cpu-lite on the CPU, full on a GPU
+    (`-- --profile full`)."""
+    _install(session)
+    session.run("python", "-m", "harness", "gate", "--device", DEVICE, "--csv", "runs/gate.csv", *session.posargs,
+                env={"VP_DEVICE": DEVICE})

@@ -30,6 +30,7 @@ class GateProfile:
     paths: tuple[str, ...]  # "prepare+attn" implementation names, besides the reference path
     path_mutants: tuple[str, ...]  # cases.mutants.timelines path mutants run through the gate
     batch: int  # requests per engine batch
+    mutant_kernels: str = "fused+fused"  # prepare+attn implementations the path mutants run on
     thresholds: Thresholds = Thresholds()
 
 
@@ -41,8 +42,9 @@ PROFILES = {
     "full": GateProfile("full", problems=600, max_new=200, paths=("fused+fused",),
                         path_mutants=("path-store-before-attention", "path-stale-rejected-kv"), batch=100),
     # tests
+    # tests: a path mutant on the reference kernels (its bug is the backend's, not a kernel's)
     "smoke": GateProfile("smoke", problems=4, max_new=24, paths=(), path_mutants=("path-store-before-attention",),
-                         batch=4),
+                         batch=4, mutant_kernels="reference+reference"),
 }
 
 MODEL_DIR = "cases/models"  # <layout>.safetensors + .json, written by python -m harness.e2e.train

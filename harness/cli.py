@@ -1,4 +1,4 @@
-"""python -m harness {list, run, repro, mutants, compile, report} — thin: parse, delegate, print, exit code."""
+"""python -m harness {list, run, repro, mutants, compile, report, gate} — thin: parse, delegate, print, exit code."""
 from __future__ import annotations
 
 import argparse
@@ -256,6 +256,25 @@ def cmd_report(args) -> int:
     return 1 if b.regress else 0
 
 
+def cmd_gate(args) -> int:
+    """End-to-end gate (issue 6): micro-models through the paths under test, rows of GateRow."""
+    from cases import e2e_gate
+    from harness import devices
+    from harness.e2e import gate
+    from harness.registry import default_registry
+    from reports.rows import write_csv
+
+    dev = devices.select(args.device)
+    prof = e2e_gate.PROFILES[args.profile or ("cpu-lite" if dev.interpreted else "full")]
+    rows = gate.run(default_registry(), dev, prof, layouts=args.layout or gate.M.LAYOUTS, models_dir=args.models,
+                    problems=args.problems, seed=args.seed, progress=None if args.quiet else lambda m: print(m, flush=True))
+    print(f"gate rows: {len(rows)} -> {write_csv(rows, args.csv)}")
+    bad = [r for r in rows if r.verdict != r.expect]
+    for r in bad:
+        print(f"GATE {'FAIL' if r.expect == 'pass' else 'MISSED MUTANT'} {r.layout} {r.path}: {r.detail}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -321,5 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slower", type=float, default=0.10, help="perf slowdown threshold (0.10 = 10%%)")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(fn=cmd_report)
+    p = sub.add_parser("gate", help="end-to-end gate: accuracy, agreement, acceptance, McNemar vs the reference path")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
+    p.add_argument("--profile", default=None, help="cpu-lite | full | smoke (cases/e2e_gate.py; default by device)")
+    p.add_argument("--layout", action="append", help="micro-model layout (repeatable; default: all three)")
+    p.add_argument("--models", default="cases/models", help="directory of <layout>.safetensors (else random weights)")
+    p.add_argument("--problems", type=int, default=None, help="override the profile's problem count")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--csv", default="runs/gate.csv")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_gate)
     args = ap.parse_args(argv)
     return args.fn(args)

@@ -110,16 +110,27 @@ class PerfRow:
 
 @dataclass(frozen=True)
 class GateRow:
-    """One end-to-end gate verdict: a path under test vs the reference path on the same problems."""
-    layout: str  # micro-model / target layout
-    path: str  # path under test
+    """One end-to-end gate verdict: a path under test vs the reference path on the same problems
+    (``harness.e2e.gate`` for the micro-engine, ``harness.e2e.client`` for two servers)."""
+    layout: str  # micro-model / target layout (server mode: the endpoint's model name)
+    path: str  # path under test (server mode: endpoint label)
+    expect: str  # pass | fail (a path mutant must fail the gate)
+    model: str  # model file + sha, or "random-init"
+    drafter: str
+    extraction: str  # strict | flexible (lm-eval gsm8k filters)
     problems: int
     accuracy: float
-    exact_agreement: float  # fraction of problems whose output equals non-speculative greedy
-    mean_accept_len: float
-    p_value: float
+    accuracy_lo: float  # 95 % Clopper-Pearson
+    accuracy_hi: float
+    ref_accuracy: float  # the reference path (server mode: the A endpoint) on the same problems
+    exact_agreement: float  # fraction of problems whose output equals non-speculative greedy (reference path)
+    mean_accept_len: float  # tokens produced per verify step (nan when not measured)
+    worse: int  # McNemar discordant pairs: reference right, path wrong
+    better: int  # reference wrong, path right
+    p_value: float  # exact McNemar (two-sided)
     verdict: str  # pass | fail
     detail: str
+    seconds: float
     # provenance
     git_sha: str
     device: str
