@@ -1,4 +1,4 @@
-"""python -m harness {list, run, repro, mutants, compile, report, gate} — thin: parse, delegate, print, exit code."""
+"""python -m harness {list, run, repro, mutants, compile, report, gate, serve} — thin: parse, delegate, print, exit code."""
 from __future__ import annotations
 
 import argparse
@@ -275,6 +275,12 @@ def cmd_gate(args) -> int:
     return 1 if bad else 0
 
 
+def cmd_serve(args) -> int:
+    from harness.e2e import server
+
+    return server.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -350,5 +356,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", default="runs/gate.csv")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_gate)
+    p = sub.add_parser("serve", help="the micro-engine as an OpenAI-compatible HTTP server on loopback")
+    p.add_argument("--layout", default="qwen35-gqa")
+    p.add_argument("--models", default="cases/models", help="directory of <layout>.safetensors (else random weights)")
+    p.add_argument("--path", default="reference+reference", help="prepare+attn implementations (the fused switch)")
+    p.add_argument("--path-mutant", default=None, help="serve a path mutant of cases/mutants/timelines.py")
+    p.add_argument("--speculative", action="store_true", help="prompt-lookup speculative decoding (L = 4)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
+    p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
+    p.set_defaults(fn=cmd_serve)
     args = ap.parse_args(argv)
     return args.fn(args)
