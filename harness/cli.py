@@ -266,6 +266,18 @@ def cmd_gate(args) -> int:
 
     dev = devices.select(args.device)
     prof = e2e_gate.PROFILES[args.profile or ("cpu-lite" if dev.interpreted else "full")]
+    if args.ab:  # server A/B mode: two OpenAI-compatible endpoints, B judged against A
+        from harness.e2e import client
+        from harness.suite import provenance
+
+        cfg = client.ClientConfig(num_fewshot=args.fewshot, concurrency=args.concurrency)
+        rows = client.ab(*args.ab, problems=args.problems or prof.problems, cfg=cfg, source=args.source,
+                         prov=provenance(dev, prof, args.seed).__dict__)
+        for r in rows:
+            print(f"{r.path} [{r.extraction}] acc {r.accuracy:.3f} [{r.accuracy_lo:.3f}, {r.accuracy_hi:.3f}] "
+                  f"same-text {r.exact_agreement:.3f} p {r.p_value:.2g} -> {r.verdict} {r.detail}")
+        print(f"gate rows: {len(rows)} -> {write_csv(rows, args.csv)}")
+        return 1 if any(r.verdict != r.expect for r in rows) else 0
     rows = gate.run(default_registry(), dev, prof, layouts=args.layout or gate.M.LAYOUTS, models_dir=args.models,
                     problems=args.problems, seed=args.seed, progress=None if args.quiet else lambda m: print(m, flush=True))
     print(f"gate rows: {len(rows)} -> {write_csv(rows, args.csv)}")
@@ -355,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--csv", default="runs/gate.csv")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--ab", nargs=2, metavar=("URL_A", "URL_B"), help="server A/B mode against two endpoints")
+    p.add_argument("--fewshot", type=int, default=2, help="server mode: train-split shots per prompt")
+    p.add_argument("--concurrency", type=int, default=4, help="server mode: requests in flight per endpoint")
+    p.add_argument("--source", default="synth", choices=("synth", "openai/gsm8k"), help="server mode: problems")
     p.set_defaults(fn=cmd_gate)
     p = sub.add_parser("serve", help="the micro-engine as an OpenAI-compatible HTTP server on loopback")
     p.add_argument("--layout", default="qwen35-gqa")

@@ -76,3 +76,18 @@ def test_client_retries_are_bounded():
     cfg = client.ClientConfig(retries=2, timeout_s=2, backoff_s=0.01)
     with pytest.raises(RuntimeError, match="3 attempts"):
         client.complete("http://127.0.0.1:9", "x", cfg)  # discard port: nothing listens
+
+
+def test_gate_cli_ab_mode(servers, tmp_path):
+    out = tmp_path / "ab.csv"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    res = subprocess.run([sys.executable, "-m", "harness", "gate", "--device", "cpu", "--ab", servers[0], servers[1],
+                          "--problems", "3", "--fewshot", "1", "--csv", str(out)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    import pandas as pd
+
+    from reports.rows import GateRow, columns
+
+    frame = pd.read_csv(out)
+    assert list(frame.columns) == columns(GateRow) and len(frame) == 4 and (frame["verdict"] == "pass").all()
