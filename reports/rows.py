@@ -124,6 +124,7 @@ class GateRow:
     accuracy_hi: float
     ref_accuracy: float  # the reference path (server mode: the A endpoint) on the same problems
     exact_agreement: float  # fraction of problems whose output equals non-speculative greedy (reference path)
+    tie_divergences: int  # disagreeing problems whose first differing token was a near-tie (rounding)
     mean_accept_len: float  # tokens produced per verify step (nan when not measured)
     worse: int  # McNemar discordant pairs: reference right, path wrong
     better: int  # reference wrong, path right

@@ -42,3 +42,28 @@ def test_gate_smoke_reference_passes_mutant_fails(registry, device, tmp_path):
     assert mut.verdict == "fail" and mut.exact_agreement < cfg.Thresholds().min_agreement
     assert all(isinstance(r, GateRow) and r.git_sha and r.profile == "smoke" for r in rows)
     assert columns(GateRow)[:2] == ["layout", "path"]
+
+
+def test_near_ties_are_excused_and_bugs_are_not():
+    th = cfg.Thresholds()
+    base = dict(acc=stats.accuracy([False] * 10), accept=1.5, mc=stats.McNemar(0, 0, 1.0))
+    assert gate.verdict(th, trained=False, agreement=0.7, ties=0.3, **base)[0] == "pass"
+    assert gate.verdict(th, trained=False, agreement=0.7, ties=0.1, **base)[0] == "fail"
+
+
+def test_tie_divergences_counts_only_small_margins(registry):
+    """Against the reference greedy output itself: a token swapped for the runner-up at a
+    position with a large margin is not a tie; with an infinite margin everything is."""
+    from harness import timeline
+    from harness.e2e import engine as E
+    from harness.e2e import model as M
+    from harness.e2e import tokenizer as tok
+
+    m = M.Micro(M.MicroConfig(layout="qwen35-gqa"))
+    path = timeline.clean_path(registry, "qwen35-gqa", prepare="reference", attn="reference")
+    prompts = [tok.encode(tok.prompt("What is 2+3?"))]
+    greedy = E.Engine(m, path).generate(prompts, 8).tokens
+    other = (tuple([greedy[0][0], (greedy[0][1] + 1) % tok.VOCAB] + list(greedy[0][2:])),)
+    assert gate.tie_divergences(m, path, prompts, greedy, greedy, 0.01, "cpu") == 0
+    assert gate.tie_divergences(m, path, prompts, greedy, other, float("inf"), "cpu") == 1
+    assert gate.tie_divergences(m, path, prompts, greedy, other, 0.0, "cpu") == 0

@@ -89,7 +89,7 @@ def ab(url_a: str, url_b: str, *, problems: int, cfg: ClientConfig = ClientConfi
             rows.append(GateRow(layout=source, path=f"{label}={url}", expect="pass", model="server",
                                 drafter="server", extraction=extraction, problems=len(prompts), accuracy=acc.value,
                                 accuracy_lo=acc.lo, accuracy_hi=acc.hi, ref_accuracy=sum(ref) / len(ref),
-                                exact_agreement=same, mean_accept_len=-1.0, worse=mc.worse, better=mc.better,
+                                exact_agreement=same, tie_divergences=-1, mean_accept_len=-1.0, worse=mc.worse, better=mc.better,
                                 p_value=mc.p_value, verdict="fail" if why else "pass",
                                 detail="; ".join(why) or f"{cfg.num_fewshot}-shot", seconds=secs, **prov))
     return rows
