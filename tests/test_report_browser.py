@@ -46,8 +46,10 @@ def _extras(frame: pd.DataFrame, tmp: Path) -> tuple[Path, Path]:
     perf = [PerfRow(op=OP, impl="fused", case=f"T={t},H=16", p20_us=t * 0.9, p50_us=t * 1.0, p80_us=t * 1.1,
                     reference_p50_us=t * 2.0, compiled_p50_us=t * 1.5, speedup_vs_reference=2.0,
                     speedup_vs_compiled=1.5, gbps=100.0, frac_of_copy=0.02, launches=1, **prov) for t in (4, 64)]
-    gate = [GateRow(layout="dsv4-mqa-ring", path="fused", problems=64, accuracy=0.95, exact_agreement=1.0,
-                    mean_accept_len=2.5, p_value=1.0, verdict="pass", detail="rendering fixture", **prov)]
+    gate = [GateRow(layout="dsv4-mqa-ring", path="fused", expect="pass", model="rendering-fixture",
+                    drafter="prompt-lookup", extraction="strict", problems=64, accuracy=0.95, accuracy_lo=0.87,
+                    accuracy_hi=0.99, ref_accuracy=0.95, exact_agreement=1.0, tie_divergences=0, mean_accept_len=2.5,
+                    worse=0, better=0, p_value=1.0, verdict="pass", detail="rendering fixture", seconds=1.0, **prov)]
     pd.DataFrame([dataclasses.asdict(r) for r in perf]).to_csv(tmp / "perf.csv", index=False)
     pd.DataFrame([dataclasses.asdict(r) for r in gate]).to_csv(tmp / "gate.csv", index=False)
     return tmp / "perf.csv", tmp / "gate.csv"
