@@ -1,0 +1,76 @@
+"""GPU measurement primitives shared by the benchmarks (``harness.bench``) and the GPU-only
+checks (``harness.gpu_checks``): kernel-launch counting with ``torch.profiler``, the measured
+device copy bandwidth, and time quantiles with ``triton.testing.do_bench``.
+
+All three need a CUDA/HIP device; on a machine without one they raise ``RuntimeError`` naming
+what is missing (callers print it and measure nothing: timings under the Triton interpreter
+mean nothing, and the interpreter launches no kernels to count).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+# device activity that is not a kernel launch of the op under test
+_NOT_KERNELS = ("memcpy", "memset")
+
+
+def _need_gpu(what: str) -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs a GPU: torch.cuda.is_available() is False on this machine")
+
+
+def count_launches(fn: Callable[[], object], *, warmup: int = 1) -> int:
+    """Kernels launched by one call of ``fn`` (memcpy/memset excluded), counted with
+    ``torch.profiler`` on the device's activity. ``warmup`` calls first, so that compilation,
+    autotuning and lazy allocations are not counted."""
+    _need_gpu("count_launches")
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events()
+               if e.device_type == DeviceType.CUDA and not e.name.lower().startswith(_NOT_KERNELS))
+
+
+def kernel_names(fn: Callable[[], object], *, warmup: int = 1) -> list[str]:
+    """The names of the kernels one call of ``fn`` launches, in order (for failure messages)."""
+    _need_gpu("kernel_names")
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events()
+            if e.device_type == DeviceType.CUDA and not e.name.lower().startswith(_NOT_KERNELS)]
+
+
+def time_quantiles_us(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100) -> tuple[float, float, float]:
+    """(p20, p50, p80) of one call of ``fn`` in microseconds (``triton.testing.do_bench``, which
+    flushes the L2 cache between calls)."""
+    _need_gpu("time_quantiles_us")
+    from triton.testing import do_bench
+
+    p20, p50, p80 = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.2, 0.5, 0.8])
+    return p20 * 1e3, p50 * 1e3, p80 * 1e3
+
+
+def copy_bandwidth_gbps(n_bytes: int = 1 << 30) -> float:
+    """GB/s of a device-to-device copy of ``n_bytes`` (read + write both counted): the roof the
+    bandwidth-bound kernels are measured against."""
+    _need_gpu("copy_bandwidth_gbps")
+    src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    _, p50, _ = time_quantiles_us(lambda: dst.copy_(src), warmup=10, rep=100)
+    del src, dst
+    return 2 * n_bytes / (p50 * 1e-6) / 1e9
