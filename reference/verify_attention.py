@@ -238,23 +238,24 @@ def verify_attention_oracle(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr
     Hkv, Dv = k.shape[1], v.shape[2]
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
     trees = tree_masks(custom_mask, qo)
-    out = torch.empty(T, H, Dv, dtype=torch.float64)
+    dev = q.device  # fp64 where the inputs live: the 200K-token GPU cases would take minutes on the CPU
+    out = torch.empty(T, H, Dv, dtype=torch.float64, device=dev)
     g = H // Hkv
     for b in range(len(qo) - 1):
         t0, t1 = qo[b], qo[b + 1]
         L = t1 - t0
-        idx = kv_indices[kvp[b]: kvp[b + 1]].long().cpu()
+        idx = kv_indices[kvp[b]: kvp[b + 1]].long().to(dev)
         n = idx.numel()
-        keys = torch.cat((k_buffer[idx].cpu().double(), k[t0:t1].cpu().double()))  # (n+L, Hkv, D)
-        vals = torch.cat((v_buffer[idx].cpu().double() * v_scale, v[t0:t1].cpu().double()))  # (n+L, Hkv, Dv)
-        col_scale = torch.cat((torch.full((n,), sm_scale * k_scale, dtype=torch.float64),
-                               torch.full((L,), sm_scale, dtype=torch.float64)))
-        mask = dense_mask(n, L, is_causal, None if trees[b] is None else trees[b].cpu(), "cpu")
-        for h in range(H):
-            x = torch.einsum("id,jd->ij", q[t0:t1, h].cpu().double(), keys[:, h // g]) * col_scale  # (L, n+L)
-            x = x.masked_fill(~mask, float("-inf"))
-            w = torch.softmax(x, dim=-1)
-            out[t0:t1, h] = w @ vals[:, h // g]  # (L, n+L) @ (n+L, Dv)
+        keys = torch.cat((k_buffer[idx].double(), k[t0:t1].double()))  # (n+L, Hkv, D)
+        vals = torch.cat((v_buffer[idx].double() * v_scale, v[t0:t1].double()))  # (n+L, Hkv, Dv)
+        col_scale = torch.cat((torch.full((n,), sm_scale * k_scale, dtype=torch.float64, device=dev),
+                               torch.full((L,), sm_scale, dtype=torch.float64, device=dev)))
+        mask = dense_mask(n, L, is_causal, None if trees[b] is None else trees[b].to(dev), dev)
+        qb = q[t0:t1].double().reshape(L, Hkv, g, D)  # query head h = kv head h // g, member h % g
+        x = torch.einsum("lkgd,jkd->kglj", qb, keys) * col_scale  # (Hkv, g, L, n+L)
+        w = torch.softmax(x.masked_fill(~mask, float("-inf")), dim=-1)
+        out[t0:t1] = torch.einsum("kglj,jkv->lkgv", w, vals).reshape(L, H, Dv)
+    return {"o": out.cpu()}
     return {"o": out}
 
 
