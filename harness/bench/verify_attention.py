@@ -1,15 +1,21 @@
-"""GPU benchmark (not a test) for verify_attention: shared-KV vs per-head split-KV vs a
-torch.compile'd dense reference vs SDPA, side by side in one run.
+"""GPU benchmark (not a test) for verify_attention: shared-KV vs per-head split-KV vs the
+reference chain vs a torch.compile'd dense reference vs SDPA, side by side in one run.
 
     python -m harness.bench.verify_attention --out DIR [--quick]
 
 Shapes: GQA (H 16, one KV head, D 256 — Qwen3.5 TP2) and Kimi-K3 MLA (H 16, D 576 / Dv 512,
-V = latent), L 4 drafts, prefix 1K / 4K / 16K / 64K, B 1 / 4 / 16 / 64, bf16 KV in random
-page-size-1 slots. Times are medians of ``triton.testing.do_bench``; bandwidth counts the KV
-bytes a single pass must read (MLA: K only, V is its first 512 dims) and is compared with a
-measured device copy bandwidth (read + write of 1 GiB). Each row also records the max |Δ|
-between the two kernels, so a fast wrong kernel is visible. Writes DIR/verify_attention_bench.csv.
-Exits 0 with a message on a machine without a GPU.
+V = latent), L 4 drafts, prefix 1K / 4K / 16K / 64K, B 1 / 8 / 64, bf16 KV in random
+page-size-1 slots. Implementations (PerfRow ``impl``): ``fused-shared-kv`` and ``fused-split-kv``
+(the two Triton kernels, prefix + combine: 2 launches each, else exit 1), ``reference`` (the
+unfused per-head chain of ``reference.verify_attention``, with its host-side loop over requests),
+``compiled`` (torch.compile of a dense masked formulation of the reference: gather the prefix,
+append the drafts, fp32 softmax — what compile can make fast; the chain's per-request loop is
+not), ``sdpa`` (SDPA on K/V already gathered dense, explicit mask). Times are p20/p50/p80 of
+``harness.profiling.time_quantiles_us``; bandwidth counts the KV bytes a single pass must read
+(MLA: K only, V is its first 512 dims) against the measured device copy bandwidth. Each wide row
+also records the max |Δ| between the two kernels (a fast wrong kernel is visible) and the
+shared-KV kernel's prefix / combine launches timed alone. Writes DIR/verify_attention_bench.csv
+(wide, one row per shape) and DIR/perf.csv (PerfRow). Exits 0 with a message without a GPU.
 """
 from __future__ import annotations
 
@@ -20,6 +26,36 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from harness.bench import perf
+from reports.rows import PerfRow
+
+OP = "verify_attention"
+IMPLS = ("fused-shared-kv", "fused-split-kv", "reference", "compiled", "sdpa")
+EXPECTED_LAUNCHES = {"fused-shared-kv": 2, "fused-split-kv": 2}  # prefix kernel + combine kernel
+WARMUP_MS, REP_MS = 5, 50
+EXTRA_TIMINGS = 2  # the shared-KV prefix and combine kernels alone
+LAYOUTS = ("gqa", "mla")
+H, L = 16, 4
+PREFIX_FULL, B_FULL = (1024, 4096, 16384, 65536), (1, 8, 64)
+PREFIX_QUICK, B_QUICK = (1024, 4096), (1, 64)
+
+
+@dataclass(frozen=True)
+class Shape:
+    layout: str  # gqa | mla
+    B: int  # requests
+    prefix: int  # prefix tokens per request
+    H: int = H  # query heads (one KV head)
+
+    @property
+    def case(self) -> str:
+        return f"{self.layout},B={self.B},prefix={self.prefix},H={self.H},L={L}"
+
+
+def shapes(quick: bool) -> list[Shape]:
+    return [Shape(layout, B, n) for layout in LAYOUTS for n in (PREFIX_QUICK if quick else PREFIX_FULL)
+            for B in (B_QUICK if quick else B_FULL)]
 
 
 @dataclass(frozen=True)
@@ -33,11 +69,13 @@ class BenchRow:
     L: int
     splits: int
     kv_gb: float  # KV bytes one pass must read
-    shared_ms: float
+    shared_ms: float  # p50
     split_ms: float
+    reference_ms: float
     compiled_ms: float
     sdpa_ms: float
     split_over_shared: float
+    reference_over_shared: float
     compiled_over_shared: float
     sdpa_over_shared: float
     shared_tb_s: float
@@ -46,15 +84,6 @@ class BenchRow:
     max_abs_diff: float  # shared-KV vs split-KV outputs
     shared_prefix_ms: float  # the shared-KV prefix kernel alone (the combine left out)
     shared_combine_ms: float  # the combine kernel alone (draft triangle + LSE merge)
-
-
-def copy_bandwidth_tb_s() -> float:
-    import triton.testing
-
-    x = torch.empty(1 << 29, dtype=torch.float16, device="cuda")  # 1 GiB
-    y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=10, rep=100, return_mode="median")
-    return 2 * x.numel() * x.element_size() / (ms * 1e-3) / 1e12
 
 
 def _inputs(layout: str, B: int, n: int, H: int, L: int, dev: str = "cuda"):
@@ -98,96 +127,91 @@ def _dense_reference(q, k, v, kb, vb, idx, mask, sm_scale):
     return torch.einsum("bhln,bnd->blhd", x.softmax(-1), vals[:, :, 0]).to(q.dtype)  # (B, L, H, Dv)
 
 
-def run(out: Path, quick: bool) -> list[BenchRow]:
-    import triton.testing
+def _implementations(kw: dict, B: int, n: int, D: int, Dv: int, s_shared: int, s_split: int, compiled) -> dict:
+    """Zero-argument callables, each computing the whole op once on the same inputs. The kernels
+    skip argument checks (validated once by the caller; they sync the device)."""
+    from fused import verify_attention as f
+    from reference import verify_attention as r
+
+    fast = dict(check=False, validate=False)
+    q4 = kw["q"].view(B, L, -1, D)
+    k4, v4 = kw["k"].view(B, L, 1, D), kw["v"].reshape(B, L, 1, Dv)
+    idx = kw["kv_indices"].view(B, n).long()
+    mask = _dense_mask(n, L, q4.device)
+    dense = {}
+
+    def sdpa():  # K/V gathered dense once, outside the timed region (the layout SDPA needs)
+        if not dense:
+            dense["k"] = torch.cat((kw["k_buffer"][idx], k4), 1).transpose(1, 2)  # (B, 1, n+L, D)
+            dense["v"] = torch.cat((kw["v_buffer"][idx], v4), 1).transpose(1, 2)  # (B, 1, n+L, Dv)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q4.transpose(1, 2), dense["k"], dense["v"], attn_mask=mask, scale=kw["sm_scale"], enable_gqa=True)
+
+    return {
+        "fused-shared-kv": lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, **fast),
+        "fused-split-kv": lambda: f._launch("split_kv", **kw, num_kv_splits=s_split, **fast),
+        "reference": lambda: r.verify_attention(**kw, num_kv_splits=s_split),
+        "compiled": lambda: compiled(q4, k4, v4, kw["k_buffer"], kw["v_buffer"], idx, mask, kw["sm_scale"]),
+        "sdpa": sdpa,
+    }
+
+
+def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
+    import pandas as pd
 
     from fused import verify_attention as f
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    bw = copy_bandwidth_tb_s()
-    print(f"device: {torch.cuda.get_device_name(0)} ({sms} SMs); measured copy bandwidth {bw:.2f} TB/s", flush=True)
-    # one graph per benchmarked shape: past dynamo's default limit of 8 it silently runs eager,
-    # and the 'compiled' column would time the eager chain (seen on the H200)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-    compiled = torch.compile(_dense_reference, dynamic=False)
-    prefixes = (1024, 4096) if quick else (1024, 4096, 16384, 65536)
-    batches = (1, 64) if quick else (1, 4, 16, 64)
-    H, L = 16, 4
-    rows = []
-    for layout in ("gqa", "mla"):
-        for n in prefixes:
-            for B in batches:
-                kw, D, Dv = _inputs(layout, B, n, H, L)
-                block_h = f.block_h_for(H, D)
-                s_shared = _splits(B, n, H // block_h, sms)
-                s_split = _splits(B, n, H, sms)
-                bench = lambda fn: triton.testing.do_bench(fn, warmup=5, rep=50, return_mode="median")  # noqa: E731
-                a = f.verify_shared_kv(**kw, num_kv_splits=s_shared)["o"]
-                b = f.verify_split_kv(**kw, num_kv_splits=s_split)["o"]
-                fast = dict(check=False, validate=False)  # validated by the two calls above
-                t_shared = bench(lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, **fast))
-                t_split = bench(lambda: f._launch("split_kv", **kw, num_kv_splits=s_split, **fast))
-                t_prefix = bench(lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, stages=("prefix",),
-                                                   **fast))
-                t_combine = bench(lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, stages=("combine",),
-                                                    **fast))
-                q4 = kw["q"].view(B, L, H, D)
-                k4, v4 = kw["k"].view(B, L, 1, D), kw["v"].reshape(B, L, 1, Dv)
-                idx = kw["kv_indices"].view(B, n).long()
-                mask = _dense_mask(n, L, "cuda")
-                try:
-                    t_comp = bench(lambda: compiled(q4, k4, v4, kw["k_buffer"], kw["v_buffer"], idx, mask,
-                                                    kw["sm_scale"]))
-                except torch.OutOfMemoryError:
-                    t_comp = float("nan")
-                # SDPA on dense KV (already gathered: the layout SDPA needs), explicit mask
-                try:
-                    kd = torch.cat((kw["k_buffer"][idx], k4), 1).transpose(1, 2)  # (B, 1, n+L, D)
-                    vd = torch.cat((kw["v_buffer"][idx], v4), 1).transpose(1, 2)
-                    qd = q4.transpose(1, 2)  # (B, H, L, D)
-                    t_sdpa = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                        qd, kd, vd, attn_mask=mask, scale=kw["sm_scale"], enable_gqa=True))
-                    del kd, vd
-                except torch.OutOfMemoryError:
-                    t_sdpa = float("nan")
-                kv_bytes = B * n * (D + (0 if layout == "mla" else Dv)) * 2
-                row = BenchRow(layout, B, n, H, D, Dv, L, s_shared, kv_bytes / 1e9, t_shared, t_split, t_comp, t_sdpa,
-                               t_split / t_shared, t_comp / t_shared, t_sdpa / t_shared,
-                               kv_bytes / (t_shared * 1e-3) / 1e12, 100 * kv_bytes / (t_shared * 1e-3) / 1e12 / bw,
-                               100 * kv_bytes / (t_split * 1e-3) / 1e12 / bw,
-                               float((a.float() - b.float()).abs().max()), t_prefix, t_combine)
-                rows.append(row)
-                print(f"{layout} B={B:3d} prefix={n:6d}: shared {t_shared:8.3f} ms ({row.shared_pct_copy:5.1f}% copy) | "
-                      f"split {t_split:8.3f} ms ({row.split_over_shared:5.2f}x) | compiled {t_comp:8.3f} ms | "
-                      f"sdpa {t_sdpa:8.3f} ms | shared prefix/combine {t_prefix:.3f}/{t_combine:.3f} ms | "
-                      f"max|Δ| {row.max_abs_diff:.3g}", flush=True)
-                del kw, a, b
-                torch.cuda.empty_cache()
+    compiled = perf.compile_static(_dense_reference)
+    p50 = lambda fn: perf.time_p50_us(fn, warmup_ms=WARMUP_MS, rep_ms=REP_MS)  # noqa: E731
+    rows, wide = [], []
+    for s in shape_list:
+        B, n = s.B, s.prefix
+        kw, D, Dv = _inputs(s.layout, B, n, s.H, L, dev=ctx.dev.torch_device)
+        s_shared = _splits(B, n, s.H // f.block_h_for(s.H, D), ctx.sms)
+        s_split = _splits(B, n, s.H, ctx.sms)
+        a = f.verify_shared_kv(**kw, num_kv_splits=s_shared)["o"]
+        b = f.verify_split_kv(**kw, num_kv_splits=s_split)["o"]
+        diff = float((a.float() - b.float()).abs().max())
+        del a, b
+        t = perf.measure(_implementations(kw, B, n, D, Dv, s_shared, s_split, compiled), ctx.dev,
+                         warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+        fast = dict(num_kv_splits=s_shared, check=False, validate=False)
+        t_prefix = p50(lambda: f._launch("shared_kv", **kw, stages=("prefix",), **fast))
+        t_combine = p50(lambda: f._launch("shared_kv", **kw, stages=("combine",), **fast))
+        kv_bytes = B * n * (D + (0 if s.layout == "mla" else Dv)) * 2
+        new = perf.perf_rows(OP, s.case, t, bytes_moved=kv_bytes, copy_gbps=ctx.copy_gbps, prov=ctx.prov)
+        by = {r.impl: r for r in new}
+        sh, sp = by["fused-shared-kv"], by["fused-split-kv"]
+        ms = {k: v.p50_us / 1e3 for k, v in t.items()}
+        rows += new
+        row = BenchRow(s.layout, B, n, s.H, D, Dv, L, s_shared, kv_bytes / 1e9, ms["fused-shared-kv"],
+                       ms["fused-split-kv"], ms["reference"], ms["compiled"], ms["sdpa"],
+                       *(perf.ratio(ms[k], ms["fused-shared-kv"]) for k in ("fused-split-kv", "reference", "compiled",
+                                                                             "sdpa")),
+                       sh.gbps / 1e3, 100 * sh.frac_of_copy, 100 * sp.frac_of_copy, diff, t_prefix / 1e3,
+                       t_combine / 1e3)
+        wide.append(row)
+        print(f"  {s.case}: shared {row.shared_ms:8.3f} ms ({row.shared_pct_copy:5.1f}% copy) | "
+              f"split {row.split_ms:8.3f} ms ({row.split_over_shared:5.2f}x) | reference {row.reference_ms:8.3f} ms | "
+              f"compiled {row.compiled_ms:8.3f} ms | sdpa {row.sdpa_ms:8.3f} ms | "
+              f"shared prefix/combine {row.shared_prefix_ms:.3f}/{row.shared_combine_ms:.3f} ms | "
+              f"max|Δ| {row.max_abs_diff:.3g}", flush=True)
+        del kw
+        if not ctx.dev.interpreted:
+            torch.cuda.empty_cache()
     out.mkdir(parents=True, exist_ok=True)
-    import pandas as pd
-
-    frame = pd.DataFrame([asdict(r) for r in rows])
-    frame.to_csv(out / "verify_attention_bench.csv", index=False)
-    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3g}".format):
-        print(frame.to_string(index=False))
-    print(f"copy bandwidth {bw:.2f} TB/s; rows -> {out / 'verify_attention_bench.csv'}")
+    pd.DataFrame([asdict(r) for r in wide]).to_csv(out / "verify_attention_bench.csv", index=False)
+    print(f"  wrote {out / 'verify_attention_bench.csv'}")
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.bench.verify_attention", description=__doc__,
+    ap = argparse.ArgumentParser(prog=f"python -m harness.bench.{OP}", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--quick", action="store_true", help="prefix 1K/4K, B 1/64 only")
+    ap.add_argument("--out", type=Path, required=True, help="directory for verify_attention_bench.csv and perf.csv")
+    ap.add_argument("--quick", action="store_true", help=f"prefix {PREFIX_QUICK} x B {B_QUICK} only")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("verify_attention bench: no GPU visible to torch; nothing to measure (this is a GPU benchmark)")
-        return 0
-    from harness import devices
-
-    devices.select("auto")
-    run(args.out, args.quick)
-    return 0
+    return perf.run_ops([sys.modules[__name__]], out=args.out, quick=args.quick, nested=False, prog=ap.prog)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,38 @@
+"""Every op benchmark in one run: ``python -m harness.bench --out DIR [--quick] [--op OP ...]``.
+
+Runs qk_norm_rope, mla_fp8_prepare and verify_attention (or the ``--op`` ones) on the GPU, prints
+progress and a summary of speedups per (op, impl), and writes DIR/perf.csv (one
+``reports.rows.PerfRow`` per (op, impl, shape): p20/p50/p80, ratios to the reference chain and to
+torch.compile of it, achieved bandwidth against the measured copy bandwidth, launches) plus each
+op's own wide CSV in DIR/<op>/. ``--quick`` is the small set (well under 3 minutes on an H200);
+the default is the nightly's full set. Exit 1 when a fused kernel makes another number of
+launches than it must. Without a GPU: says that nothing was measured, writes nothing, exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.bench import mla_fp8_prepare, perf, qk_norm_rope, verify_attention
+
+OPS = {m.OP: m for m in (qk_norm_rope, mla_fp8_prepare, verify_attention)}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="directory for perf.csv and <op>/ CSVs")
+    ap.add_argument("--quick", action="store_true", help="the small shape set of every op")
+    ap.add_argument("--op", action="append", choices=sorted(OPS), help="only this op (repeatable; default: all)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    mods = [OPS[name] for name in dict.fromkeys(args.op or OPS)]
+    return perf.run_ops(mods, out=args.out, quick=args.quick, nested=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""What the op benchmarks share: the run profile, one shape's measurement (every implementation
+timed and its launches counted through ``harness.profiling``), PerfRow assembly and the summary
+(pure functions of the timings), the run plan with its wall-time estimate, and the driver that
+``python -m harness.bench`` and each ``python -m harness.bench.<op>`` call.
+
+An op benchmark module provides: ``OP``; ``IMPLS`` (the PerfRow impl names it measures, with
+``reference`` = the unfused chain and ``compiled`` = torch.compile of it); ``EXPECTED_LAUNCHES``
+(fused impl -> launches it must make, else the run exits 1); ``WARMUP_MS``, ``REP_MS`` (do_bench);
+``EXTRA_TIMINGS`` (do_bench calls per shape beyond IMPLS); ``shapes(quick)`` (each with a
+``case`` id); ``run(shapes, ctx, out) -> list[PerfRow]``, which also writes its own CSV to ``out``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from harness import devices, profiling
+from reports.rows import PerfRow, Provenance, write_csv
+
+NO_GPU = ("no GPU visible to torch (torch.cuda.is_available() is False): nothing was measured and no perf.csv "
+          "was written. These benchmarks time compiled kernels on a GPU; timings under the Triton interpreter "
+          "mean nothing.")
+
+# Wall-time model of a run on an H200 (the budget test and the plan printed without a GPU).
+# Guesses on the safe side, to be replaced by measured numbers: one torch.compile graph (one per
+# shape: dynamic=False), one torch.profiler session (count_launches), do_bench's own overhead.
+COMPILE_S = 4.0
+PROFILER_S = 0.3
+DO_BENCH_OVERHEAD = 1.3
+QUICK_BUDGET_S = 120.0  # --quick must stay well under 3 min: start-up and slow calls get the rest
+FULL_BUDGET_S = 300.0  # the nightly's full set must stay under ~6 min
+
+
+@dataclass(frozen=True)
+class BenchProfile:
+    name: str  # the provenance profile of every row
+    quick: bool
+
+
+QUICK = BenchProfile("bench-quick", quick=True)
+FULL = BenchProfile("bench-full", quick=False)
+
+
+def profile_for(quick: bool) -> BenchProfile:
+    return QUICK if quick else FULL
+
+
+@dataclass(frozen=True)
+class Timing:
+    p20_us: float
+    p50_us: float
+    p80_us: float
+    launches: int  # kernels per call; -1 = not measured
+
+
+NOT_MEASURED = Timing(math.nan, math.nan, math.nan, -1)  # e.g. out of memory at this shape
+
+
+@dataclass(frozen=True)
+class Context:
+    dev: devices.Device
+    prov: Provenance
+    copy_gbps: float  # measured device-to-device copy bandwidth (read + write)
+    sms: int  # streaming multiprocessors / compute units (split-KV sizing)
+
+
+def ratio(num: float, den: float) -> float:
+    """num / den; NaN when either is missing or den is not positive."""
+    return num / den if den > 0 and not math.isnan(num) else math.nan
+
+
+def perf_rows(op: str, case: str, timings: dict[str, Timing], *, bytes_moved: int, copy_gbps: float,
+              prov: Provenance) -> list[PerfRow]:
+    """One PerfRow per implementation of one shape. Ratios are against the ``reference`` and
+    ``compiled`` timings of the same shape (> 1: this impl is faster); bandwidth counts the
+    bytes the op must move, the same for every impl."""
+    ref = timings["reference"].p50_us if "reference" in timings else math.nan
+    comp = timings["compiled"].p50_us if "compiled" in timings else math.nan
+    rows = []
+    for impl, t in timings.items():
+        gbps = ratio(bytes_moved / 1e9, t.p50_us * 1e-6)
+        rows.append(PerfRow(op=op, impl=impl, case=case, p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us,
+                            reference_p50_us=ref, compiled_p50_us=comp, speedup_vs_reference=ratio(ref, t.p50_us),
+                            speedup_vs_compiled=ratio(comp, t.p50_us), gbps=gbps, frac_of_copy=ratio(gbps, copy_gbps),
+                            launches=t.launches, **dataclasses.asdict(prov)))
+    return rows
+
+
+def launch_failures(rows: list[PerfRow], expected: dict[str, dict[str, int]]) -> list[str]:
+    """``expected``: op -> {impl: launches}. One line per row that launched another count."""
+    return [f"{r.op} {r.impl} {r.case}: {r.launches} kernel launches, expected {expected[r.op][r.impl]}"
+            + (" (not measured)" if r.launches < 0 else "")
+            for r in rows if r.impl in expected.get(r.op, {}) and r.launches != expected[r.op][r.impl]]
+
+
+def _geomean(x: pd.Series) -> float:
+    x = x[x > 0]
+    return float(np.exp(np.log(x).mean())) if len(x) else math.nan
+
+
+def summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (op, impl): shapes, median p50, geometric mean and minimum of both speedups, the
+    best fraction of copy bandwidth, the launch counts seen."""
+    g = frame.groupby(["op", "impl"], sort=False)
+    return g.agg(shapes=("case", "size"), p50_us_median=("p50_us", "median"),
+                 x_reference_geomean=("speedup_vs_reference", _geomean),
+                 x_reference_min=("speedup_vs_reference", "min"),
+                 x_compiled_geomean=("speedup_vs_compiled", _geomean),
+                 x_compiled_min=("speedup_vs_compiled", "min"),
+                 frac_of_copy_max=("frac_of_copy", "max"),
+                 launches=("launches", lambda s: "/".join(str(v) for v in sorted(set(s))))).reset_index()
+
+
+def compile_static(fn: Callable) -> Callable:
+    """torch.compile(fn, dynamic=False): one graph per benchmarked shape. Past dynamo's default
+    recompile limit (8) it silently runs eager and the 'compiled' column would time the eager
+    chain (seen on the H200), so the limits are raised first."""
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, 256)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 1024)
+    return torch.compile(fn, dynamic=False)
+
+
+def time_p50_us(fn: Callable[[], object], *, warmup_ms: int, rep_ms: int) -> float:
+    return profiling.time_quantiles_us(fn, warmup=warmup_ms, rep=rep_ms)[1]
+
+
+def measure(impls: dict[str, Callable[[], object]], dev: devices.Device, *, warmup_ms: int, rep_ms: int
+            ) -> dict[str, Timing]:
+    """Each zero-argument callable: one call outside the timed region (compile, autotune, lazy
+    allocations), then p20/p50/p80 and its kernel launches. Out of memory -> NOT_MEASURED."""
+    out = {}
+    for name, fn in impls.items():
+        try:
+            fn()
+            devices.synchronize(dev)
+            p20, p50, p80 = profiling.time_quantiles_us(fn, warmup=warmup_ms, rep=rep_ms)
+            out[name] = Timing(p20, p50, p80, profiling.count_launches(fn, warmup=0))
+        except torch.OutOfMemoryError:
+            print(f"  {name}: out of memory, not measured", flush=True)
+            out[name] = NOT_MEASURED
+            torch.cuda.empty_cache()
+    return out
+
+
+def context(profile: BenchProfile, seed: int = 0) -> Context:
+    """The GPU, the provenance every row carries (as parity rows build it) and the copy roof."""
+    from harness.suite import provenance
+
+    dev = devices.select("auto")
+    return Context(dev=dev, prov=provenance(dev, profile, seed), copy_gbps=profiling.copy_bandwidth_gbps(),
+                   sms=torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+# ----------------------------------------------------------------------------- plan and driver
+
+def estimate_s(mod, shapes: list) -> float:
+    """Modelled wall time of one op's run over ``shapes`` (see COMPILE_S)."""
+    per_timing = DO_BENCH_OVERHEAD * (mod.WARMUP_MS + mod.REP_MS) / 1e3 + 0.05
+    return len(shapes) * (COMPILE_S + (len(mod.IMPLS) + mod.EXTRA_TIMINGS) * per_timing + len(mod.IMPLS) * PROFILER_S)
+
+
+def plan_lines(mods: list, shapes: dict[str, list]) -> list[str]:
+    lines = [f"  {m.OP}: {len(shapes[m.OP])} shapes x {len(m.IMPLS)} impls ({', '.join(m.IMPLS)}), "
+             f"do_bench {m.WARMUP_MS}+{m.REP_MS} ms, ~{estimate_s(m, shapes[m.OP]):.0f} s" for m in mods]
+    total = sum(estimate_s(m, shapes[m.OP]) for m in mods)
+    return lines + [f"  modelled total ~{total:.0f} s on an H200 (plus start-up)"]
+
+
+def run_ops(mods: list, *, out: Path, quick: bool, nested: bool, shapes: dict[str, list] | None = None,
+            prog: str = "harness.bench") -> int:
+    """Run each op's benchmark; write ``out/perf.csv`` (all ops' PerfRows) and each op's own CSV
+    (in ``out/<op>/`` when ``nested``, else in ``out``). Exit status: 1 when a fused impl made
+    another number of launches than it must, else 0 — also without a GPU, after saying so."""
+    shapes = {m.OP: (shapes or {}).get(m.OP) or m.shapes(quick) for m in mods}
+    plan = plan_lines(mods, shapes)
+    if not devices.gpu_present():
+        print(f"{prog}: {NO_GPU}")
+        print("would run:", *plan, sep="\n")
+        return 0
+    ctx = context(profile_for(quick))
+    print(f"{prog}: {ctx.dev.name} ({ctx.dev.arch}, {ctx.sms} SMs), torch {ctx.prov.torch}, triton {ctx.prov.triton}, "
+          f"git {ctx.prov.git_sha}; copy bandwidth {ctx.copy_gbps:.0f} GB/s", *plan, sep="\n", flush=True)
+    rows: list[PerfRow] = []
+    for m in mods:
+        t0 = time.monotonic()
+        print(f"[{m.OP}] {len(shapes[m.OP])} shapes", flush=True)
+        rows += m.run(shapes[m.OP], ctx, out / m.OP if nested else out)
+        print(f"[{m.OP}] done in {time.monotonic() - t0:.0f} s", flush=True)
+    path = write_csv(rows, out / "perf.csv")
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3g}".format):
+        print(summary(pd.DataFrame([dataclasses.asdict(r) for r in rows])).to_string(index=False))
+    print(f"{len(rows)} perf rows -> {path}")
+    bad = launch_failures(rows, {m.OP: m.EXPECTED_LAUNCHES for m in mods})
+    for line in bad:
+        print("FAIL", line)
+    return 1 if bad else 0

@@ -1,0 +1,161 @@
+"""Benchmark (not a test) of qk_norm_rope on a GPU: the fused one-launch kernel vs the reference
+two-launch chain vs torch.compile of that chain, in target-verify mode (no ring store: seed 000's
+gate keeps the store out of the verify launch).
+
+    python -m harness.bench.qk_norm_rope --out DIR [--quick]
+
+Shapes: DeepSeek-V4 MQA as ``cases.qk_norm_rope`` builds it (D 512, R 64 interleaved, no q
+weight, kv a strided slice of qkv_a, positions in an 8192-row table): B requests × L = 4 tokens
+(3 drafts + the bonus token, T = B·L), local heads H 8..64.
+
+Per implementation: p20/p50/p80 (``harness.profiling.time_quantiles_us``), kernel launches of
+one call (``count_launches``; the fused kernel must be exactly 1, else exit 1), bandwidth of
+the bytes the op must move (read q, kv, positions, cos/sin rows, weight; write q_out, kv_out)
+against the measured copy bandwidth. The fused call allocates its outputs, as the wrapper does,
+but skips the wrapper's argument checks (they sync the device; they are not the op). Writes
+DIR/qk_norm_rope_bench.csv (wide, one row per shape) and DIR/perf.csv (PerfRow). Without a GPU
+it says so and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from harness.bench import perf
+from reports.rows import PerfRow
+
+OP = "qk_norm_rope"
+IMPLS = ("fused", "reference", "compiled")
+EXPECTED_LAUNCHES = {"fused": 1}
+WARMUP_MS, REP_MS = 25, 100
+EXTRA_TIMINGS = 0
+L = 4  # tokens per request in a verify batch: 3 drafts + 1 bonus (cases.qk_norm_rope's verify entries)
+D, R, ROPE_STYLE, EPS = 512, 64, "interleaved", 1e-6  # DeepSeek-V4
+B_FULL, H_FULL = (1, 8, 64), (8, 16, 32, 64)
+B_QUICK, H_QUICK = (1, 64), (16, 64)
+
+
+@dataclass(frozen=True)
+class Shape:
+    B: int  # requests
+    H: int  # local q heads
+
+    @property
+    def T(self) -> int:
+        return self.B * L
+
+    @property
+    def case(self) -> str:
+        return f"B={self.B},L={L},H={self.H},D={D}"
+
+
+def shapes(quick: bool) -> list[Shape]:
+    return [Shape(B, H) for B in (B_QUICK if quick else B_FULL) for H in (H_QUICK if quick else H_FULL)]
+
+
+def bytes_moved(s: Shape) -> int:
+    """q and q_out (T, H, D) bf16, kv and kv_out (T, D) bf16, positions (T) int64, the cos and sin
+    rows (T, R/2) fp32, the kv weight (D) bf16."""
+    T, H = s.T, s.H
+    return 2 * T * H * D * 2 + 2 * T * D * 2 + T * 8 + 2 * T * (R // 2) * 4 + D * 2
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    B: int
+    L: int
+    T: int
+    H: int
+    D: int
+    bytes_moved: int
+    fused_us: float  # p50
+    reference_us: float
+    compiled_us: float
+    reference_over_fused: float
+    compiled_over_fused: float
+    fused_gbps: float
+    fused_frac_of_copy: float
+    fused_launches: int
+    reference_launches: int
+    compiled_launches: int
+    max_abs_diff: float  # fused vs reference chain, q_out and kv_out (bf16 rounding: ~1e-2 at most)
+
+
+def _chain(q, kv, kv_norm_weight, cos, sin, positions):
+    """The reference chain's two launches (what torch.compile gets); no validation."""
+    from reference import qk_norm_rope as r
+
+    q_out = r.q_norm_rope(q, None, EPS, cos, sin, positions, R, ROPE_STYLE)
+    return q_out, r.kv_norm_rope(kv, kv_norm_weight, EPS, cos, sin, positions, R, ROPE_STYLE)
+
+
+def _implementations(kw: dict, compiled_chain) -> dict:
+    """Zero-argument callables, each doing the whole op once on the same inputs."""
+    from fused import qk_norm_rope as f
+
+    args = (kw["q"], kw["kv"], kw["kv_norm_weight"], kw["cos"], kw["sin"], kw["positions"])
+
+    def fused():
+        q_out = torch.empty_like(kw["q"])
+        kv_out = torch.empty(kw["kv"].shape, dtype=kw["kv"].dtype, device=kw["kv"].device)
+        f._launch(q_out=q_out, kv_out=kv_out, q=kw["q"], kv=kw["kv"], kv_norm_weight=kw["kv_norm_weight"],
+                  q_norm_weight=None, eps=EPS, rope_dim=R, cos=kw["cos"], sin=kw["sin"], positions=kw["positions"],
+                  rope_style=ROPE_STYLE)
+        return q_out, kv_out
+
+    return {"fused": fused, "reference": lambda: _chain(*args), "compiled": lambda: compiled_chain(*args)}
+
+
+def _inputs(s: Shape, dev) -> dict:
+    from cases import qk_norm_rope as c
+
+    case = c.QkNormRopeCase(T=s.T, H=s.H, D=D, R=R, rope_style=ROPE_STYLE, eps=EPS, seed=1000 * s.B + s.H,
+                            name=s.case)
+    return c.build_inputs(case, dev)
+
+
+def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
+    import pandas as pd
+
+    compiled_chain = perf.compile_static(_chain)
+    rows, wide = [], []
+    for s in shape_list:
+        kw = _inputs(s, ctx.dev)
+        impls = _implementations(kw, compiled_chain)
+        (qa, ka), (qb, kb) = impls["fused"](), impls["reference"]()
+        diff = max(float((qa.float() - qb.float()).abs().max()), float((ka.float() - kb.float()).abs().max()))
+        t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+        new = perf.perf_rows(OP, s.case, t, bytes_moved=bytes_moved(s), copy_gbps=ctx.copy_gbps, prov=ctx.prov)
+        fr = next(r for r in new if r.impl == "fused")
+        rows += new
+        wide.append(BenchRow(
+            B=s.B, L=L, T=s.T, H=s.H, D=D, bytes_moved=bytes_moved(s), fused_us=t["fused"].p50_us,
+            reference_us=t["reference"].p50_us, compiled_us=t["compiled"].p50_us,
+            reference_over_fused=fr.speedup_vs_reference, compiled_over_fused=fr.speedup_vs_compiled,
+            fused_gbps=fr.gbps, fused_frac_of_copy=fr.frac_of_copy, fused_launches=t["fused"].launches,
+            reference_launches=t["reference"].launches, compiled_launches=t["compiled"].launches, max_abs_diff=diff))
+        print(f"  {s.case}: fused {fr.p50_us:7.2f} us (launches {fr.launches}, {fr.frac_of_copy:5.1%} of copy) | "
+              f"x{fr.speedup_vs_reference:5.2f} vs reference (launches {t['reference'].launches}) | "
+              f"x{fr.speedup_vs_compiled:5.2f} vs compiled | max|Δ| {diff:.3g}", flush=True)
+        del kw, impls
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([asdict(r) for r in wide]).to_csv(out / "qk_norm_rope_bench.csv", index=False)
+    print(f"  wrote {out / 'qk_norm_rope_bench.csv'}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=f"python -m harness.bench.{OP}", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="directory for qk_norm_rope_bench.csv and perf.csv")
+    ap.add_argument("--quick", action="store_true", help=f"B {B_QUICK} x H {H_QUICK} only")
+    args = ap.parse_args(argv)
+    return perf.run_ops([sys.modules[__name__]], out=args.out, quick=args.quick, nested=False, prog=ap.prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

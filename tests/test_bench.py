@@ -1,0 +1,203 @@
+"""The benchmarks' CPU-testable parts: PerfRow assembly from given timings, launch checks, the
+summary, the shape lists and their time budget, argument parsing, the no-GPU exit, and each op's
+run loop with the measurement faked (no timing is asserted anywhere)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+
+from harness import devices, profiling
+from harness.bench import mla_fp8_prepare, perf, qk_norm_rope, verify_attention
+from harness.bench import __main__ as bench_main
+from reports import frames
+from reports.rows import PerfRow, Provenance, columns, write_csv
+
+MODULES = (qk_norm_rope, mla_fp8_prepare, verify_attention)
+PROV = Provenance(git_sha="abc123", device="cuda:NVIDIA H200", arch="sm90", fp8_format="e4m3fn", torch="2.11",
+                  triton="3.6", shim="", profile="bench-quick", seed=0)
+
+
+def _t(p50: float, launches: int = 1) -> perf.Timing:
+    return perf.Timing(0.9 * p50, p50, 1.2 * p50, launches)
+
+
+# ----------------------------------------------------------------------------- PerfRow assembly
+
+def test_perf_rows_ratios_bandwidth_and_provenance():
+    timings = {"fused": _t(10.0), "reference": _t(40.0, 5), "compiled": _t(20.0, 2), "aten5": _t(50.0, 5)}
+    rows = perf.perf_rows("mla_fp8_prepare", "B=8,L=4,H=16", timings, bytes_moved=4_800_000, copy_gbps=4000.0,
+                          prov=PROV)
+    by = {r.impl: r for r in rows}
+    assert list(by) == ["fused", "reference", "compiled", "aten5"]
+    f = by["fused"]
+    assert (f.p20_us, f.p50_us, f.p80_us) == (9.0, 10.0, 12.0)
+    assert (f.reference_p50_us, f.compiled_p50_us) == (40.0, 20.0)
+    assert f.speedup_vs_reference == pytest.approx(4.0)
+    assert f.speedup_vs_compiled == pytest.approx(2.0)
+    assert f.gbps == pytest.approx(480.0)  # 4.8 MB in 10 us
+    assert f.frac_of_copy == pytest.approx(0.12)
+    assert by["reference"].speedup_vs_reference == pytest.approx(1.0)
+    assert by["compiled"].speedup_vs_reference == pytest.approx(2.0)
+    assert by["aten5"].speedup_vs_reference == pytest.approx(0.8)  # slower than the chain: < 1
+    assert by["aten5"].gbps == pytest.approx(96.0)
+    assert [r.launches for r in rows] == [1, 5, 2, 5]
+    assert all(r.op == "mla_fp8_prepare" and r.case == "B=8,L=4,H=16" for r in rows)
+    assert all({k: getattr(r, k) for k in columns(Provenance)} == dataclasses.asdict(PROV) for r in rows)
+
+
+def test_perf_rows_missing_timings_are_nan_not_zero():
+    rows = perf.perf_rows("op", "c", {"fused": _t(10.0), "reference": perf.NOT_MEASURED}, bytes_moved=1000,
+                          copy_gbps=100.0, prov=PROV)
+    by = {r.impl: r for r in rows}
+    assert math.isnan(by["fused"].speedup_vs_reference)  # reference out of memory
+    assert math.isnan(by["fused"].speedup_vs_compiled)  # no compiled impl at all
+    assert math.isnan(by["fused"].compiled_p50_us)
+    assert math.isnan(by["reference"].gbps) and math.isnan(by["reference"].frac_of_copy)
+    assert by["reference"].launches == -1
+    assert by["fused"].gbps == pytest.approx(0.1)
+
+
+def test_ratio_edges():
+    assert perf.ratio(6.0, 3.0) == 2.0
+    assert math.isnan(perf.ratio(1.0, 0.0))
+    assert math.isnan(perf.ratio(math.nan, 1.0))
+    assert math.isnan(perf.ratio(1.0, math.nan))
+
+
+def test_launch_failures_flag_only_expected_impls():
+    timings = {"fused": _t(1.0, 2), "reference": _t(2.0, 7)}
+    rows = perf.perf_rows("qk_norm_rope", "B=1", timings, bytes_moved=1, copy_gbps=1.0, prov=PROV)
+    verify = {"fused-shared-kv": _t(1.0, 2), "fused-split-kv": perf.NOT_MEASURED}
+    rows += perf.perf_rows("verify_attention", "gqa", verify, bytes_moved=1, copy_gbps=1.0, prov=PROV)
+    bad = perf.launch_failures(rows, {m.OP: m.EXPECTED_LAUNCHES for m in MODULES})
+    assert bad == ["qk_norm_rope fused B=1: 2 kernel launches, expected 1",
+                   "verify_attention fused-split-kv gqa: -1 kernel launches, expected 2 (not measured)"]
+    ok = perf.perf_rows("qk_norm_rope", "B=1", {"fused": _t(1.0, 1)}, bytes_moved=1, copy_gbps=1.0, prov=PROV)
+    assert perf.launch_failures(ok, {"qk_norm_rope": {"fused": 1}}) == []
+
+
+def test_summary_geomean_min_and_launches():
+    rows = []
+    for case, ref in (("a", 20.0), ("b", 80.0)):  # fused 10 us: x2 and x8 -> geomean x4
+        rows += perf.perf_rows("qk_norm_rope", case, {"fused": _t(10.0), "reference": _t(ref, 3), "compiled": _t(5.0)},
+                               bytes_moved=1000, copy_gbps=1.0, prov=PROV)
+    s = perf.summary(pd.DataFrame([dataclasses.asdict(r) for r in rows])).set_index("impl")
+    assert s.loc["fused", "shapes"] == 2
+    assert s.loc["fused", "x_reference_geomean"] == pytest.approx(4.0)
+    assert s.loc["fused", "x_reference_min"] == pytest.approx(2.0)
+    assert s.loc["fused", "x_compiled_geomean"] == pytest.approx(0.5)
+    assert s.loc["reference", "launches"] == "3"
+
+
+def test_perf_csv_reads_back_as_perf_rows(tmp_path):
+    rows = perf.perf_rows("qk_norm_rope", "B=1,L=4,H=8,D=512", {"fused": _t(3.0), "reference": perf.NOT_MEASURED},
+                          bytes_moved=10_000, copy_gbps=4000.0, prov=PROV)
+    frame = frames.read([write_csv(rows, tmp_path / "perf.csv")], PerfRow)
+    assert list(frame.columns) == columns(PerfRow)
+    assert frame["impl"].tolist() == ["fused", "reference"]
+    assert frame.loc[0, "shim"] == "" and frame.loc[1, "launches"] == -1
+
+
+# ----------------------------------------------------------------------------- shapes and budget
+
+@pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.OP)
+def test_shape_lists(mod):
+    quick, full = mod.shapes(True), mod.shapes(False)
+    assert set(quick) < set(full)
+    for lst in (quick, full):
+        assert len({s.case for s in lst}) == len(lst)  # (op, impl, case) is the perf diff key
+    assert set(mod.EXPECTED_LAUNCHES) <= set(mod.IMPLS)
+    assert {"reference", "compiled"} <= set(mod.IMPLS)
+
+
+def test_verify_sized_token_shapes():
+    for mod in (qk_norm_rope, mla_fp8_prepare):
+        full = mod.shapes(False)
+        assert {s.T for s in full} == {4 * s.B for s in full}  # 3 drafts + the bonus token per request
+        assert min(s.B for s in full) == 1 and max(s.B for s in full) == 64
+        assert {s.H for s in full} == {8, 16, 32, 64}
+    assert {s.case for s in qk_norm_rope.shapes(True)} == {"B=1,L=4,H=16,D=512", "B=1,L=4,H=64,D=512",
+                                                          "B=64,L=4,H=16,D=512", "B=64,L=4,H=64,D=512"}
+    full = verify_attention.shapes(False)
+    assert {s.layout for s in full} == {"gqa", "mla"} and max(s.prefix for s in full) == 65536
+    assert mla_fp8_prepare.shapes(False, b=[2, 3], h=[4]) == [mla_fp8_prepare.Shape(2, 4), mla_fp8_prepare.Shape(3, 4)]
+
+
+def test_time_budget_of_the_plans():
+    """shapes x impls x (do_bench warmup + rep, a profiler session, one compile per shape)."""
+    for quick, budget in ((True, perf.QUICK_BUDGET_S), (False, perf.FULL_BUDGET_S)):
+        total = sum(perf.estimate_s(m, m.shapes(quick)) for m in MODULES)
+        assert total <= budget, f"{'quick' if quick else 'full'} plan ~{total:.0f} s > {budget:.0f} s"
+    one = perf.estimate_s(qk_norm_rope, qk_norm_rope.shapes(True)[:1])
+    assert perf.estimate_s(qk_norm_rope, qk_norm_rope.shapes(True)) == pytest.approx(4 * one)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def test_main_parses_ops_and_flags(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run_ops(mods, **kw):
+        seen.update(ops=[m.OP for m in mods], **kw)
+        return 7
+
+    monkeypatch.setattr(perf, "run_ops", fake_run_ops)
+    assert bench_main.main(["--out", str(tmp_path)]) == 7
+    assert seen["ops"] == ["qk_norm_rope", "mla_fp8_prepare", "verify_attention"]
+    assert seen["quick"] is False and seen["nested"] is True and seen["out"] == tmp_path
+    bench_main.main(["--out", str(tmp_path), "--quick", "--op", "verify_attention", "--op", "qk_norm_rope",
+                     "--op", "verify_attention"])
+    assert seen["ops"] == ["verify_attention", "qk_norm_rope"] and seen["quick"] is True
+    with pytest.raises(SystemExit):
+        bench_main.main(["--out", str(tmp_path), "--op", "no_such_op"])
+    with pytest.raises(SystemExit):
+        bench_main.main(["--quick"])  # --out is required
+    mla_fp8_prepare.main(["--out", str(tmp_path), "--b", "2", "--h", "8", "--h", "16"])
+    assert seen["ops"] == ["mla_fp8_prepare"] and seen["nested"] is False
+    assert [s.case for s in seen["shapes"]["mla_fp8_prepare"]] == ["B=2,L=4,H=8", "B=2,L=4,H=16"]
+
+
+@pytest.mark.parametrize("main", [bench_main.main, qk_norm_rope.main, mla_fp8_prepare.main, verify_attention.main],
+                         ids=["all", "qk_norm_rope", "mla_fp8_prepare", "verify_attention"])
+def test_no_gpu_measures_nothing_and_exits_0(main, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(devices, "gpu_present", lambda: False)  # also on a GPU runner
+    out = tmp_path / "runs"
+    assert main(["--out", str(out), "--quick"]) == 0
+    text = capsys.readouterr().out
+    assert "nothing was measured" in text and "Triton interpreter" in text and "would run:" in text
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- run loops, measurement faked
+
+@pytest.fixture
+def fake_measurement(monkeypatch):
+    """p20/p50/p80 = 1/2/3 us and 1 launch for every call; torch.compile replaced by eager."""
+    monkeypatch.setattr(profiling, "time_quantiles_us", lambda fn, warmup=25, rep=100: (1.0, 2.0, 3.0))
+    monkeypatch.setattr(profiling, "count_launches", lambda fn, warmup=1: 1)
+    monkeypatch.setattr(perf, "compile_static", lambda fn: fn)
+
+
+@pytest.mark.parametrize("mod, shape, csv", [
+    (qk_norm_rope, qk_norm_rope.Shape(B=1, H=8), "qk_norm_rope_bench.csv"),
+    (mla_fp8_prepare, mla_fp8_prepare.Shape(B=1, H=8), "bench.csv"),
+    (verify_attention, verify_attention.Shape("gqa", B=1, prefix=40, H=4), "verify_attention_bench.csv"),
+], ids=lambda x: getattr(x, "OP", None))
+def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path):
+    from harness.suite import provenance
+
+    ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
+    rows = mod.run([shape], ctx, tmp_path)
+    assert [r.impl for r in rows] == list(mod.IMPLS)
+    assert {r.case for r in rows} == {shape.case} and {r.op for r in rows} == {mod.OP}
+    assert all(r.p50_us == 2.0 and r.speedup_vs_reference == 1.0 and r.speedup_vs_compiled == 1.0 for r in rows)
+    assert all(r.frac_of_copy == pytest.approx(r.gbps / 100.0) and r.gbps > 0 for r in rows)
+    assert {r.profile for r in rows} == {"bench-quick"} and {r.device for r in rows} == {f"{device.kind}:{device.name}"}
+    wide = pd.read_csv(tmp_path / csv)
+    assert len(wide) == 1
+    # the faked single launch is right for the one-launch kernels and wrong for verify's two
+    bad = perf.launch_failures(rows, {mod.OP: mod.EXPECTED_LAUNCHES})
+    assert len(bad) == (2 if mod is verify_attention else 0)
