@@ -146,26 +146,33 @@ def tree_masks(custom_mask, qo: list[int]) -> list[torch.Tensor | None]:
 
 
 def _partial(x: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None):
-    """x (H, L, N) fp32 scores, vals (H, N, Dv) fp32, mask (L, N) bool -> m (H, L), l (H, L), acc (H, L, Dv)."""
+    """x (H, L, N) fp32 scores, vals (H or Hkv, N, Dv) fp32, mask (L, N) bool -> m (H, L), l (H, L),
+    acc (H, L, Dv). With Hkv value heads, query heads h·g … h·g+g−1 read value head h (GQA groups
+    are contiguous): their probabilities are stacked as rows of one product, no per-head copy."""
     if mask is not None:
         x = x.masked_fill(~mask, float("-inf"))
     m = x.amax(dim=-1)  # (H, L)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(x - m_safe[..., None])  # (H, L, N)
-    return m, p.sum(-1), p @ vals  # (H, L, N) @ (H, N, Dv) -> (H, L, Dv)
+    H, L, N = p.shape
+    acc = (p.reshape(vals.shape[0], -1, N) @ vals).view(H, L, -1)  # (Hkv, g·L, N) @ (Hkv, N, Dv)
+    return m, p.sum(-1), acc
 
 
 def prefix_split_partials(qh, kp, vp, *, scale, v_scale, num_kv_splits, bounds=split_bounds):
-    """Launch 1. qh (H, L, D) fp32; kp (H, n, D), vp (H, n, Dv) fp32 (per query head) ->
-    list over splits of (m, l, acc); empty splits give (−inf, 0, 0)."""
-    H, L, _ = qh.shape
+    """Launch 1. qh (H, L, D) fp32; kp (Hkv, n, D), vp (Hkv, n, Dv) fp32 (per KV head; query head h
+    reads KV head h // (H / Hkv)) -> list over splits of (m, l, acc) per query head; empty splits
+    give (−inf, 0, 0). Each score is its own fp32 dot product; a group's queries share one product
+    with their KV head instead of a per-head copy of the prefix (200K tokens × 128 heads would not fit)."""
+    H, L, D = qh.shape
+    Hkv = kp.shape[0]
     out = []
     for start, end in bounds(kp.shape[1], num_kv_splits):
         if end <= start:
             out.append((torch.full((H, L), float("-inf"), device=qh.device), torch.zeros(H, L, device=qh.device),
                         torch.zeros(H, L, vp.shape[-1], device=qh.device)))
             continue
-        x = (qh @ kp[:, start:end].transpose(1, 2)) * scale  # (H, L, D) @ (H, D, n_s) -> (H, L, n_s)
+        x = (qh.reshape(Hkv, -1, D) @ kp[:, start:end].transpose(1, 2)).view(H, L, -1) * scale  # (H, L, n_s)
         m, l, acc = _partial(x, vp[:, start:end], None)
         out.append((m, l, acc * v_scale))
     return out
@@ -210,8 +217,8 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
         t0, t1 = qo[b], qo[b + 1]
         idx = kv_indices[kvp[b]: kvp[b + 1]].long()
         qh = q[t0:t1].float().transpose(0, 1)  # (H, L, D) bf16 -> fp32
-        kp = _per_head(k_buffer[idx].float(), H)  # (H, n, D) bf16/fp8 -> fp32 (exact)
-        vp = _per_head(v_buffer[idx].float(), H)  # (H, n, Dv)
+        kp = k_buffer[idx].float().transpose(0, 1)  # (Hkv, n, D) bf16/fp8 -> fp32 (exact)
+        vp = v_buffer[idx].float().transpose(0, 1)  # (Hkv, n, Dv)
         parts = prefix_fn(qh, kp, vp, scale=sm_scale * k_scale, v_scale=v_scale, num_kv_splits=num_kv_splits)
         mask = draft_mask(t1 - t0, is_causal, trees[b], q.device)
         parts.append(draft_fn(qh, _per_head(k[t0:t1].float(), H), _per_head(v[t0:t1].float(), H),
@@ -252,9 +259,10 @@ def verify_attention_oracle(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr
                                torch.full((L,), sm_scale, dtype=torch.float64, device=dev)))
         mask = dense_mask(n, L, is_causal, None if trees[b] is None else trees[b].to(dev), dev)
         qb = q[t0:t1].double().reshape(L, Hkv, g, D)  # query head h = kv head h // g, member h % g
-        x = torch.einsum("lkgd,jkd->kglj", qb, keys) * col_scale  # (Hkv, g, L, n+L)
-        w = torch.softmax(x.masked_fill(~mask, float("-inf")), dim=-1)
-        out[t0:t1] = torch.einsum("kglj,jkv->lkgv", w, vals).reshape(L, H, Dv)
+        for kh in range(Hkv):
+            x = (qb[:, kh].reshape(L * g, D) @ keys[:, kh].T).view(L, g, -1) * col_scale  # (L, g, n+L)
+            w = torch.softmax(x.masked_fill(~mask[:, None], float("-inf")), dim=-1)
+            out[t0:t1, kh * g:(kh + 1) * g] = (w.reshape(L * g, -1) @ vals[:, kh]).view(L, g, Dv)
     return {"o": out.cpu()}
     return {"o": out}
 
