@@ -108,6 +108,10 @@ def build(reg: Registry, dev, *, only: str | None = None, progress=print) -> lis
         subjects += [("clean", reg.impls[f"{op}/{n}"]) for n in names]
     subjects += [("mutant", i) for i in reg.impls.values() if i.kind == "mutant"]
     subjects += [("path-mutant", m) for m in mt.PATH_MUTANTS]
+    if progress and not only:  # cases/mutants/gpu.py: flagged only by harness.gpu_checks, never judged here
+        from cases.mutants import gpu
+
+        progress(f"skipped  {gpu.skip_note()}")
     for kind, subj in subjects:
         name = subj.key if isinstance(subj, Impl) else subj.name
         if only and only not in name:

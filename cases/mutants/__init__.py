@@ -2,6 +2,10 @@
 list ``MUTANTS`` of ``Impl(kind="mutant")``. Each names, in its ``doc``, the seed and the bug
 class, and in ``catches`` the checks that must flag it. ``nox -s mutants`` (and
 ``tests/test_mutants.py``) fail if one survives.
+
+``cases/mutants/gpu.py`` is not loaded here (no op is called "gpu"): its mutants compute the
+right numbers the wrong way (extra launches, a gate that flips between graph capture and
+replay), so only ``harness.gpu_checks`` on a GPU can flag them; the kill matrix says so.
 """
 from __future__ import annotations
 
