@@ -130,13 +130,49 @@ def _kill_matrix(args, dev, reg) -> int:
     return 1 if survivors or broken else 0
 
 
-def cmd_timelines(args) -> int:
-    """Clean paths (or one path mutant / op implementation plugged in) over named + generated timelines."""
-    from cases import base
-    from cases import timelines as tl
+_TL_WORKER: tuple | None = None
+
+
+def _timeline_worker_init(device_kind: str, fp8_format: str) -> None:
+    global _TL_WORKER
+    from harness import devices
+    from harness.registry import default_registry
+
+    dev = devices.select(device_kind, fp8_format=fp8_format if device_kind == "cpu" else None)
+    _TL_WORKER = (dev, default_registry())
+
+
+def _timeline_path(reg, family: str, spec):
+    """A path from its picklable spec: ("mutant", name) or ("clean", prepare, attn)."""
     from cases.mutants import timelines as mt
     from harness import timeline
 
+    if spec[0] == "mutant":
+        return {m.name: m for m in mt.PATH_MUTANTS}[spec[1]].path(reg, family)
+    return timeline.clean_path(reg, family, prepare=spec[1], attn=spec[2])
+
+
+def _timeline_task(task):
+    from harness import timeline
+
+    t, spec = task
+    dev, reg = _TL_WORKER
+    path = _timeline_path(reg, t.family, spec)
+    return path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
+
+
+def cmd_timelines(args) -> int:
+    """Clean paths (or one path mutant / op implementation plugged in) over named + generated timelines."""
+    import signal
+    import sys
+
+    from tqdm import tqdm
+
+    from cases import base
+    from cases import timelines as tl
+    from harness import suite, timeline
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
     dev, prof, reg = _setup(args)
     fams = args.family or sorted(tl.FAMILIES)
     work = []
@@ -149,34 +185,70 @@ def cmd_timelines(args) -> int:
         n = prof.generated // 10 if args.generated is None else args.generated
         for f in fams:
             work += base.draw(tl.timelines(family=f), n, rng_seed=args.seed) if n else []
-    muts = {m.name: m for m in mt.PATH_MUTANTS}
-    rows, n_fail = [], 0
-    for t in work:
-        if args.path_mutant:
-            paths = [muts[args.path_mutant].path(reg, t.family)]
-        else:
-            paths = [timeline.clean_path(reg, t.family, prepare=p, attn=a) for p, a in args.path or [("fused", "fused")]]
-        for path in paths:
-            recs = timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
+    work = suite.shard(work, args.shard)
+    specs = [("mutant", args.path_mutant)] if args.path_mutant else [("clean", p, a) for p, a in
+                                                                       args.path or [("fused", "fused")]]
+    tasks = [(t, sp) for t in work for sp in specs]
+    print(f"verify-parity timelines: device={dev.kind} ({dev.name}) families={','.join(fams)} "
+          f"timelines={len(work)} paths={len(specs)} jobs={args.jobs}", flush=True)
+
+    def results():
+        if args.jobs <= 1:
+            for t, sp in tasks:
+                path = _timeline_path(reg, t.family, sp)
+                yield t, path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_timeline_worker_init, initargs=(dev.kind, dev.fp8_format)) as ex:
+            try:
+                for (t, _), (name, recs) in zip(tasks, ex.map(_timeline_task, tasks, chunksize=1)):
+                    yield t, name, recs
+            except BaseException:
+                ex.shutdown(wait=False, cancel_futures=True)
+                raise
+
+    rows, fails, done = [], [], 0
+    bar = tqdm(total=len(tasks), desc="timelines", unit="run", disable=args.quiet, file=sys.stderr,
+               dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 15.0)
+    try:
+        for t, name, recs in results():
             bad = timeline.failures(recs)
             tid = t.name or base.case_id("timeline", t)
-            n_fail += bool(bad)
-            rows += [dict(path=path.name, timeline=tid, step=s.step, mode=s.mode, layer=s.layer, family=s.family,
+            rows += [dict(path=name, timeline=tid, model_family=t.family, step=s.step, mode=s.mode, layer=s.layer,
+                          family=s.family,
                           check=s.record.check, status="pass" if s.record.passed else "fail", err=s.record.err,
                           allowed=s.record.allowed, detail=s.record.detail or s.record.worst) for s in recs]
-            if bad and not args.quiet:
+            if bad:
                 s = bad[0]
-                print(f"FAIL {path.name} {tid} step {s.step} ({s.mode}) layer {s.layer} [{s.record.check}] "
-                      f"{s.record.detail or s.record.worst}\n  repro: python -m harness timelines --device {dev.kind} "
-                      f"--timeline '{base.case_id('timeline', t)}'"
-                      + (f" --path-mutant {args.path_mutant}" if args.path_mutant else ""), flush=True)
+                fails.append(f"FAIL {name} {tid} step {s.step} ({s.mode}) layer {s.layer} [{s.record.check}] "
+                             f"{s.record.detail or s.record.worst}\n  repro: python -m harness timelines --device "
+                             f"{dev.kind} --timeline '{base.case_id('timeline', t)}'"
+                             + (f" --path-mutant {args.path_mutant}" if args.path_mutant else ""))
+            done += 1
+            bar.update(1)
+            bar.set_postfix_str(f"fail={len(fails)}")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a CI time limit): keep what ran, say so
+        print(f"\ninterrupted: {done} of {len(tasks)} timeline runs done; rows so far are kept", file=sys.stderr)
+    bar.close()
     frame = pd.DataFrame(rows)
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.csv, index=False)
+    if len(frame):
+        keys = ["model_family", "path"]
+        runs = frame.groupby(keys + ["timeline"])["status"].agg(lambda x: bool((x == "fail").any()))
+        table = runs.groupby(keys).agg(runs="size", failed="sum").reset_index()
+        table["passed"] = table["runs"] - table["failed"]
+        checks = frame.groupby(keys).size().rename("checks").reset_index()
+        print("\n" + table.merge(checks)[keys + ["runs", "passed", "failed", "checks"]].to_string(index=False))
+    for line in fails:
+        print(line)
     n_runs = frame[["path", "timeline"]].drop_duplicates().shape[0] if len(frame) else 0
-    print(f"timelines: {n_runs} runs ({len(work)} timelines), {n_runs - n_fail} pass, {n_fail} fail; "
+    print(f"timelines: {n_runs} runs ({len(work)} timelines), {n_runs - len(fails)} pass, {len(fails)} fail; "
           f"{len(frame)} checks -> {args.csv}")
-    return 1 if n_fail or not n_runs else 0
+    return 1 if fails or not n_runs or done < len(tasks) else 0
 
 
 def _print_kills(frame: pd.DataFrame) -> int:
@@ -337,8 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generated", type=int, default=None, help="generated timelines per family (default: profile/10)")
+    p.add_argument("--shard", default=None, help="i/n: run the i-th of n deterministic slices of the timelines")
+    p.add_argument("--jobs", type=int, default=int(os.environ.get("VP_JOBS", "1")),
+                   help="worker processes (default $VP_JOBS or 1); rows keep the plan's order")
     p.add_argument("--csv", default="runs/timelines.csv")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (failures and the summary still print)")
     p.set_defaults(fn=cmd_timelines)
     p = sub.add_parser("compile", help="compile every kernel for NVIDIA/AMD targets (no GPU needed)")
     p.add_argument("--op", action="append")

@@ -162,3 +162,44 @@ def test_kill_matrix_has_no_survivors_and_clean_paths_pass(registry, device, tmp
     n_mut = sum(r.kind != "clean" for r in rows)
     assert n_mut >= 15
     killmatrix.frame(rows).to_csv(tmp_path / "kill_matrix.csv", index=False)
+
+
+def _cli(*args):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "harness", "timelines", "--device", "cpu", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_timelines_cli_quiet_still_prints_failures_summary_and_repro(tmp_path):
+    """--quiet drops the progress bar, never the FAIL line, its repro, or the summary table."""
+    csv = tmp_path / "tl.csv"
+    res = _cli("--timeline", "qwen35-gqa/width-1", "--path-mutant", "path-store-before-attention", "--quiet",
+               "--csv", str(csv))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "FAIL " in res.stdout and "repro: python -m harness timelines --device cpu --timeline 'timeline:" in res.stdout
+    assert "model_family" in res.stdout and "qwen35-gqa" in res.stdout  # the summary table
+    import pandas as pd
+
+    frame = pd.read_csv(csv)
+    assert set(frame["model_family"]) == {"qwen35-gqa"} and (frame["status"] == "fail").any()
+
+
+def test_timelines_cli_shards_partition_the_plan_and_jobs_keep_rows(tmp_path):
+    """--shard i/n slices split the named timelines of a family without overlap; --jobs 2 gives the same rows."""
+    got = {}
+    for spec in ("1/2", "2/2"):
+        csv = tmp_path / f"s{spec[0]}.csv"
+        res = _cli("--family", "dspark-noncausal", "--generated", "0", "--shard", spec, "--jobs", "2", "--quiet",
+                   "--csv", str(csv))
+        assert res.returncode == 0, res.stdout + res.stderr
+        import pandas as pd
+
+        got[spec] = set(pd.read_csv(csv)["timeline"])
+    named = {t.name for t in tl.catalog() if t.family == "dspark-noncausal"}
+    assert got["1/2"] | got["2/2"] == named and not got["1/2"] & got["2/2"]
