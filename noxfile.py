@@ -89,3 +89,21 @@ def gate(session: nox.Session) -> None:
     _install(session)
     session.run("python", "-m", "harness", "gate", "--device", DEVICE, "--csv", "runs/gate.csv", *session.posargs,
                 env={"VP_DEVICE": DEVICE})
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def gpu(session: nox.Session) -> None:
+    """GPU-only checks: launch counts (torch.profiler), CUDA/HIP graph capture + replay with new inputs
+    vs eager (the gate's decision included), full-size determinism; planted mutants must be flagged.
+    runs/gpu/gpu_checks.csv. On a machine without a GPU it says so and checks nothing."""
+    _install(session)
+    session.run("python", "-m", "harness", "gpu", "--out", "runs/gpu", *session.posargs)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def bench(session: nox.Session) -> None:
+    """Benchmarks of every op (fused vs reference chain vs torch.compile of it, side by side in one run):
+    runs/perf.csv (PerfRow: p20/p50/p80, ratios, bandwidth vs measured copy bandwidth, launches).
+    `-- --quick` for the small set. Needs a GPU (without one it says so and measures nothing)."""
+    _install(session)
+    session.run("python", "-m", "harness", "bench", "--out", "runs", *session.posargs)

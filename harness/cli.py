@@ -84,6 +84,12 @@ def cmd_run(args) -> int:
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
     dev, prof, reg = _setup(args)
+    if args.expect_fail and not args.broad and not (args.op or args.case or args.impl or args.generated):
+        from cases.mutants import gpu
+
+        rc = _kill_matrix(args, dev, reg)  # the default mutant run: targeted catalogs + timelines, every check
+        print(gpu.skip_note())
+        return rc
     # torch.compile of the chains runs on every device, but on the CPU machine inductor's C++
     # compiles cost minutes per run, so there it is opt-in: --kind compiled or --impl compiled.
     default = ("reference", "fused", "external") + (() if dev.interpreted else ("compiled",))
@@ -267,6 +273,21 @@ def _print_kills(frame: pd.DataFrame) -> int:
     return 1 if survivors else 0
 
 
+def cmd_gpu(rest: list[str]) -> int:
+    from harness import gpu_checks
+
+    return gpu_checks.main(rest)
+
+
+def cmd_bench(rest: list[str]) -> int:
+    from harness.bench.__main__ import main
+
+    return main(rest)
+
+
+_DELEGATED = {"gpu": cmd_gpu, "bench": cmd_bench}  # subcommands with their own parsers
+
+
 def cmd_repro(args) -> int:
     from cases import base
     from harness import runners
@@ -366,6 +387,9 @@ def cmd_serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in _DELEGATED:
+        return _DELEGATED[argv[0]](argv[1:])
     ap = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -419,6 +443,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--op", action="append")
     p.add_argument("--target", action="append", choices=("sm90", "gfx942", "gfx950"))
     p.set_defaults(fn=cmd_compile)
+    for name, text in (("gpu", "GPU-only checks: launch counts, CUDA/HIP graph replay, determinism "
+                                            "(python -m harness gpu --help)"),
+                       ("bench", "benchmarks of every op into PerfRow CSVs (python -m harness bench "
+                                                "--help)")):
+        sub.add_parser(name, help=text)  # listed here; main() hands its arguments to ``fn`` unparsed
     p = sub.add_parser("repro", help="re-run one case and print every check")
     common(p)
     p.add_argument("case_id")
