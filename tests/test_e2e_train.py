@@ -21,7 +21,7 @@ def test_train_cli_writes_model_and_metadata(tmp_path):
     out = tmp_path / "m" / "qwen.safetensors"
     cmd = [sys.executable, "-m", "harness.e2e.train", "--layout", "qwen35-gqa", "--out", str(out), "--steps", "30",
            "--batch", "4", "--d-model", "64", "--layers", "1", "--d-ff", "128", "--lr", "3e-3", "--limit", "64",
-           "--log-every", "10", "--device", "cpu", "--eval-every", "0", "--eval-n", "8"]
+           "--log-every", "10", "--device", "cpu", "--eval-every", "0", "--eval-n", "8", "--workers", "1"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -96,6 +96,28 @@ def greedy_accuracy(model, rows, device, max_new: int = 200, batch_size: int = 2
     return correct / max(1, len(rows))
 
 
+class Batches(torch.utils.data.IterableDataset):
+    """Streamed training batches, built in DataLoader worker processes so that problem generation
+    overlaps the GPU step. Each worker draws from its own generator seed (``seed + 7919·worker``)
+    and sorts a pool of ``pool`` batches by length before cutting it into batches (less padding)."""
+
+    def __init__(self, seed: int, batch: int, max_len: int, pool: int = 4):
+        super().__init__()
+        self.seed, self.batch, self.max_len, self.pool = seed, batch, max_len, pool
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid = info.id if info is not None else 0
+        fresh = (e for e in stream(self.seed + 7919 * wid) if len(e[0]) <= self.max_len - 8)
+        rng = random.Random(self.seed + wid)
+        while True:
+            items = sorted((next(fresh) for _ in range(self.batch * self.pool)), key=lambda e: len(e[0]))
+            chunks = [items[i: i + self.batch] for i in range(0, len(items), self.batch)]
+            rng.shuffle(chunks)
+            for c in chunks:
+                yield batch(c, "cpu")
+
+
 def batch(items, device):
     N = max(len(ids) for ids, _ in items)
     x = torch.full((len(items), N), tok.PAD, dtype=torch.long)
@@ -120,10 +142,13 @@ def train(args) -> dict:
         rng = random.Random(args.seed)
         draw = lambda: rng.sample(data, min(args.batch, len(data)))  # noqa: E731
     else:
-        fresh = filter(fits, stream(args.seed + 1000))
-        draw = lambda: [next(fresh) for _ in range(args.batch)]  # noqa: E731
+        loader = iter(torch.utils.data.DataLoader(
+            Batches(args.seed + 1000, args.batch, cfg.max_len), batch_size=None, num_workers=args.workers,
+            pin_memory=device.type == "cuda", prefetch_factor=8 if args.workers else None))
+        draw = lambda: next(loader)  # noqa: E731
     test_rows = list(g.load("test", limit=args.eval_n))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01,
+                            fused=device.type == "cuda")
     warm = max(1, min(args.steps // 20, 500))
     t0, curve, evals, step = time.time(), [], [], 0
     budget = args.max_minutes * 60
@@ -133,7 +158,7 @@ def train(args) -> dict:
         p = min(1.0, progress(step))
         for grp in opt.param_groups:
             grp["lr"] = args.lr * min(1.0, step / warm) * 0.5 * (1 + math.cos(math.pi * p))
-        x, y = batch(draw(), device)
+        x, y = batch(draw(), device) if args.data == "split" else (t.to(device, non_blocking=True) for t in draw())
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab), y.reshape(-1), ignore_index=-100)
@@ -178,6 +203,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--data", choices=("stream", "split"), default="stream")
     ap.add_argument("--eval-every", type=float, default=2.0, help="minutes between greedy evaluations (0: only at the end)")
+    ap.add_argument("--workers", type=int, default=3, help="DataLoader processes building streamed batches (0: inline)")
     ap.add_argument("--eval-n", type=int, default=500, help="test problems in the final evaluation")
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
