@@ -2,10 +2,14 @@
 extraction it shares with the server client."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cases import e2e_gate as cfg
 from harness.e2e import answers, gate, stats
+from harness.e2e import drafters as D
+from harness.e2e import tokenizer as tok
 from reports.rows import GateRow, columns
 
 
@@ -67,3 +71,30 @@ def test_tie_divergences_counts_only_small_margins(registry):
     assert gate.tie_divergences(m, path, prompts, greedy, greedy, 0.01, "cpu") == 0
     assert gate.tie_divergences(m, path, prompts, greedy, other, float("inf"), "cpu") == 1
     assert gate.tie_divergences(m, path, prompts, greedy, other, 0.0, "cpu") == 0
+
+
+def test_ngram_drafter_proposes_the_table_and_copies():
+    corpus = [tok.encode("The box holds 12 pens.", bos=False) + [tok.EOS]]
+    d = D.NGramLookup(corpus, order=6, min_copy=3)
+    # the table: after "The box" comes " holds" (no copy source in this context)
+    assert tok.decode(d.propose(0, tok.encode("The box", bos=False), [], 4)) == " hol"
+    # a copy beats the table: "<<12" seen earlier continues with "*25" from the context itself
+    ctx = tok.encode("12*25 = <<12*25=300>>300 pens. 12*25 = <<12", bos=False)
+    assert tok.decode(d.propose(0, ctx, [], 3)) == "*25"
+
+
+def test_shipped_models_meet_acceptance_and_the_store_before_attention_drop(registry, device):
+    """The shipped qwen35-gqa model (trained on the H200) through the reference kernels: the
+    reference path reaches mean acceptance >= 2 with the n-gram drafter and the gate's accuracy;
+    the store-before-attention path mutant (seed 000's bug, a backend bug: reference kernels)
+    drops accuracy by >= 0.3 and fails with McNemar p < 1e-6."""
+    if not (Path(cfg.MODEL_DIR) / "qwen35-gqa.safetensors").exists():
+        pytest.fail("cases/models/qwen35-gqa.safetensors is missing: the shipped models are part of the repo")
+    prof = cfg.GateProfile("test-drop", problems=40, max_new=200, paths=(),
+                           path_mutants=("path-store-before-attention",), batch=40, mutant_kernels="reference+reference")
+    ref, mut = gate.run(registry, device, prof, layouts=("qwen35-gqa",))
+    assert ref.path == "reference+reference" and ref.verdict == "pass", ref.detail
+    assert ref.mean_accept_len >= 2.0 and ref.accuracy >= 0.95 and ref.exact_agreement == 1.0
+    assert mut.path == "path-store-before-attention" and mut.verdict == "fail" and mut.expect == "fail"
+    assert ref.accuracy - mut.accuracy >= 0.3, (ref.accuracy, mut.accuracy)
+    assert mut.p_value < 1e-6 and mut.worse > mut.better

@@ -3,6 +3,11 @@
 ``PromptLookup`` proposes real drafts: the continuation of the latest earlier occurrence of the
 context's last n tokens (n = ngram .. 1), the prompt-lookup decoding used by serving engines;
 GSM8K solutions copy numbers from the question and from their own annotations, so it hits.
+``NGramLookup`` adds a table drafter: the most frequent continuation of the longest context
+suffix (up to ``order`` tokens) seen in the train split's solutions (the n-gram / lookahead
+drafters of serving engines), used where prompt lookup has no match of at least ``min_copy``
+tokens; the solution's wording is templated, its numbers are copies, and each source covers the
+other's gap.
 ``NoisyOracle`` proposes the known greedy continuation with each token replaced by a wrong one
 with probability ``p_wrong`` (tests: p = 0 accepts everything, p = 1 nothing).
 """
@@ -26,6 +31,51 @@ class PromptLookup:
                     d = ctx[j + n: j + n + L]
                     return d + [tok.PAD] * (L - len(d))
         return [tok.PAD] * L
+
+
+class NGramLookup:
+    def __init__(self, corpus: list[list[int]], *, order: int = 8, min_copy: int = 3):
+        self.order, self.min_copy = order, min_copy
+        counts: dict[tuple, dict[int, int]] = {}
+        for ids in corpus:
+            for i in range(1, len(ids)):
+                for k in range(1, min(order, i) + 1):
+                    c = counts.setdefault(tuple(ids[i - k: i]), {})
+                    c[ids[i]] = c.get(ids[i], 0) + 1
+        self.table = {key: max(c, key=c.get) for key, c in counts.items()}
+
+    @classmethod
+    def from_train_split(cls, limit: int | None = 2000, **kw) -> "NGramLookup":
+        """Table built from the solutions (answer + EOS) of the shipped train split."""
+        from cases import gsm8k_synth as g
+
+        return cls([tok.encode(r["answer"], bos=False) + [tok.EOS] for r in g.load("train", limit=limit)], **kw)
+
+    def _copy_match(self, ctx: list[int]) -> list[int] | None:
+        n = self.min_copy
+        if len(ctx) <= n:
+            return None
+        key = ctx[-n:]
+        for j in range(len(ctx) - n - 1, -1, -1):
+            if ctx[j: j + n] == key:
+                return ctx[j + n: j + n + 1]
+        return None
+
+    def _table(self, ctx: list[int]) -> int:
+        for k in range(min(self.order, len(ctx)), 0, -1):
+            t = self.table.get(tuple(ctx[-k:]))
+            if t is not None:
+                return t
+        return tok.PAD
+
+    def propose(self, r: int, prompt: list[int], out: list[int], L: int) -> list[int]:
+        ctx, d = list(prompt) + list(out), []
+        for _ in range(L):
+            nxt = self._copy_match(ctx)
+            t = nxt[0] if nxt else self._table(ctx)
+            d.append(t)
+            ctx.append(t)
+        return d
 
 
 class NoisyOracle:
