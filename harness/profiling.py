@@ -25,22 +25,11 @@ def count_launches(fn: Callable[[], object], *, warmup: int = 1) -> int:
     """Kernels launched by one call of ``fn`` (memcpy/memset excluded), counted with
     ``torch.profiler`` on the device's activity. ``warmup`` calls first, so that compilation,
     autotuning and lazy allocations are not counted."""
-    _need_gpu("count_launches")
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events()
-               if e.device_type == DeviceType.CUDA and not e.name.lower().startswith(_NOT_KERNELS))
+    return len(kernel_names(fn, warmup=warmup))
 
 
 def kernel_names(fn: Callable[[], object], *, warmup: int = 1) -> list[str]:
-    """The names of the kernels one call of ``fn`` launches, in order (for failure messages)."""
+    """The names of the kernels one call of ``fn`` launches, in order (memcpy/memset excluded)."""
     _need_gpu("kernel_names")
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
