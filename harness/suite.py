@@ -164,7 +164,11 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
         cases=("failed", "size"), passed=("failed", lambda x: int((~x).sum())), failed=("failed", "sum"),
         refused=("refused", "sum"), worst_err_over_allowed=("ratio", "max"), seconds=("seconds", "sum"))
     out["passed"] -= out["refused"]
-    return out.reset_index()
+    out = out.reset_index()
+    if "fp8_policy" in frame:  # each implementation's fp8 overflow policy, as its rows state it
+        pol = frame.groupby(keys[:3])["fp8_policy"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))
+        out.insert(3, "fp8_policy", out.set_index(keys[:3]).index.map(pol).fillna(""))
+    return out
 
 
 def failures(frame: pd.DataFrame) -> pd.DataFrame:

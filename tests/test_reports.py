@@ -167,3 +167,16 @@ def test_cli_run_writes_junit_beside_the_csv(tmp_path):
     rows = pd.read_csv(tmp_path / "r.csv")
     cases = ET.parse(tmp_path / "r.xml").getroot().findall(".//testcase")
     assert sorted(tc.get("name") for tc in cases) == sorted(rows["case"].unique())
+
+
+def test_summary_and_html_show_each_implementations_fp8_policy(runs):
+    """The report states the fp8 overflow policy per implementation (issue 3), as its rows say."""
+    from harness.suite import summary
+
+    _, clean, _ = runs
+    f = clean.assign(fp8_policy=clean["impl"].map({"reference": "case (saturate|nan)", "fused": "saturate"}))
+    s = summary(f).set_index("impl")
+    assert s.loc["fused", "fp8_policy"] == "saturate" and s.loc["reference", "fp8_policy"] == "case (saturate|nan)"
+    text = html.render(f)
+    table = text[text.index('id="summary-table"'):text.index("</table>", text.index('id="summary-table"'))]
+    assert "<th>fp8_policy</th>" in table and "<td class=\"\">saturate</td>" in table.replace("<td>", '<td class="">')
