@@ -107,3 +107,13 @@ def bench(session: nox.Session) -> None:
     `-- --quick` for the small set. Needs a GPU (without one it says so and measures nothing)."""
     _install(session)
     session.run("python", "-m", "harness", "bench", "--out", "runs", *session.posargs)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def nightly(session: nox.Session) -> None:
+    """The whole nightly in one run (GPU runners): parity per op, timelines per family, GPU-only checks
+    and the gate concurrently, then benchmarks alone, then runs/nightly/report (HTML, JUnit, merged CSV).
+    `-- --budget-s 600`, `-- --baseline OLD/merged.csv`; on a CPU machine `-- --profile dev`."""
+    _install(session)
+    session.run("python", "-m", "harness", "nightly", "--device", DEVICE, "--out", "runs/nightly", *session.posargs,
+                env={"VP_DEVICE": DEVICE})

@@ -285,7 +285,13 @@ def cmd_bench(rest: list[str]) -> int:
     return main(rest)
 
 
-_DELEGATED = {"gpu": cmd_gpu, "bench": cmd_bench}  # subcommands with their own parsers
+def cmd_nightly(rest: list[str]) -> int:
+    from harness import nightly
+
+    return nightly.main(rest)
+
+
+_DELEGATED = {"gpu": cmd_gpu, "bench": cmd_bench, "nightly": cmd_nightly}  # subcommands with their own parsers
 
 
 def cmd_repro(args) -> int:
@@ -446,7 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in (("gpu", "GPU-only checks: launch counts, CUDA/HIP graph replay, determinism "
                                             "(python -m harness gpu --help)"),
                        ("bench", "benchmarks of every op into PerfRow CSVs (python -m harness bench "
-                                                "--help)")):
+                                                "--help)"),
+                       ("nightly", "the whole nightly: parity, timelines, GPU checks, gate, benchmarks, report "
+                                   "(python -m harness nightly --help)")):
         sub.add_parser(name, help=text)  # listed here; main() hands its arguments to ``fn`` unparsed
     p = sub.add_parser("repro", help="re-run one case and print every check")
     common(p)

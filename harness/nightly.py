@@ -1,0 +1,195 @@
+"""The whole nightly in one command: parity per op, timelines per family, GPU-only checks, the
+gate per layout, then benchmarks alone on the device, then the report.
+
+    python -m harness nightly --out runs/nightly [--profile nightly] [--budget-s 600]
+
+Steps are subprocesses of the ordinary CLI (``python -m harness run|timelines|gpu|gate|bench|
+report``), so each one's CSV, JUnit and FAIL/repro lines are exactly what a user gets from that
+command. The correctness steps run concurrently (one GPU is shared; the CPU cores drive the
+launches), each under a time limit derived from ``--budget-s``: a step that runs out is stopped
+with SIGTERM, keeps the rows it has and counts as failed. The benchmarks run afterwards, alone,
+so that their timings are not taken beside other work. The report merges every CSV the steps
+wrote (parity shards, timelines, gate, perf) into ``OUT/report``.
+
+Ends with a table of steps (status, exit code, wall time, rows) and every FAIL line with its
+repro from the steps' logs. Exit 1 when any step failed. Without a GPU the GPU-only checks and
+benchmarks say so and measure nothing; use ``--profile dev`` there for a small run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OPS = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention")
+
+
+@dataclass
+class Step:
+    name: str
+    argv: list[str]
+    budget_s: float
+    phase: int = 0  # 0: concurrent correctness steps; 1: alone afterwards (benchmarks); 2: report
+    log: Path | None = None
+    proc: subprocess.Popen | None = None
+    t0: float = 0.0
+    wall_s: float = 0.0
+    rc: int | None = None
+    timed_out: bool = False
+    fails: list[str] = field(default_factory=list)
+
+
+def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int, layouts: list[str] | None,
+         families: list[str] | None, bench: bool, gate: bool, ops: list[str] | None = None,
+         generated: int | None = None) -> list[Step]:
+    """The steps, with their time limits: correctness in 70 % of the budget, benchmarks in 20 %.
+    ``generated`` overrides the generated parity cases per op and timelines per family (default:
+    the profile's; 500 timelines per family in the nightly profile)."""
+    py = [sys.executable, "-m", "harness"]
+    par = 0.7 * budget_s
+    gen = [] if generated is None else ["--generated", str(generated)]
+    steps = [Step(f"parity:{op}", py + ["run", "--op", op, "--device", device, "--profile", profile, "--quiet",
+                                      "--jobs", str(jobs), "--csv", str(out / f"parity-{op}.csv.gz"),
+                                      "--junit", str(out / f"parity-{op}.xml")] + gen, par) for op in ops or OPS]
+    from cases import timelines as tl
+
+    tl_gen = gen or (["--generated", "500"] if profile == "nightly" else [])
+    for fam in families or sorted(tl.FAMILIES):
+        steps.append(Step(f"timelines:{fam}", py + ["timelines", "--device", device, "--profile", profile,
+                                                    "--family", fam, "--quiet", "--csv",
+                                                    str(out / f"timelines-{fam}.csv.gz")] + tl_gen, par))
+    steps.append(Step("gpu", py + ["gpu", "--out", str(out / "gpu")], par))
+    if gate:
+        from harness.e2e import model as M
+
+        gp = "full" if device != "cpu" else "cpu-lite"
+        for lay in layouts or M.LAYOUTS:
+            steps.append(Step(f"gate:{lay}", py + ["gate", "--device", device, "--profile", gp, "--layout", lay,
+                                                   "--csv", str(out / f"gate-{lay}.csv")], par))
+    if bench:
+        steps.append(Step("bench", py + ["bench", "--out", str(out / "bench")] +
+                          (["--quick"] if profile != "nightly" else []), 0.2 * budget_s, phase=1))
+    return steps
+
+
+def _report_step(out: Path, baseline: str | None) -> Step:
+    args = [sys.executable, "-m", "harness", "report", "--out", str(out / "report")]
+    for p in sorted(out.glob("parity-*.csv.gz")):
+        args += ["--csv", str(p)]
+    for p in sorted(out.glob("gate-*.csv")):
+        args += ["--gate", str(p)]
+    perf = out / "bench" / "perf.csv"
+    if perf.exists():
+        args += ["--perf", str(perf)]
+    if baseline:
+        args += ["--baseline", baseline]
+    return Step("report", args, 120, phase=2)
+
+
+def _start(step: Step, out: Path) -> None:
+    step.log = out / "logs" / f"{step.name.replace(':', '-')}.log"
+    step.log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    step.t0 = time.time()
+    with open(step.log, "w") as fh:
+        step.proc = subprocess.Popen(step.argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+
+def _poll(step: Step) -> bool:
+    """True once the step has ended (stopping it with SIGTERM, then SIGKILL, past its limit)."""
+    if step.rc is not None:
+        return True
+    rc = step.proc.poll()
+    elapsed = time.time() - step.t0
+    if rc is None and elapsed > step.budget_s and not step.timed_out:
+        step.timed_out = True
+        step.proc.terminate()  # the CLI keeps its rows on SIGTERM
+    if rc is None and step.timed_out and elapsed > step.budget_s + 30:
+        step.proc.kill()
+    if rc is None:
+        return False
+    step.rc, step.wall_s = rc, time.time() - step.t0
+    lines = step.log.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(("FAIL", "GATE FAIL", "GATE MISSED", "SURVIVED", "CLEAN FAILS")):
+            nxt = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].strip().startswith("repro:") else ""
+            step.fails.append(f"[{step.name}] {line.strip()}" + (f"\n    {nxt}" if nxt else ""))
+    return True
+
+
+def run_steps(steps: list[Step], out: Path, *, poll_s: float = 2.0, progress=print) -> None:
+    for phase in sorted({s.phase for s in steps}):
+        group = [s for s in steps if s.phase == phase]
+        for s in group:
+            _start(s, out)
+        progress(f"nightly: phase {phase}: started {', '.join(s.name for s in group)}")
+        last = time.time()
+        while not all([_poll(s) for s in group]):  # a list: every step polled (its time limit) each round
+            time.sleep(poll_s)
+            if time.time() - last > 30:
+                last = time.time()
+                running = [f"{s.name} {time.time() - s.t0:.0f}s" for s in group if s.rc is None]
+                progress(f"nightly: running {'; '.join(running)}")
+        for s in group:
+            state = "TIMEOUT" if s.timed_out else ("ok" if s.rc == 0 else "FAIL")
+            progress(f"nightly: {s.name} {state} (rc {s.rc}, {s.wall_s:.0f}s) -> {s.log}")
+
+
+def summary(steps: list[Step]) -> str:
+    import pandas as pd
+
+    rows = [dict(step=s.name, status="TIMEOUT" if s.timed_out else ("ok" if s.rc == 0 else "FAIL"), rc=s.rc,
+                 wall_s=round(s.wall_s, 1), budget_s=round(s.budget_s), failures=len(s.fails), log=str(s.log))
+            for s in steps]
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness nightly", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/nightly", help="directory for every CSV, log and the report")
+    ap.add_argument("--profile", default="nightly", help="parity/timelines profile (nightly | ci | dev)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
+    ap.add_argument("--budget-s", type=float, default=600.0, help="wall-time budget for the whole run")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes per parity step")
+    ap.add_argument("--op", action="append", choices=OPS, help="parity ops (default: all three)")
+    ap.add_argument("--generated", type=int, default=None,
+                    help="generated parity cases per op and timelines per family (default: the profile's)")
+    ap.add_argument("--layout", action="append", help="gate layouts (default: all three)")
+    ap.add_argument("--family", action="append", help="timeline families (default: all)")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--no-gate", action="store_true")
+    ap.add_argument("--baseline", default=None, help="a previous nightly's merged parity CSV for the report's diff")
+    args = ap.parse_args(argv)
+    from harness import devices
+
+    device = args.device if args.device != "auto" else ("cuda" if devices.gpu_present() else "cpu")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = plan(out, profile=args.profile, device=device, budget_s=args.budget_s, jobs=args.jobs,
+                 layouts=args.layout, families=args.family, bench=not args.no_bench, gate=not args.no_gate,
+                 ops=args.op, generated=args.generated)
+    t0 = time.time()
+    print(f"verify-parity nightly: device={device} profile={args.profile} budget {args.budget_s:.0f}s, "
+          f"{len(steps)} steps -> {out}", flush=True)
+    run_steps(steps, out, progress=lambda m: print(m, flush=True))
+    report = _report_step(out, args.baseline)
+    run_steps([report], out, progress=lambda m: print(m, flush=True))
+    steps.append(report)
+    print("\n" + summary(steps))
+    for s in steps:
+        for line in s.fails:
+            print(line)
+    bad = [s for s in steps if s.rc != 0]
+    print(f"nightly: {len(steps) - len(bad)}/{len(steps)} steps ok in {time.time() - t0:.0f}s; "
+          f"report {out / 'report' / 'report.html'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

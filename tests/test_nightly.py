@@ -1,0 +1,40 @@
+"""python -m harness nightly: steps run concurrently, time limits stop a step (rows kept by the
+step's own SIGTERM handling), FAIL lines and their repro are collected, the exit code follows."""
+from __future__ import annotations
+
+import sys
+
+from harness import nightly
+
+
+def _step(name, code, budget_s=60.0, phase=0):
+    return nightly.Step(name, [sys.executable, "-c", code], budget_s, phase=phase)
+
+
+def test_steps_run_concurrently_limits_stop_a_step_and_failures_are_collected(tmp_path):
+    ok = _step("ok", "import time; time.sleep(0.5); print('fine')")
+    bad = _step("bad", "print('FAIL op/impl case [check] detail'); print('  repro: python -m harness repro X'); "
+                       "raise SystemExit(1)")
+    slow = _step("slow", "import time; time.sleep(60)", budget_s=1.0)
+    later = _step("later", "print('after')", phase=1)
+    nightly.run_steps([ok, bad, slow, later], tmp_path, poll_s=0.1, progress=lambda m: None)
+    assert ok.rc == 0 and not ok.fails and 0.4 < ok.wall_s < 10  # its own wall time, not the slowest step's
+    assert bad.rc == 1 and bad.fails == ["[bad] FAIL op/impl case [check] detail\n    repro: python -m harness repro X"]
+    assert slow.timed_out and slow.rc != 0 and slow.wall_s < 30
+    assert later.rc == 0 and later.t0 >= max(ok.t0, bad.t0, slow.t0) + 1.0  # phase 1 starts after phase 0 ended
+    table = nightly.summary([ok, bad, slow, later])
+    assert "TIMEOUT" in table and "FAIL" in table
+
+
+def test_plan_covers_every_op_family_layout_and_puts_bench_alone(tmp_path):
+    steps = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=2, layouts=None,
+                         families=None, bench=True, gate=True)
+    names = [s.name for s in steps]
+    assert {"parity:qk_norm_rope", "parity:mla_fp8_prepare", "parity:verify_attention", "gpu"} <= set(names)
+    assert {n for n in names if n.startswith("timelines:")} == {"timelines:dsv4-mqa-ring", "timelines:k3-mla-fp8",
+                                                               "timelines:qwen35-gqa", "timelines:dspark-noncausal"}
+    assert {n for n in names if n.startswith("gate:")} == {"gate:dsv4-mqa-ring", "gate:k3-mla-fp8", "gate:qwen35-gqa"}
+    bench = next(s for s in steps if s.name == "bench")
+    assert bench.phase == 1 and all(s.phase == 0 for s in steps if s is not bench)
+    assert all("--generated" in s.argv and "500" in s.argv for s in steps if s.name.startswith("timelines:"))
+    assert sum(s.budget_s for s in steps if s.phase == 1) + max(s.budget_s for s in steps if s.phase == 0) <= 600
