@@ -17,6 +17,7 @@ DIR/perf.csv (PerfRow). Without a GPU it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -39,21 +40,10 @@ DN, R = 512, 64
 KV_DESCALE = 0.37
 
 
-@dataclass(frozen=True)
-class Shape:
-    B: int  # requests
-    H: int  # local q heads
-
-    @property
-    def T(self) -> int:
-        return self.B * L
-
-    @property
-    def case(self) -> str:
-        return f"B={self.B},L={L},H={self.H}"
+Shape = functools.partial(perf.VerifyShape, L=L)  # Shape(B, H)
 
 
-def shapes(quick: bool, b: list[int] | None = None, h: list[int] | None = None) -> list[Shape]:
+def shapes(quick: bool, b: list[int] | None = None, h: list[int] | None = None) -> list[perf.VerifyShape]:
     """The benchmarked shapes; ``b`` / ``h`` replace the profile's batch / head lists."""
     return [Shape(B, H) for B in (b or (B_QUICK if quick else B_FULL)) for H in (h or (H_QUICK if quick else H_FULL))]
 
@@ -146,7 +136,7 @@ def _compiled_chain():
     return perf.compile_static(chain)
 
 
-def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
+def run(shape_list: list[perf.VerifyShape], ctx: perf.Context, out: Path) -> list[PerfRow]:
     import pandas as pd
 
     compiled_chain = _compiled_chain()

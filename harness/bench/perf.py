@@ -22,6 +22,24 @@ import numpy as np
 import pandas as pd
 import torch
 
+
+@dataclass(frozen=True)
+class VerifyShape:
+    """A verify batch of the prepare benchmarks: B requests × L tokens (3 drafts + 1 bonus), H local
+    q heads; ``suffix`` completes the case id (e.g. ",D=512")."""
+    B: int  # requests
+    H: int  # local q heads
+    L: int = 4
+    suffix: str = ""
+
+    @property
+    def T(self) -> int:
+        return self.B * self.L
+
+    @property
+    def case(self) -> str:
+        return f"B={self.B},L={self.L},H={self.H}{self.suffix}"
+
 from harness import devices, profiling
 from reports.rows import PerfRow, Provenance, write_csv
 

@@ -19,6 +19,7 @@ it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,25 +40,14 @@ B_FULL, H_FULL = (1, 8, 64), (8, 16, 32, 64)
 B_QUICK, H_QUICK = (1, 64), (16, 64)
 
 
-@dataclass(frozen=True)
-class Shape:
-    B: int  # requests
-    H: int  # local q heads
-
-    @property
-    def T(self) -> int:
-        return self.B * L
-
-    @property
-    def case(self) -> str:
-        return f"B={self.B},L={L},H={self.H},D={D}"
+Shape = functools.partial(perf.VerifyShape, L=L, suffix=f",D={D}")  # Shape(B, H)
 
 
-def shapes(quick: bool) -> list[Shape]:
+def shapes(quick: bool) -> list[perf.VerifyShape]:
     return [Shape(B, H) for B in (B_QUICK if quick else B_FULL) for H in (H_QUICK if quick else H_FULL)]
 
 
-def bytes_moved(s: Shape) -> int:
+def bytes_moved(s: perf.VerifyShape) -> int:
     """q and q_out (T, H, D) bf16, kv and kv_out (T, D) bf16, positions (T) int64, the cos and sin
     rows (T, R/2) fp32, the kv weight (D) bf16."""
     T, H = s.T, s.H
@@ -110,7 +100,7 @@ def _implementations(kw: dict, compiled_chain) -> dict:
     return {"fused": fused, "reference": lambda: _chain(*args), "compiled": lambda: compiled_chain(*args)}
 
 
-def _inputs(s: Shape, dev) -> dict:
+def _inputs(s: perf.VerifyShape, dev) -> dict:
     from cases import qk_norm_rope as c
 
     case = c.QkNormRopeCase(T=s.T, H=s.H, D=D, R=R, rope_style=ROPE_STYLE, eps=EPS, seed=1000 * s.B + s.H,
@@ -118,7 +108,7 @@ def _inputs(s: Shape, dev) -> dict:
     return c.build_inputs(case, dev)
 
 
-def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
+def run(shape_list: list[perf.VerifyShape], ctx: perf.Context, out: Path) -> list[PerfRow]:
     import pandas as pd
 
     compiled_chain = perf.compile_static(_chain)
