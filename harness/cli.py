@@ -378,7 +378,8 @@ def cmd_gate(args) -> int:
         print(f"gate rows: {len(rows)} -> {write_csv(rows, args.csv)}")
         return 1 if any(r.verdict != r.expect for r in rows) else 0
     rows = gate.run(default_registry(), dev, prof, layouts=args.layout or gate.M.LAYOUTS, models_dir=args.models,
-                    problems=args.problems, seed=args.seed, progress=None if args.quiet else lambda m: print(m, flush=True))
+                    problems=args.problems, seed=args.seed, progress=None if args.quiet else lambda m: print(m, flush=True),
+                    jobs=args.jobs)
     print(f"gate rows: {len(rows)} -> {write_csv(rows, args.csv)}")
     bad = [r for r in rows if r.verdict != r.expect]
     for r in bad:
@@ -479,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--csv", default="runs/gate.csv")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--jobs", type=int, default=int(os.environ.get("VP_JOBS", "1")),
+                   help="processes for the generation runs (greedy + one per path and layout); default $VP_JOBS or 1")
     p.add_argument("--ab", nargs=2, metavar=("URL_A", "URL_B"), help="server A/B mode against two endpoints")
     p.add_argument("--fewshot", type=int, default=2, help="server mode: train-split shots per prompt")
     p.add_argument("--concurrency", type=int, default=4, help="server mode: requests in flight per endpoint")

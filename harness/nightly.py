@@ -66,10 +66,15 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int, la
     if gate:
         from harness.e2e import model as M
 
+        from cases import e2e_gate
+
         gp = "full" if device != "cpu" else "cpu-lite"
+        prof = e2e_gate.PROFILES[gp]
+        gate_jobs = 2 + len(prof.paths) + len(prof.path_mutants)  # greedy + reference + each path: side by side
         for lay in layouts or M.LAYOUTS:
             steps.append(Step(f"gate:{lay}", py + ["gate", "--device", device, "--profile", gp, "--layout", lay,
-                                                   "--csv", str(out / f"gate-{lay}.csv")], par))
+                                                   "--jobs", str(gate_jobs), "--csv", str(out / f"gate-{lay}.csv")],
+                              par))
     if bench:
         steps.append(Step("bench", py + ["bench", "--out", str(out / "bench")] +
                           (["--quick"] if profile != "nightly" else []), 0.2 * budget_s, phase=1))

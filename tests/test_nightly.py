@@ -37,4 +37,5 @@ def test_plan_covers_every_op_family_layout_and_puts_bench_alone(tmp_path):
     bench = next(s for s in steps if s.name == "bench")
     assert bench.phase == 1 and all(s.phase == 0 for s in steps if s is not bench)
     assert all("--generated" in s.argv and "500" in s.argv for s in steps if s.name.startswith("timelines:"))
+    assert all(s.argv[s.argv.index("--jobs") + 1] == "5" for s in steps if s.name.startswith("gate:"))
     assert sum(s.budget_s for s in steps if s.phase == 1) + max(s.budget_s for s in steps if s.phase == 0) <= 600
