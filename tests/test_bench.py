@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 import pandas as pd
+import torch
 import pytest
 
 from harness import devices, profiling
@@ -201,3 +202,13 @@ def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path):
     # the faked single launch is right for the one-launch kernels and wrong for verify's two
     bad = perf.launch_failures(rows, {mod.OP: mod.EXPECTED_LAUNCHES})
     assert len(bad) == (2 if mod is verify_attention else 0)
+
+
+def test_block_config_sweep_candidates_and_no_gpu_path(tmp_path, capsys, monkeypatch):
+    from harness.bench import sweep
+
+    assert len(sweep.candidates()) == 3 * 4 * 2 * 3 and len(sweep.candidates(quick=True)) == 16
+    assert all(bh in (4, 8, 16) and bn >= 16 for bh, bn, _, _ in sweep.candidates())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sweep.main(["--out", str(tmp_path / "s")]) == 0
+    assert "nothing measured" in capsys.readouterr().out and not (tmp_path / "s").exists()

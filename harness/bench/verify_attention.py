@@ -106,6 +106,11 @@ def _inputs(layout: str, B: int, n: int, H: int, L: int, dev: str = "cuda"):
     return kw, D, Dv
 
 
+def kv_bytes_read(layout: str, B: int, n: int, D: int, Dv: int) -> int:
+    """KV bytes one pass must read (bf16): K, and V unless it is K's first Dv dims (MLA latent)."""
+    return B * n * (D + (0 if layout == "mla" else Dv)) * 2
+
+
 def _splits(B: int, n: int, blocks: int, sms: int) -> int:
     """Enough programs to fill the GPU twice, each split at least 256 prefix tokens."""
     return max(1, min(64, math.ceil(2 * sms / max(1, B * blocks)), n // 256))
@@ -178,7 +183,7 @@ def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
         fast = dict(num_kv_splits=s_shared, check=False, validate=False)
         t_prefix = p50(lambda: f._launch("shared_kv", **kw, stages=("prefix",), **fast))
         t_combine = p50(lambda: f._launch("shared_kv", **kw, stages=("combine",), **fast))
-        kv_bytes = B * n * (D + (0 if s.layout == "mla" else Dv)) * 2
+        kv_bytes = kv_bytes_read(s.layout, B, n, D, Dv)
         new = perf.perf_rows(OP, s.case, t, bytes_moved=kv_bytes, copy_gbps=ctx.copy_gbps, prov=ctx.prov)
         by = {r.impl: r for r in new}
         sh, sp = by["fused-shared-kv"], by["fused-split-kv"]
