@@ -37,6 +37,9 @@ class GateProfile:
     batch: int  # requests per engine batch
     mutant_kernels: str = "fused+fused"  # prepare+attn implementations the path mutants run on
     thresholds: Thresholds = Thresholds()
+    # op-level mutants ("op/name" registry keys) plugged into the clean fused path of every layout
+    # whose path runs that op: the kill matrix's e2e column (``harness.killmatrix.e2e_column``)
+    impl_mutants: tuple[str, ...] = ()
 
 
 PROFILES = {
@@ -48,6 +51,8 @@ PROFILES = {
                         path_mutants=("path-store-before-attention", "path-stale-rejected-kv"), batch=100),
     # tests
     # tests: a path mutant on the reference kernels (its bug is the backend's, not a kernel's)
+    # the kill matrix's e2e column (GPU): every mutant through the gate on a slice of the test split
+    "killmatrix": GateProfile("killmatrix", problems=60, max_new=200, paths=(), path_mutants=(), batch=60),
     "smoke": GateProfile("smoke", problems=4, max_new=24, paths=(), path_mutants=("path-store-before-attention",),
                          batch=4, mutant_kernels="reference+reference"),
 }

@@ -122,6 +122,13 @@ def _kill_matrix(args, dev, reg) -> int:
 
     print("\nkill matrix (targeted parity catalogs + store-timing timelines):", flush=True)
     rows = killmatrix.build(reg, dev, progress=None if args.quiet else lambda m: print(m, flush=True))
+    if args.e2e:
+        print("\nkill matrix e2e column (the gate on the micro-models):", flush=True)
+        rows = killmatrix.e2e_column(rows, reg, dev, problems=args.e2e_problems, jobs=args.jobs,
+                                     progress=None if args.quiet else lambda m: print(m, flush=True))
+        for r in rows:
+            if r.kind != "clean":
+                print(f"e2e {r.e2e:9s} {r.subject}: {r.e2e_detail}")
     path = Path(args.kill_matrix)
     path.parent.mkdir(parents=True, exist_ok=True)
     killmatrix.frame(rows).to_csv(path, index=False)
@@ -428,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
             p.set_defaults(kind=["mutant"])
             p.add_argument("--kill-matrix", default="runs/kill_matrix.csv",
                            help="where the mutant × (parity, timeline, gate) matrix goes (no selection given)")
+            p.add_argument("--e2e", action="store_true",
+                           help="add the end-to-end gate column (GPU: under the interpreter it takes hours)")
+            p.add_argument("--e2e-problems", type=int, default=None, help="problems per gate run (default 60)")
             p.add_argument("--broad", action="store_true",
                            help="run the whole parity suite over every mutant instead of the kill matrix")
     p = sub.add_parser("timelines", help="store-timing timelines: clean paths vs the logical truth")

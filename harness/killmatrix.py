@@ -7,7 +7,9 @@ targeted runs for the clean implementations, which must pass all of them.
   timeline  ``harness.timeline`` checks (prepare, visible_kv, attn, state) on the op's targeted
             timelines, the op implementation plugged into each family's clean fused path; a path
             mutant runs its own families;
-  gate      the dispatch decisions the timeline runner observed (``gate:*`` records).
+  gate      the dispatch decisions the timeline runner observed (``gate:*`` records);
+  e2e       (``--e2e``, GPU) the end-to-end gate on the micro-models: killed, invisible (the gate
+            passes it), or n/a (no micro-model runs it) — ``e2e_column``.
 A mutant is killed when any family flags it; a run stops a mutant's timelines at the first
 kill (the matrix needs which families catch it, not how often). Exit status: non-zero when a
 mutant survives or a clean implementation fails anything.
@@ -40,10 +42,12 @@ class KillRow:
     first_failure: str
     seconds: float
     doc: str
+    e2e: str = "not run"  # killed | invisible (the gate passes it) | n/a (no micro-model runs it) | not run
+    e2e_detail: str = ""
 
     @property
     def killed(self) -> bool:
-        return "killed" in (self.parity, self.timeline, self.gate)
+        return "killed" in (self.parity, self.timeline, self.gate, self.e2e)
 
 
 def _catalog(spec, names):
@@ -137,6 +141,47 @@ def build(reg: Registry, dev, *, only: str | None = None, progress=print) -> lis
             progress(f"{verdict:8s} {name:55s} parity={row.parity:7s} timeline={row.timeline:7s} "
                      f"gate={row.gate:7s} {row.seconds:6.1f}s")
     return rows
+
+
+def e2e_column(rows: list[KillRow], reg: Registry, dev, *, problems: int | None = None, jobs: int = 1,
+               progress=print, profile=None, layouts=None) -> list[KillRow]:
+    """The end-to-end column: every mutant through the gate (``cases.e2e_gate`` profile
+    ``killmatrix``) on each micro-model layout whose path runs it, against the reference path on
+    the same problems. ``killed`` when on some layout its speculative output departs from the
+    reference greedy output (agreement, near-ties excused) or McNemar finds it worse; ``invisible``
+    when no layout shows either, ``n/a`` when no
+    layout runs it. Meant for a GPU: under the interpreter a fused path costs tens of seconds per
+    problem."""
+    from dataclasses import replace
+
+    from cases import e2e_gate
+    from harness.e2e import gate
+    from harness.e2e import model as M
+
+    impl_keys = tuple(r.subject for r in rows if r.kind == "mutant")
+    path_names = tuple(r.subject for r in rows if r.kind == "path-mutant")
+    prof = replace(profile or e2e_gate.PROFILES["killmatrix"], impl_mutants=impl_keys, path_mutants=path_names)
+    gate_rows = gate.run(reg, dev, prof, layouts=layouts or M.LAYOUTS, problems=problems, jobs=jobs,
+                         progress=progress)
+    by: dict[str, list] = {}
+    for g in gate_rows:
+        by.setdefault(g.path, []).append(g)
+    out = []
+    for r in rows:
+        if r.kind == "clean":
+            out.append(r)
+            continue
+        got = by.get(r.subject, [])
+        if not got:
+            out.append(replace(r, e2e="n/a", e2e_detail="no micro-model layout runs it"))
+            continue
+        th = prof.thresholds  # relative to the reference path only: the model's own accuracy is not the mutant's
+        failed = [g for g in got if g.exact_agreement + g.tie_divergences / g.problems < th.min_agreement
+                  or (g.p_value < th.alpha and g.worse > g.better)]
+        detail = "; ".join(f"{g.layout}: acc {g.accuracy:.3f} vs {g.ref_accuracy:.3f}, agree {g.exact_agreement:.3f}, "
+                           f"p {g.p_value:.2g}" for g in got)
+        out.append(replace(r, e2e="killed" if failed else "invisible", e2e_detail=detail[:400]))
+    return out
 
 
 def verdict(rows: list[KillRow]) -> tuple[list[KillRow], list[KillRow]]:

@@ -203,3 +203,22 @@ def test_timelines_cli_shards_partition_the_plan_and_jobs_keep_rows(tmp_path):
         got[spec] = set(pd.read_csv(csv)["timeline"])
     named = {t.name for t in tl.catalog() if t.family == "dspark-noncausal"}
     assert got["1/2"] | got["2/2"] == named and not got["1/2"] & got["2/2"]
+
+
+def test_kill_matrix_e2e_column_killed_invisible_and_not_applicable(registry, device):
+    """The gate column: seed 000's store-before-attention (on the reference kernels) is killed on
+    the shipped qwen35-gqa model; k_scale applied to drafts is invisible there (the layout's KV is
+    bf16, k_scale = 1); an mla_fp8_prepare mutant is n/a (no qwen35 path runs that op)."""
+    from cases import e2e_gate
+
+    rows = [killmatrix.KillRow(s, k, "-", "-", "-", "", "", "", "", 0.0, "") for s, k in (
+        ("path-store-before-attention", "path-mutant"), ("verify_attention/mutant-k-scale-on-drafts", "mutant"),
+        ("mla_fp8_prepare/mutant-descale-multiplied", "mutant"), ("verify_attention/reference", "clean"))]
+    prof = dataclasses.replace(e2e_gate.PROFILES["killmatrix"], max_new=48, batch=6,
+                               mutant_kernels="reference+reference")
+    got = {r.subject: r for r in killmatrix.e2e_column(rows, registry, device, problems=6, progress=None,
+                                                        profile=prof, layouts=("qwen35-gqa",))}
+    assert got["path-store-before-attention"].e2e == "killed", got["path-store-before-attention"].e2e_detail
+    assert got["verify_attention/mutant-k-scale-on-drafts"].e2e == "invisible"
+    assert got["mla_fp8_prepare/mutant-descale-multiplied"].e2e == "n/a"
+    assert got["verify_attention/reference"].e2e == "not run"  # clean rows are not judged here

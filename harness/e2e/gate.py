@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cases import e2e_gate as cfg
 from cases import gsm8k_synth as g
+from cases import timelines as tl
 from cases.mutants import timelines as mt
 from harness import timeline
 from harness.e2e import answers, stats
@@ -62,6 +63,14 @@ def paths_for(reg, layout: str, profile: cfg.GateProfile) -> list[tuple[str, tim
             path = replace(timeline.clean_path(reg, layout, prepare=prep, attn=attn, **m.change),
                            name=f"{layout}:{name}", doc=m.doc)
             out.append((name, path, "fail"))
+    fam = tl.FAMILIES[layout]
+    for key in profile.impl_mutants:
+        impl = reg.impls[key]
+        if impl.op != "verify_attention" and impl.op != fam.prepare:
+            continue  # this layout's path never runs the op
+        clean = timeline.clean_path(reg, layout)
+        slot = dict(attn=impl) if impl.op == "verify_attention" else dict(prepare=impl)
+        out.append((key, replace(clean, name=f"{layout}:{key}", doc=impl.doc, **slot), "fail"))
     return out
 
 
