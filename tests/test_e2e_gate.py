@@ -103,8 +103,13 @@ def test_shipped_models_meet_acceptance_and_the_store_before_attention_drop(regi
 def test_gate_generations_in_worker_processes_give_the_same_rows(registry, device, tmp_path):
     """--jobs: the generation runs (reference greedy + one per path) in spawned processes give the
     rows the in-process run gives (timings aside)."""
+    import dataclasses
+
     prof = cfg.PROFILES["smoke"]
     one = gate.run(registry, device, prof, layouts=("qwen35-gqa",), models_dir=tmp_path)
-    two = gate.run(registry, device, prof, layouts=("qwen35-gqa",), models_dir=tmp_path, jobs=2)
+    # batches of 2 problems, each its own task, two processes: the same rows (a request's numbers do
+    # not depend on which requests share its batch)
+    two = gate.run(registry, device, dataclasses.replace(prof, batch=2), layouts=("qwen35-gqa",), models_dir=tmp_path,
+                   jobs=2)
     strip = lambda rows: [{k: v for k, v in r.__dict__.items() if k != "seconds"} for r in rows]  # noqa: E731
     assert strip(one) == strip(two) and len(one) == 2

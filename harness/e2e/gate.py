@@ -138,12 +138,13 @@ def _worker_init(device_kind: str) -> None:
 
 def _generation(task) -> tuple[E.Generation, float]:
     """One generation run (a worker's unit): (layout, label or None for the reference greedy run,
-    profile, models dir, problem count) -> (tokens/acceptance, seconds)."""
-    layout, label, profile, models_dir, n = task
+    profile, models dir, problem count, first, end) -> (tokens/acceptance of problems [first, end),
+    seconds)."""
+    layout, label, profile, models_dir, n, lo, hi = task
     dev, reg = _WORKER
     model, _, _ = load_model(layout, models_dir, dev.torch_device)
     paths = {lab: path for lab, path, _ in paths_for(reg, layout, profile)}
-    prompts, _ = _prompts(n)
+    prompts = _prompts(n)[0][lo:hi]
     t0 = time.time()
     path = paths["reference+reference"] if label is None else paths[label]
     out = generate(model, path, prompts, profile.max_new, None if label is None else _drafter(), profile.batch,
@@ -161,18 +162,25 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
     prov = provenance(dev, profile, seed).__dict__
     n = problems or profile.problems
     prompts, golds = _prompts(n)
+    # one task per (layout, run, batch of problems): with jobs > 1 the batches of one run go side by side too
     tasks = []
     for layout in layouts:
-        tasks.append((layout, None, profile, str(models_dir), n))
-        tasks += [(layout, label, profile, str(models_dir), n) for label, _, _ in paths_for(reg, layout, profile)]
-    results = {}
+        for label in [None] + [lab for lab, _, _ in paths_for(reg, layout, profile)]:
+            tasks += [(layout, label, profile, str(models_dir), n, lo, min(n, lo + profile.batch))
+                      for lo in range(0, n, profile.batch)]
+    parts: dict[tuple, list] = {}
+
+    def collect(t, res):
+        parts.setdefault(t[:2], []).append(res)
+        if progress and t[6] == n:
+            progress(f"{t[0]} {t[1] or 'reference greedy'}: {n} problems "
+                     f"({sum(s for _, s in parts[t[:2]]):.0f}s in {len(parts[t[:2]])} batches)")
+
     if jobs <= 1:
         global _WORKER
         _WORKER = (dev, reg)
         for t in tasks:
-            results[t[:2]] = _generation(t)
-            if progress:
-                progress(f"{t[0]} {t[1] or 'reference greedy'}: {len(prompts)} problems ({results[t[:2]][1]:.0f}s)")
+            collect(t, _generation(t))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -180,9 +188,9 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
                                  initargs=(dev.kind,)) as ex:
             for t, res in zip(tasks, ex.map(_generation, tasks)):
-                results[t[:2]] = res
-                if progress:
-                    progress(f"{t[0]} {t[1] or 'reference greedy'}: {len(prompts)} problems ({res[1]:.0f}s)")
+                collect(t, res)
+    results = {key: (E.Generation(tuple(x for g, _ in ps for x in g.tokens), tuple(x for g, _ in ps for x in g.accept_lens),
+                                  sum(g.steps for g, _ in ps)), sum(s for _, s in ps)) for key, ps in parts.items()}
     rows = []
     for layout in layouts:
         model, model_id, trained = load_model(layout, models_dir, dev.torch_device)
