@@ -104,6 +104,7 @@ def cmd_run(args) -> int:
     rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
                      generated=args.generated, progress=not args.quiet, case_filter=args.case, jobs=args.jobs,
                      plugin_specs=tuple(s for s in args.impl or () if ":" in s))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
     path = write_csv(rows, args.csv)
     print(f"rows: {len(rows)} -> {path}")
     frame = to_frame(rows)
@@ -246,6 +247,7 @@ def cmd_timelines(args) -> int:
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a CI time limit): keep what ran, say so
         print(f"\ninterrupted: {done} of {len(tasks)} timeline runs done; rows so far are kept", file=sys.stderr)
     bar.close()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
     frame = pd.DataFrame(rows)
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.csv, index=False)
