@@ -76,7 +76,8 @@ def report(session: nox.Session) -> None:
     if not parity:
         session.error("no runs/parity*.csv: run `nox -s parity` (or its shards) first")
     args = [a for p in parity for a in ("--csv", p)]
-    for flag, pattern in (("--mutants", "runs/mutants*.csv"), ("--perf", "runs/perf*.csv"), ("--gate", "runs/gate*.csv")):
+    for flag, pattern in (("--mutants", "runs/mutants*.csv"), ("--perf", "runs/perf*.csv"), ("--gate", "runs/gate*.csv"),
+                          ("--kill-matrix", "runs/kill_matrix*.csv")):
         args += [a for p in sorted(glob.glob(pattern)) for a in (flag, p)]
     session.run("python", "-m", "harness", "report", *args, "--out", "runs/report", *session.posargs)
 

@@ -357,7 +357,8 @@ def cmd_report(args) -> int:
     from reports.build import build
 
     b = build(args.csv, args.out, mutants=args.mutants or [], perf=args.perf or [], gate=args.gate or [],
-              baseline=args.baseline, baseline_perf=args.baseline_perf, threshold=args.slower)
+              baseline=args.baseline, baseline_perf=args.baseline_perf, threshold=args.slower,
+              killmatrix=args.kill_matrix or [])
     print(f"report: {b.rows} rows ({b.failed_rows} failing) -> {b.out}/report.html, junit.xml, merged.csv, diff.csv")
     if args.baseline:
         print(f"baseline diff vs {args.baseline}: {b.diff_rows} changed rows, {b.regress} REGRESS")
@@ -478,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mutants", action="append", help="mutants-run CSV for the kill matrix (repeatable)")
     p.add_argument("--perf", action="append", help="benchmark CSV of reports.rows.PerfRow (repeatable)")
     p.add_argument("--gate", action="append", help="gate CSV of reports.rows.GateRow (repeatable)")
+    p.add_argument("--kill-matrix", action="append", help="targeted kill-matrix CSV of `harness mutants` (repeatable)")
     p.add_argument("--baseline", default=None, help="a previous run's parity CSV; exit 1 on any REGRESS")
     p.add_argument("--baseline-perf", default=None, help="a previous run's perf CSV (SLOWER rows)")
     p.add_argument("--slower", type=float, default=0.10, help="perf slowdown threshold (0.10 = 10%%)")

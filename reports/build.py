@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from reports import diff as diffs
 from reports import frames, html, junit
 from reports.rows import GateRow, ParityRow, PerfRow
@@ -20,7 +22,7 @@ class Built:
 
 def build(csvs: list, out: str | Path, *, mutants: list = (), perf: list = (), gate: list = (),
           baseline: str | Path | None = None, baseline_perf: str | Path | None = None,
-          threshold: float = 0.10) -> Built:
+          threshold: float = 0.10, killmatrix: list = ()) -> Built:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     frame = frames.read(csvs, ParityRow)
@@ -34,7 +36,8 @@ def build(csvs: list, out: str | Path, *, mutants: list = (), perf: list = (), g
         old_perf = frames.read([baseline_perf], PerfRow) if baseline_perf else None
         d = diffs.diff(frames.read([baseline], ParityRow), frame, old_perf=old_perf, new_perf=prf, threshold=threshold)
     (d if d is not None else diffs.parity_diff(frame.iloc[:0], frame.iloc[:0])).to_csv(out / "diff.csv", index=False)
+    km = pd.concat([pd.read_csv(p) for p in killmatrix], ignore_index=True) if killmatrix else None
     html.write(out / "report.html", frame, mutants=mut, perf=prf, gate=gt, diff=d,
-               baseline=str(baseline or ""), threshold=threshold)
+               baseline=str(baseline or ""), threshold=threshold, killmatrix=km)
     return Built(out=out, rows=len(frame), failed_rows=int((frame["status"] == "fail").sum()),
                  regress=0 if d is None else len(diffs.regressions(d)), diff_rows=0 if d is None else len(d))

@@ -52,6 +52,17 @@ def kill_matrix(mutants: pd.DataFrame) -> pd.DataFrame:
     return m.reset_index()
 
 
+KM_COLS = ["subject", "kind", "parity", "timeline", "gate", "e2e", "first_failure"]
+
+
+def _targeted(km: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The targeted kill matrix (``harness.killmatrix`` CSV); an older CSV without the e2e column reads 'not run'."""
+    if km is None or km.empty:
+        return None
+    km = km.assign(e2e=km["e2e"] if "e2e" in km else "not run")
+    return km.assign(first_failure=km["first_failure"].fillna("").astype(str).str.slice(0, 160))[KM_COLS]
+
+
 def failure_groups(frame: pd.DataFrame) -> list[dict]:
     bad = frame[frame["status"] == "fail"]
     out = []
@@ -65,7 +76,7 @@ def failure_groups(frame: pd.DataFrame) -> list[dict]:
 
 def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd.DataFrame | None = None,
            gate: pd.DataFrame | None = None, diff: pd.DataFrame | None = None, baseline: str = "",
-           threshold: float = 0.10) -> str:
+           threshold: float = 0.10, killmatrix: pd.DataFrame | None = None) -> str:
     from harness.suite import summary
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -83,6 +94,7 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
         ops=[dict(name=op, table=per_op_checks(frame, op), svg=plots.svg(frame, op)) for op in ops],
         failures=failure_groups(frame),
         kills=_records(km), kill_cols=[] if km is None else list(km.columns),
+        km_rows=_records(_targeted(killmatrix)), km_cols=KM_COLS,
         perf=_records(perf), perf_cols=[] if perf is None else [c for c in perf.columns if c not in PROVENANCE],
         gate=gate, gate_rows=_records(gate), gate_cols=[] if gate is None else [c for c in gate.columns if c not in PROVENANCE],
         diff=diff, diff_counts=diff_counts, diff_rows=_records(None if diff is None else diff.head(MAX_DIFF_ROWS)),

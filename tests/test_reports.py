@@ -180,3 +180,20 @@ def test_summary_and_html_show_each_implementations_fp8_policy(runs):
     text = html.render(f)
     table = text[text.index('id="summary-table"'):text.index("</table>", text.index('id="summary-table"'))]
     assert "<th>fp8_policy</th>" in table and "<td class=\"\">saturate</td>" in table.replace("<td>", '<td class="">')
+
+
+def test_html_shows_the_targeted_kill_matrix_with_survivors_marked(runs):
+    from harness import killmatrix
+
+    _, clean, _ = runs
+    rows = [killmatrix.KillRow("qk_norm_rope/fused", "clean", "passed", "passed", "passed", "", "", "", "", 1.0, ""),
+            killmatrix.KillRow("qk_norm_rope/mutant-a", "mutant", "killed", "passed", "passed", "numeric:q_out", "",
+                               "", "parity ... [numeric:q_out]", 1.0, "", e2e="invisible"),
+            killmatrix.KillRow("qk_norm_rope/mutant-b", "mutant", "passed", "passed", "passed", "", "", "", "", 1.0,
+                               "")]
+    text = html.render(clean, killmatrix=killmatrix.frame(rows))
+    table = text[text.index('id="kill-matrix-targeted"'):]
+    table = table[:table.index("</table>")]
+    assert "<th>e2e</th>" in table and "invisible" in table and "not run" in table
+    assert 'class="SURVIVED">qk_norm_rope/mutant-b<' in table  # nothing flagged it
+    assert 'class="SURVIVED">qk_norm_rope/mutant-a<' not in table and 'class="">qk_norm_rope/mutant-a<' in table
