@@ -144,18 +144,6 @@ def _kill_matrix(args, dev, reg) -> int:
     return 1 if survivors or broken else 0
 
 
-_TL_WORKER: tuple | None = None
-
-
-def _timeline_worker_init(device_kind: str, fp8_format: str) -> None:
-    global _TL_WORKER
-    from harness import devices
-    from harness.registry import default_registry
-
-    dev = devices.select(device_kind, fp8_format=fp8_format if device_kind == "cpu" else None)
-    _TL_WORKER = (dev, default_registry())
-
-
 def _timeline_path(reg, family: str, spec):
     """A path from its picklable spec: ("mutant", name) or ("clean", prepare, attn)."""
     from cases.mutants import timelines as mt
@@ -169,8 +157,10 @@ def _timeline_path(reg, family: str, spec):
 def _timeline_task(task):
     from harness import timeline
 
+    from harness import suite
+
     t, spec = task
-    dev, reg = _TL_WORKER
+    dev, reg = suite.worker_state()
     path = _timeline_path(reg, t.family, spec)
     return path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
 
@@ -212,17 +202,8 @@ def cmd_timelines(args) -> int:
                 path = _timeline_path(reg, t.family, sp)
                 yield t, path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
             return
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_timeline_worker_init, initargs=(dev.kind, dev.fp8_format)) as ex:
-            try:
-                for (t, _), (name, recs) in zip(tasks, ex.map(_timeline_task, tasks, chunksize=1)):
-                    yield t, name, recs
-            except BaseException:
-                ex.shutdown(wait=False, cancel_futures=True)
-                raise
+        for (t, _), (name, recs) in zip(tasks, suite.spawn_map(_timeline_task, tasks, args.jobs, dev)):
+            yield t, name, recs
 
     rows, fails, done = [], [], 0
     bar = tqdm(total=len(tasks), desc="timelines", unit="run", disable=args.quiet, file=sys.stderr,

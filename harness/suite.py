@@ -94,6 +94,33 @@ def _worker_init(device_kind: str, fp8_format: str, plugin_specs: tuple[str, ...
     _WORKER = (dev, default_registry(extra=plugin_specs))
 
 
+def worker_state() -> tuple:
+    """(device, registry) of this process: set in spawned workers by ``spawn_map``, or by the
+    caller (``set_worker_state``) when the same task function runs in-process."""
+    return _WORKER
+
+
+def set_worker_state(dev: Device, reg: Registry) -> None:
+    global _WORKER
+    _WORKER = (dev, reg)
+
+
+def spawn_map(fn, tasks: list, jobs: int, dev: Device, plugin_specs: tuple[str, ...] = ()):
+    """``fn(task)`` for every task, in order, in ``jobs`` spawned processes, each with its own
+    device and registry (built-ins, mutants, entry points, ``plugin_specs``; ``worker_state()``).
+    Ctrl-C or SIGTERM cancels what has not started."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                             initargs=(dev.kind, dev.fp8_format, plugin_specs)) as ex:
+        try:
+            yield from ex.map(fn, tasks, chunksize=1)
+        except BaseException:
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
 def _worker_run(task) -> runners.CaseResult:
     op, impl_key, case = task
     dev, reg = _WORKER
@@ -107,18 +134,9 @@ def _results(work, dev: Device, jobs: int, plugin_specs: tuple[str, ...]):
         for p, impl in work:
             yield p, impl, runners.run_case(p.spec, impl, p.case, dev)
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     tasks = [(p.spec.name, impl.key, p.case) for p, impl in work]
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                             initargs=(dev.kind, dev.fp8_format, plugin_specs)) as ex:
-        try:
-            for (p, impl), res in zip(work, ex.map(_worker_run, tasks, chunksize=1)):
-                yield p, impl, res
-        except BaseException:
-            ex.shutdown(wait=False, cancel_futures=True)
-            raise
+    for (p, impl), res in zip(work, spawn_map(_worker_run, tasks, jobs, dev, plugin_specs)):
+        yield p, impl, res
 
 
 def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,

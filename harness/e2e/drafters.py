@@ -18,6 +18,15 @@ import random
 from harness.e2e import tokenizer as tok
 
 
+def latest_match(ctx: list[int], n: int) -> int | None:
+    """Where the continuation of the latest earlier occurrence of ctx's last n tokens starts."""
+    key = ctx[-n:]
+    for j in range(len(ctx) - n - 1, -1, -1):
+        if ctx[j: j + n] == key:
+            return j + n
+    return None
+
+
 class PromptLookup:
     def __init__(self, ngram: int = 3):
         self.ngram = ngram
@@ -25,11 +34,10 @@ class PromptLookup:
     def propose(self, r: int, prompt: list[int], out: list[int], L: int) -> list[int]:
         ctx = list(prompt) + list(out)
         for n in range(min(self.ngram, len(ctx) - 1), 0, -1):
-            key = ctx[-n:]
-            for j in range(len(ctx) - n - 1, -1, -1):
-                if ctx[j: j + n] == key:
-                    d = ctx[j + n: j + n + L]
-                    return d + [tok.PAD] * (L - len(d))
+            j = latest_match(ctx, n)
+            if j is not None:
+                d = ctx[j: j + L]
+                return d + [tok.PAD] * (L - len(d))
         return [tok.PAD] * L
 
 
@@ -51,15 +59,6 @@ class NGramLookup:
 
         return cls([tok.encode(r["answer"], bos=False) + [tok.EOS] for r in g.load("train", limit=limit)], **kw)
 
-    def _copy_match(self, ctx: list[int]) -> list[int] | None:
-        n = self.min_copy
-        if len(ctx) <= n:
-            return None
-        key = ctx[-n:]
-        for j in range(len(ctx) - n - 1, -1, -1):
-            if ctx[j: j + n] == key:
-                return ctx[j + n: j + n + 1]
-        return None
 
     def _table(self, ctx: list[int]) -> int:
         for k in range(min(self.order, len(ctx)), 0, -1):
@@ -71,8 +70,8 @@ class NGramLookup:
     def propose(self, r: int, prompt: list[int], out: list[int], L: int) -> list[int]:
         ctx, d = list(prompt) + list(out), []
         for _ in range(L):
-            nxt = self._copy_match(ctx)
-            t = nxt[0] if nxt else self._table(ctx)
+            j = latest_match(ctx, self.min_copy) if len(ctx) > self.min_copy else None
+            t = ctx[j] if j is not None else self._table(ctx)
             d.append(t)
             ctx.append(t)
         return d

@@ -11,6 +11,7 @@ expected to fail; ``expect`` says so and the CLI exits non-zero when any verdict
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import time
@@ -120,29 +121,28 @@ def _drafter() -> D.NGramLookup:
     return _DRAFTER
 
 
+@functools.lru_cache(maxsize=None)
+def _model(layout: str, models_dir: str, device) -> M.Micro:
+    """The layout's model, loaded once per process (tasks of one run share it; inference never
+    writes its weights)."""
+    return load_model(layout, models_dir, device)[0]
+
+
+@functools.lru_cache(maxsize=4)
 def _prompts(n: int) -> tuple[list[list[int]], list[str]]:
     data = g.load("test", limit=n)
     return [tok.encode(tok.prompt(r["question"])) for r in data], [r["answer"] for r in data]
-
-
-_WORKER: tuple | None = None
-
-
-def _worker_init(device_kind: str) -> None:
-    global _WORKER
-    from harness import devices
-    from harness.registry import default_registry
-
-    _WORKER = (devices.select(device_kind), default_registry())
 
 
 def _generation(task) -> tuple[E.Generation, float]:
     """One generation run (a worker's unit): (layout, label or None for the reference greedy run,
     profile, models dir, problem count, first, end) -> (tokens/acceptance of problems [first, end),
     seconds)."""
+    from harness import suite
+
     layout, label, profile, models_dir, n, lo, hi = task
-    dev, reg = _WORKER
-    model, _, _ = load_model(layout, models_dir, dev.torch_device)
+    dev, reg = suite.worker_state()
+    model = _model(layout, models_dir, dev.torch_device)
     paths = {lab: path for lab, path, _ in paths_for(reg, layout, profile)}
     prompts = _prompts(n)[0][lo:hi]
     t0 = time.time()
@@ -176,19 +176,15 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
             progress(f"{t[0]} {t[1] or 'reference greedy'}: {n} problems "
                      f"({sum(s for _, s in parts[t[:2]]):.0f}s in {len(parts[t[:2]])} batches)")
 
+    from harness import suite
+
     if jobs <= 1:
-        global _WORKER
-        _WORKER = (dev, reg)
+        suite.set_worker_state(dev, reg)
         for t in tasks:
             collect(t, _generation(t))
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                                 initargs=(dev.kind,)) as ex:
-            for t, res in zip(tasks, ex.map(_generation, tasks)):
-                collect(t, res)
+        for t, res in zip(tasks, suite.spawn_map(_generation, tasks, jobs, dev)):
+            collect(t, res)
     results = {key: (E.Generation(tuple(x for g, _ in ps for x in g.tokens), tuple(x for g, _ in ps for x in g.accept_lens),
                                   sum(g.steps for g, _ in ps)), sum(s for _, s in ps)) for key, ps in parts.items()}
     rows = []
