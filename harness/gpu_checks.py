@@ -26,12 +26,14 @@ import torch
 
 from harness.gpu_runners import PLANS, Inputs, Outcome, check_determinism, check_graph, check_launches
 from harness.ops import BUILTIN
+from reports.rows import with_provenance
 
 CHECKS = ("launches", "graph", "determinism")
 ROW_CHECK = {"launches": ("gpu:launches",), "graph": ("gpu:graph-replay", "gpu:graph-gate"),
              "determinism": ("gpu:determinism",)}
 
 
+@with_provenance
 @dataclass(frozen=True)
 class GpuCheckRow:
     check: str  # gpu:launches | gpu:graph-replay | gpu:graph-gate | gpu:determinism
@@ -45,16 +47,6 @@ class GpuCheckRow:
     detail: str
     seconds: float
     repro: str
-    # provenance
-    git_sha: str
-    device: str
-    arch: str
-    fp8_format: str
-    torch: str
-    triton: str
-    shim: str
-    profile: str
-    seed: int
 
 
 # ----------------------------------------------------------------------------- running, verdict, report

@@ -22,6 +22,15 @@ class Provenance:
     seed: int
 
 
+def with_provenance(cls):
+    """A row class: ``cls``'s own fields (a frozen dataclass), then Provenance's, as columns in
+    that order; provenance is defined once, in ``Provenance``."""
+    row = type(cls.__name__, (Provenance, cls), {"__doc__": cls.__doc__, "__module__": cls.__module__,
+                                                   "__qualname__": cls.__qualname__})
+    return dataclass(frozen=True)(row)
+
+
+@with_provenance
 @dataclass(frozen=True)
 class ParityRow:
     op: str
@@ -42,16 +51,6 @@ class ParityRow:
     seconds: float
     fp8_policy: str
     repro: str
-    # provenance
-    git_sha: str
-    device: str
-    arch: str
-    fp8_format: str
-    torch: str
-    triton: str
-    shim: str
-    profile: str
-    seed: int
 
 
 def git_sha(root: Path | None = None) -> str:
@@ -79,6 +78,7 @@ def write_csv(rows: list, path: str | Path) -> Path:
     return path
 
 
+@with_provenance
 @dataclass(frozen=True)
 class PerfRow:
     """One benchmarked (op, impl, shape). Times in microseconds; the ratios are the benchmark's
@@ -96,18 +96,9 @@ class PerfRow:
     gbps: float  # achieved bandwidth (bytes the op must move / p50)
     frac_of_copy: float  # gbps / measured device-to-device copy bandwidth
     launches: int
-    # provenance
-    git_sha: str
-    device: str
-    arch: str
-    fp8_format: str
-    torch: str
-    triton: str
-    shim: str
-    profile: str
-    seed: int
 
 
+@with_provenance
 @dataclass(frozen=True)
 class GateRow:
     """One end-to-end gate verdict: a path under test vs the reference path on the same problems
@@ -132,16 +123,6 @@ class GateRow:
     verdict: str  # pass | fail
     detail: str
     seconds: float
-    # provenance
-    git_sha: str
-    device: str
-    arch: str
-    fp8_format: str
-    torch: str
-    triton: str
-    shim: str
-    profile: str
-    seed: int
 
 
 def columns(row_type: type) -> list[str]:
