@@ -43,37 +43,66 @@ class Step:
     fails: list[str] = field(default_factory=list)
 
 
-def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int, layouts: list[str] | None,
+def worker_counts(cores: int, gate_runs: int) -> dict[str, int]:
+    """Worker processes per step on a machine with ``cores`` CPU cores. On one GPU the steps are
+    host-bound (launches, syncs, Python), so the processes of all concurrent steps together are
+    sized to about twice the cores (a process waiting on the GPU leaves its core to another):
+    parity per op and timelines per family get ``cores // 8`` each, the gate per layout up to its
+    runs (``gate_runs``) capped at ``cores // 5``. Measured on the H200 host (16 cores): 31
+    processes in all (3 per parity op, 1 per timeline family, 5 per gate layout, torch.compile
+    in every parity worker) left each about half a core and no step finished in 380 s."""
+    per = max(1, cores // 8)
+    return {"parity": per, "timelines": per, "gate": max(1, min(gate_runs, cores // 5))}
+
+
+def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | None, layouts: list[str] | None,
          families: list[str] | None, bench: bool, gate: bool, ops: list[str] | None = None,
-         generated: int | None = None) -> list[Step]:
+         generated: int | None = None, cores: int | None = None) -> list[Step]:
     """The steps, with their time limits: correctness in 70 % of the budget, benchmarks in 20 %.
     ``generated`` overrides the generated parity cases per op and timelines per family (default:
-    the profile's; 500 timelines per family in the nightly profile)."""
+    the profile's; 500 timelines per family in the nightly profile). ``jobs`` overrides the
+    parity workers per op (default: ``worker_counts``).
+
+    The parity steps run the reference, fused and external implementations on every case; the
+    ``compiled`` ones (torch.compile of the reference chain) run the catalog only, in a step of
+    their own: each new shape, dtype or layout of a generated case costs them a recompile
+    (about 2-3 s each on the H200 host), which took most of the parity steps' time when they ran
+    every case."""
+    from cases import e2e_gate
+
+    gp = "full" if device != "cpu" else "cpu-lite"
+    gprof = e2e_gate.PROFILES[gp]
+    workers = worker_counts(cores or os.cpu_count() or 1, 2 + len(gprof.paths) + len(gprof.path_mutants))
+    if jobs is not None:
+        workers["parity"] = jobs
     py = [sys.executable, "-m", "harness"]
     par = 0.7 * budget_s
     gen = [] if generated is None else ["--generated", str(generated)]
+    kinds = ["--kind", "reference", "--kind", "fused", "--kind", "external"]
     steps = [Step(f"parity:{op}", py + ["run", "--op", op, "--device", device, "--profile", profile, "--quiet",
-                                      "--jobs", str(jobs), "--csv", str(out / f"parity-{op}.csv.gz"),
-                                      "--junit", str(out / f"parity-{op}.xml")] + gen, par) for op in ops or OPS]
+                                      "--jobs", str(workers["parity"]), "--csv", str(out / f"parity-{op}.csv.gz"),
+                                      "--junit", str(out / f"parity-{op}.xml")] + kinds + gen, par)
+             for op in ops or OPS]
+    if device != "cpu":  # torch.compile's Triton backend needs a GPU; on the CPU `compiled` refuses anyway
+        steps.append(Step("parity:compiled", py + ["run", "--device", device, "--profile", profile, "--quiet",
+                                                   "--kind", "compiled", "--generated", "0", "--csv",
+                                                   str(out / "parity-compiled.csv.gz"), "--junit",
+                                                   str(out / "parity-compiled.xml")]
+                          + [a for op in ops or OPS for a in ("--op", op)], par))
     from cases import timelines as tl
 
     tl_gen = gen or (["--generated", "500"] if profile == "nightly" else [])
     for fam in families or sorted(tl.FAMILIES):
         steps.append(Step(f"timelines:{fam}", py + ["timelines", "--device", device, "--profile", profile,
-                                                    "--family", fam, "--quiet", "--csv",
-                                                    str(out / f"timelines-{fam}.csv.gz")] + tl_gen, par))
+                                                    "--family", fam, "--quiet", "--jobs", str(workers["timelines"]),
+                                                    "--csv", str(out / f"timelines-{fam}.csv.gz")] + tl_gen, par))
     steps.append(Step("gpu", py + ["gpu", "--out", str(out / "gpu")], par))
     if gate:
         from harness.e2e import model as M
 
-        from cases import e2e_gate
-
-        gp = "full" if device != "cpu" else "cpu-lite"
-        prof = e2e_gate.PROFILES[gp]
-        gate_jobs = 2 + len(prof.paths) + len(prof.path_mutants)  # greedy + reference + each path: side by side
         for lay in layouts or M.LAYOUTS:
             steps.append(Step(f"gate:{lay}", py + ["gate", "--device", device, "--profile", gp, "--layout", lay,
-                                                   "--jobs", str(gate_jobs), "--csv", str(out / f"gate-{lay}.csv")],
+                                                   "--jobs", str(workers["gate"]), "--csv", str(out / f"gate-{lay}.csv")],
                               par))
     if bench:
         steps.append(Step("bench", py + ["bench", "--out", str(out / "bench")] +
@@ -161,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="nightly", help="parity/timelines profile (nightly | ci | dev)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
     ap.add_argument("--budget-s", type=float, default=600.0, help="wall-time budget for the whole run")
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes per parity step")
+    ap.add_argument("--jobs", type=int, default=None, help="worker processes per parity step (default: by cores)")
     ap.add_argument("--op", action="append", choices=OPS, help="parity ops (default: all three)")
     ap.add_argument("--generated", type=int, default=None,
                     help="generated parity cases per op and timelines per family (default: the profile's)")

@@ -333,3 +333,11 @@ def test_gpu_checks_pass_clean_and_flag_every_gpu_mutant(tmp_path, capsys):
     for m in gpu_mutants.MUTANTS:
         assert f"KILLED {m.key}" in out, out[-4000:]
     assert (tmp_path / "gpu_checks.csv").is_file()
+
+
+def test_progress_labels_a_flagged_mutant_apart_from_a_clean_failure():
+    """The nightly counts lines starting with FAIL as failures: a GPU mutant caught by its check
+    must not read FAIL (on the H200 the five killed mutants were listed as ten failures)."""
+    assert gc.row_state(False, "mutant") == "flag"
+    assert gc.row_state(False, "fused") == "FAIL" and gc.row_state(False, "reference") == "FAIL"
+    assert gc.row_state(True, "mutant") == "pass" and gc.row_state(None, "fused") == "skip"

@@ -37,5 +37,32 @@ def test_plan_covers_every_op_family_layout_and_puts_bench_alone(tmp_path):
     bench = next(s for s in steps if s.name == "bench")
     assert bench.phase == 1 and all(s.phase == 0 for s in steps if s is not bench)
     assert all("--generated" in s.argv and "500" in s.argv for s in steps if s.name.startswith("timelines:"))
-    assert all(s.argv[s.argv.index("--jobs") + 1] == "5" for s in steps if s.name.startswith("gate:"))
     assert sum(s.budget_s for s in steps if s.phase == 1) + max(s.budget_s for s in steps if s.phase == 0) <= 600
+
+
+def _kinds(step):
+    return [step.argv[i + 1] for i, a in enumerate(step.argv) if a == "--kind"]
+
+
+def test_plan_runs_compiled_on_the_catalog_only_and_sizes_workers_by_cores(tmp_path):
+    """torch.compile recompiles per generated shape (2-3 s each on the H200 host): the parity steps
+    leave it out and one step runs it on the catalogs; worker counts follow the cores."""
+    steps = {s.name: s for s in nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=None,
+                                              layouts=None, families=None, bench=True, gate=True, cores=16)}
+    for op in nightly.OPS:
+        assert _kinds(steps[f"parity:{op}"]) == ["reference", "fused", "external"]
+        assert steps[f"parity:{op}"].argv[steps[f"parity:{op}"].argv.index("--jobs") + 1] == "2"
+    comp = steps["parity:compiled"].argv
+    assert _kinds(steps["parity:compiled"]) == ["compiled"] and comp[comp.index("--generated") + 1] == "0"
+    assert [comp[i + 1] for i, a in enumerate(comp) if a == "--op"] == list(nightly.OPS)
+    jobs = lambda s: int(s.argv[s.argv.index("--jobs") + 1])  # noqa: E731
+    assert all(jobs(s) == 2 for n, s in steps.items() if n.startswith("timelines:"))
+    assert all(jobs(s) == 3 for n, s in steps.items() if n.startswith("gate:"))
+    procs = sum(jobs(s) for s in steps.values() if "--jobs" in s.argv) + 2  # + gpu, compiled
+    assert procs <= 2 * 16
+    small = nightly.plan(tmp_path, profile="dev", device="cpu", budget_s=600, jobs=None, layouts=None,
+                         families=None, bench=False, gate=True, cores=2)
+    assert "parity:compiled" not in {s.name for s in small}  # no torch.compile backend on the CPU
+    assert all(jobs(s) == 1 for s in small if "--jobs" in s.argv)
+    assert nightly.worker_counts(2, 5) == {"parity": 1, "timelines": 1, "gate": 1}
+    assert nightly.worker_counts(64, 5)["gate"] == 5  # never more workers than the gate has runs
