@@ -69,15 +69,15 @@ def compile(session: nox.Session) -> None:
 @nox.session(venv_params=VENV_PARAMS)
 def report(session: nox.Session) -> None:
     """runs/report/{report.html, junit.xml, merged.csv, diff.csv} from the CSVs in runs/: parity*.csv
-    (shards merged), and mutants*.csv, perf*.csv, gate*.csv when present. `-- --baseline OLD.csv`
-    diffs against a previous run and fails on any REGRESS."""
+    (shards merged), and mutants*.csv, perf*.csv, gate*.csv, kill_matrix*.csv, timelines*.csv[.gz]
+    when present. `-- --baseline OLD.csv` diffs against a previous run and fails on any REGRESS."""
     _install(session)
     parity = sorted(glob.glob("runs/parity*.csv"))
     if not parity:
         session.error("no runs/parity*.csv: run `nox -s parity` (or its shards) first")
     args = [a for p in parity for a in ("--csv", p)]
     for flag, pattern in (("--mutants", "runs/mutants*.csv"), ("--perf", "runs/perf*.csv"), ("--gate", "runs/gate*.csv"),
-                          ("--kill-matrix", "runs/kill_matrix*.csv")):
+                          ("--kill-matrix", "runs/kill_matrix*.csv"), ("--timelines", "runs/timelines*.csv*")):
         args += [a for p in sorted(glob.glob(pattern)) for a in (flag, p)]
     session.run("python", "-m", "harness", "report", *args, "--out", "runs/report", *session.posargs)
 

@@ -174,7 +174,8 @@ def cmd_timelines(args) -> int:
 
     from cases import base
     from cases import timelines as tl
-    from harness import suite, timeline
+    from harness import suite, timeline, timeline_rows
+    from reports.rows import TimelineRow, to_frame
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
     dev, prof, reg = _setup(args)
@@ -200,28 +201,24 @@ def cmd_timelines(args) -> int:
         if args.jobs <= 1:
             for t, sp in tasks:
                 path = _timeline_path(reg, t.family, sp)
-                yield t, path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
+                yield t, sp, path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
             return
-        for (t, _), (name, recs) in zip(tasks, suite.spawn_map(_timeline_task, tasks, args.jobs, dev)):
-            yield t, name, recs
+        for (t, sp), (name, recs) in zip(tasks, suite.spawn_map(_timeline_task, tasks, args.jobs, dev)):
+            yield t, sp, name, recs
 
+    prov = suite.provenance(dev, prof, args.seed)
     rows, fails, done = [], [], 0
     bar = tqdm(total=len(tasks), desc="timelines", unit="run", disable=args.quiet, file=sys.stderr,
                dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 15.0)
     try:
-        for t, name, recs in results():
-            bad = timeline.failures(recs)
-            tid = t.name or base.case_id("timeline", t)
-            rows += [dict(path=name, timeline=tid, model_family=t.family, step=s.step, mode=s.mode, layer=s.layer,
-                          family=s.family,
-                          check=s.record.check, status="pass" if s.record.passed else "fail", err=s.record.err,
-                          allowed=s.record.allowed, detail=s.record.detail or s.record.worst) for s in recs]
+        for t, sp, name, recs in results():
+            repro = timeline_rows.repro_line(dev.kind, t, sp)
+            run_rows = timeline_rows.rows_for(name, t, recs, repro, prov)
+            rows += run_rows
+            bad = [r for r in run_rows if r.status == "fail"]
             if bad:
-                s = bad[0]
-                fails.append(f"FAIL {name} {tid} step {s.step} ({s.mode}) layer {s.layer} [{s.record.check}] "
-                             f"{s.record.detail or s.record.worst}\n  repro: python -m harness timelines --device "
-                             f"{dev.kind} --timeline '{base.case_id('timeline', t)}'"
-                             + (f" --path-mutant {args.path_mutant}" if args.path_mutant else ""))
+                fails.append(f"FAIL {name} {bad[0].timeline} {timeline_rows.fail_line(vars(bad[0]))}\n"
+                             f"  repro: {repro}")
             done += 1
             bar.update(1)
             bar.set_postfix_str(f"fail={len(fails)}")
@@ -229,16 +226,11 @@ def cmd_timelines(args) -> int:
         print(f"\ninterrupted: {done} of {len(tasks)} timeline runs done; rows so far are kept", file=sys.stderr)
     bar.close()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
-    frame = pd.DataFrame(rows)
+    frame = to_frame(rows, TimelineRow)
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.csv, index=False)
     if len(frame):
-        keys = ["model_family", "path"]
-        runs = frame.groupby(keys + ["timeline"])["status"].agg(lambda x: bool((x == "fail").any()))
-        table = runs.groupby(keys).agg(runs="size", failed="sum").reset_index()
-        table["passed"] = table["runs"] - table["failed"]
-        checks = frame.groupby(keys).size().rename("checks").reset_index()
-        print("\n" + table.merge(checks)[keys + ["runs", "passed", "failed", "checks"]].to_string(index=False))
+        print("\n" + timeline_rows.summary(frame).to_string(index=False))
     for line in fails:
         print(line)
     n_runs = frame[["path", "timeline"]].drop_duplicates().shape[0] if len(frame) else 0
@@ -339,8 +331,10 @@ def cmd_report(args) -> int:
 
     b = build(args.csv, args.out, mutants=args.mutants or [], perf=args.perf or [], gate=args.gate or [],
               baseline=args.baseline, baseline_perf=args.baseline_perf, threshold=args.slower,
-              killmatrix=args.kill_matrix or [])
+              killmatrix=args.kill_matrix or [], timelines=args.timelines or [])
     print(f"report: {b.rows} rows ({b.failed_rows} failing) -> {b.out}/report.html, junit.xml, merged.csv, diff.csv")
+    if args.timelines:
+        print(f"timelines: {b.timeline_runs} runs ({b.failed_timeline_runs} failing)")
     if args.baseline:
         print(f"baseline diff vs {args.baseline}: {b.diff_rows} changed rows, {b.regress} REGRESS")
     return 1 if b.regress else 0
@@ -461,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--perf", action="append", help="benchmark CSV of reports.rows.PerfRow (repeatable)")
     p.add_argument("--gate", action="append", help="gate CSV of reports.rows.GateRow (repeatable)")
     p.add_argument("--kill-matrix", action="append", help="targeted kill-matrix CSV of `harness mutants` (repeatable)")
+    p.add_argument("--timelines", action="append",
+                   help="timelines CSV of reports.rows.TimelineRow (repeatable: shards and families are merged)")
     p.add_argument("--baseline", default=None, help="a previous run's parity CSV; exit 1 on any REGRESS")
     p.add_argument("--baseline-perf", default=None, help="a previous run's perf CSV (SLOWER rows)")
     p.add_argument("--slower", type=float, default=0.10, help="perf slowdown threshold (0.10 = 10%%)")

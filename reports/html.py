@@ -1,7 +1,9 @@
 """One self-contained HTML report (inline CSS and SVG, no network assets) rendered with jinja2.
 
 Sections: provenance, summary, per-op tables, failures (worst check, worst elements, repro
-line), error-vs-shape plots, mutant kill matrix, benchmark ratios, gate verdicts, baseline diff.
+line), error-vs-shape plots, store-timing timelines (runs per model family and path, each failing
+run's first failing check and repro), mutant kill matrix, benchmark ratios, gate verdicts,
+baseline diff.
 Everything shown is a column of the rows or a count/grouping of them.
 """
 from __future__ import annotations
@@ -12,10 +14,13 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from harness import timeline_rows
 from reports import plots
 from reports.junit import CASE_KEY, PROVENANCE, failure_line, worst_failure
 
 MAX_DIFF_ROWS = 1000  # shown; diff.csv has them all
+MAX_TIMELINE_FAILURES = 1000  # failing timeline runs shown; junit.xml has them all
+TL_FAIL_COLS = ["model_family", "path", "timeline", "step", "mode", "layer", "check", "err", "allowed", "detail"]
 
 
 def _fmt(v) -> str:
@@ -76,7 +81,8 @@ def failure_groups(frame: pd.DataFrame) -> list[dict]:
 
 def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd.DataFrame | None = None,
            gate: pd.DataFrame | None = None, diff: pd.DataFrame | None = None, baseline: str = "",
-           threshold: float = 0.10, killmatrix: pd.DataFrame | None = None) -> str:
+           threshold: float = 0.10, killmatrix: pd.DataFrame | None = None,
+           timelines: pd.DataFrame | None = None) -> str:
     from harness.suite import summary
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -88,11 +94,18 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
     counts = frame.groupby("status").size().to_dict() if not frame.empty else {}
     diff_counts = diff.groupby("change").size().to_dict() if diff is not None and not diff.empty else {}
     km = kill_matrix(mutants) if mutants is not None and not mutants.empty else None
+    tl_sum = None if timelines is None else timeline_rows.summary(timelines)
+    tl_bad = None if timelines is None else timeline_rows.first_failures(timelines)
     return env.get_template("report.html.j2").render(
         prov=prov, counts=counts, n_rows=len(frame), n_cases=frame[CASE_KEY].drop_duplicates().shape[0],
         summary=_records(s), summary_cols=list(s.columns),
         ops=[dict(name=op, table=per_op_checks(frame, op), svg=plots.svg(frame, op)) for op in ops],
         failures=failure_groups(frame),
+        timelines=timelines is not None, tl_summary=_records(tl_sum), tl_summary_cols=timeline_rows.SUMMARY_COLS,
+        tl_runs=0 if tl_sum is None else int(tl_sum["runs"].sum()),
+        tl_failed=0 if tl_sum is None else int(tl_sum["failed"].sum()),
+        tl_failures=_records(None if tl_bad is None else tl_bad.head(MAX_TIMELINE_FAILURES)), tl_fail_cols=TL_FAIL_COLS,
+        tl_more=0 if tl_bad is None else max(len(tl_bad) - MAX_TIMELINE_FAILURES, 0),
         kills=_records(km), kill_cols=[] if km is None else list(km.columns),
         km_rows=_records(_targeted(killmatrix)), km_cols=KM_COLS,
         perf=_records(perf), perf_cols=[] if perf is None else [c for c in perf.columns if c not in PROVENANCE],

@@ -65,16 +65,17 @@ def git_sha(root: Path | None = None) -> str:
         return "unknown"
 
 
-def to_frame(rows: list) -> pd.DataFrame:
+def to_frame(rows: list, row_type: type = ParityRow) -> pd.DataFrame:
+    """Rows -> frame in column order; no rows -> the empty frame of ``row_type``."""
     if not rows:
-        return pd.DataFrame(columns=[f.name for f in dataclasses.fields(ParityRow)])
+        return pd.DataFrame(columns=[f.name for f in dataclasses.fields(row_type)])
     return pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=[f.name for f in dataclasses.fields(type(rows[0]))])
 
 
-def write_csv(rows: list, path: str | Path) -> Path:
+def write_csv(rows: list, path: str | Path, row_type: type = ParityRow) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    to_frame(rows).to_csv(path, index=False)
+    to_frame(rows, row_type).to_csv(path, index=False)
     return path
 
 
@@ -123,6 +124,26 @@ class GateRow:
     verdict: str  # pass | fail
     detail: str
     seconds: float
+
+
+@with_provenance
+@dataclass(frozen=True)
+class TimelineRow:
+    """One check of one store-timing timeline run (``harness.timeline``): a timeline through one
+    path, compared with the logical truth after every layer call."""
+    path: str  # "<model family>:<prepare>+<attn>" or "<model family>:<path mutant>"
+    timeline: str  # catalog name, or the encoded id of a generated timeline
+    model_family: str
+    step: int
+    mode: str  # extend | decode | target_verify
+    layer: int
+    family: str  # check family: timeline | gate
+    check: str
+    status: str  # pass | fail
+    err: float
+    allowed: float
+    detail: str
+    repro: str  # the run's one-line repro (harness.timeline_rows.repro_line)
 
 
 def columns(row_type: type) -> list[str]:

@@ -38,3 +38,32 @@ def run_frame(device, *, mutant: bool, shard_spec: str | None = None):
     rows = suite.run(reg, dev=device, profile=profiles.current("dev"), ops=[OP], impls=[ref, fused],
                      generated=0, progress=False, shard_spec=shard_spec)
     return to_frame(rows)
+
+
+TIMELINE = "qwen35-gqa/width-1"  # the smallest qwen35 catalog timeline: one verify step that stores
+TIMELINE_MUTANT = "path-store-before-attention"  # seed 000: kernel parity passes, the timeline fails
+
+
+def timeline_cli(*args, timeout=600):
+    """``python -m harness timelines --device cpu ...`` as a user runs it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "harness", "timelines", "--device", "cpu", *map(str, args)], cwd=root,
+                          env=dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def timeline_csvs(tmp):
+    """Two timelines CSVs of ``TIMELINE`` from the CLI: the reference path (passes) and the
+    store-before-attention path mutant (fails) -> (clean.csv, mutant.csv, the mutant's printed repro)."""
+    clean, mutant = tmp / "timelines-clean.csv", tmp / "timelines-mutant.csv"
+    r = timeline_cli("--timeline", TIMELINE, "--path", "reference+reference", "--quiet", "--csv", clean)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = timeline_cli("--timeline", TIMELINE, "--path-mutant", TIMELINE_MUTANT, "--quiet", "--csv", mutant)
+    assert r.returncode == 1 and r.stdout.count("\nFAIL ") == 1, r.stdout + r.stderr
+    repro = next(line for line in r.stdout.splitlines() if line.strip().startswith("repro: ")).split("repro: ", 1)[1]
+    return clean, mutant, repro

@@ -96,3 +96,35 @@ def test_jobs_give_the_same_rows_in_the_same_order(tmp_path):
     cols = ["op", "impl", "case", "check", "status", "err"]
     a, b = pd.read_csv(tmp_path / "one.csv")[cols], pd.read_csv(tmp_path / "two.csv")[cols]
     assert len(a) > 0 and a.equals(b)
+
+
+def test_timelines_csv_is_timeline_rows_with_provenance_and_a_repro_that_reruns_the_path(tmp_path):
+    """cmd_timelines writes reports.rows.TimelineRow: the columns it always had, in their order, then the
+    run's repro and the provenance; the repro reruns the same timeline on the same (non-default) path."""
+    from reports import frames
+    from reports.rows import Provenance, TimelineRow, columns
+    from tests.report_runs import TIMELINE, timeline_cli
+
+    csv = tmp_path / "tl.csv"
+    r = timeline_cli("--family", "qwen35-gqa", "--path", "reference+reference", "--generated", "0",
+                     "--timeline", TIMELINE, "--quiet", "--csv", csv)
+    assert r.returncode == 0, r.stdout + r.stderr
+    df = pd.read_csv(csv)
+    old = ["path", "timeline", "model_family", "step", "mode", "layer", "family", "check", "status", "err", "allowed",
+           "detail"]
+    assert list(df.columns) == columns(TimelineRow) == old + ["repro"] + columns(Provenance)
+    assert len(df) > 0 and set(df["status"]) == {"pass"} and set(df["path"]) == {"qwen35-gqa:reference+reference"}
+    assert (df["device"] == "cpu:cpu").all() and df["shim"].str.startswith("vp-interp-shim").all()
+    for col in ("git_sha", "arch", "fp8_format", "torch", "triton", "profile", "seed"):
+        assert df[col].notna().all(), col
+    assert len(frames.read([csv, csv], TimelineRow)) == len(df)  # the report reads it; a shard passed twice counts once
+    (repro,) = set(df["repro"])
+    assert repro.startswith("python -m harness timelines --device cpu --timeline 'timeline:family=qwen35-gqa,")
+    assert repro.endswith(" --path reference+reference")
+    rr = subprocess.run(repro.replace("python", sys.executable, 1) + f" --quiet --csv {tmp_path / 'again.csv'}",
+                        shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert rr.returncode == 0, rr.stdout + rr.stderr
+    again = pd.read_csv(tmp_path / "again.csv")
+    cols = ["path", "step", "mode", "layer", "check", "status"]
+    assert again[cols].equals(df[cols])

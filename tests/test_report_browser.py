@@ -16,7 +16,7 @@ import pytest
 
 from reports import build
 from reports.rows import GateRow, PerfRow
-from tests.report_runs import OP, run_frame
+from tests.report_runs import OP, run_frame, timeline_csvs
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars")
@@ -61,15 +61,19 @@ def test_report_renders_in_headless_chromium(device, tmp_path):
     clean.to_csv(tmp_path / "clean.csv", index=False)
     mutant.to_csv(tmp_path / "mutant.csv", index=False)
     perf, gate = _extras(clean, tmp_path)
+    tl_clean, tl_mutant, tl_repro = timeline_csvs(tmp_path)
     b = build.build([tmp_path / "mutant.csv"], tmp_path / "out", mutants=[tmp_path / "mutant.csv"], perf=[perf],
-                    gate=[gate], baseline=tmp_path / "clean.csv")
+                    gate=[gate], baseline=tmp_path / "clean.csv", timelines=[tl_clean, tl_mutant])
     assert b.regress == int((mutant["status"] == "fail").sum()) > 0
+    assert (b.timeline_runs, b.failed_timeline_runs) == (2, 1)
     page = (tmp_path / "out" / "report.html").resolve().as_uri()
 
     dom = _chromium(exe, tmp_path, "--dump-dom", page).stdout
-    for sid in ("summary", "failures", "kill-matrix", "diff", "plots", "perf", "gate"):
+    for sid in ("summary", "failures", "timelines", "kill-matrix", "diff", "plots", "perf", "gate"):
         assert f'id="{sid}"' in dom, sid
     assert 'id="summary-table"' in dom and 'id="diff-table"' in dom
+    assert 'id="timelines-table"' in dom and 'id="timeline-failures"' in dom
+    assert f'<code class="repro">{tl_repro}</code>' in dom  # the failing timeline run with its repro
     repro = mutant[mutant["status"] == "fail"]["repro"].iloc[0]
     assert f'<code class="repro">{repro}</code>' in dom  # a failure with its one-line repro
     assert dom.count('class="REGRESS"') == b.regress

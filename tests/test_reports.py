@@ -14,7 +14,7 @@ import pytest
 
 from reports import diff, frames, html, junit
 from reports.rows import PerfRow
-from tests.report_runs import OP, run_frame
+from tests.report_runs import OP, TIMELINE, TIMELINE_MUTANT, run_frame, timeline_csvs
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = ["op", "impl", "case", "check"]
@@ -111,7 +111,7 @@ def test_junit_one_testcase_per_case_failure_names_worst_check_and_repro(runs):
 def test_html_sections_and_self_contained(runs):
     _, clean, mutant = runs
     text = html.render(mutant, mutants=mutant, diff=diff.diff(clean, mutant), baseline="clean.csv")
-    for sid in ("summary", "per-op", "failures", "plots", "kill-matrix", "perf", "gate", "diff"):
+    for sid in ("summary", "per-op", "failures", "plots", "timelines", "kill-matrix", "perf", "gate", "diff"):
         assert f'id="{sid}"' in text, sid
     bad = mutant[mutant["status"] == "fail"]
     assert bad["repro"].iloc[0].replace("'", "&#39;") in text
@@ -197,3 +197,38 @@ def test_html_shows_the_targeted_kill_matrix_with_survivors_marked(runs):
     assert "<th>e2e</th>" in table and "invisible" in table and "not run" in table
     assert 'class="SURVIVED">qk_norm_rope/mutant-b<' in table  # nothing flagged it
     assert 'class="SURVIVED">qk_norm_rope/mutant-a<' not in table and 'class="">qk_norm_rope/mutant-a<' in table
+
+
+def test_cli_report_timelines_fail_once_with_the_runs_repro(runs, tmp_path):
+    """A timelines CSV with one failing run (and a passing one, in a second file): the HTML names
+    the run with the repro the timelines command printed, junit.xml has exactly one failing
+    timeline testcase for it, and the summary counts it."""
+    d, clean, _ = runs
+    tl_clean, tl_mutant, repro = timeline_csvs(tmp_path)
+    r = _report("--csv", d / "clean.csv", "--timelines", tl_mutant, "--timelines", tl_clean, "--timelines", tl_clean,
+                "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stdout + r.stderr  # timeline failures fail the nightly, not the report
+    assert "timelines: 2 runs (1 failing)" in r.stdout, r.stdout
+
+    text = (tmp_path / "out" / "report.html").read_text()
+    summary = text[text.index('id="summary"'):text.index('id="summary-table"')]
+    assert "2 timeline runs" in summary and "timeline fail 1<" in summary and "timeline pass 1<" in summary
+    table = text[text.index('id="timelines-table"'):]
+    table = table[:table.index("</table>")]
+    mutant_path, clean_path = f"qwen35-gqa:{TIMELINE_MUTANT}", "qwen35-gqa:reference+reference"
+    assert table.count("<tr>") == 3 and mutant_path in table and clean_path in table
+    fails = text[text.index('id="timeline-failures"'):]
+    fails = fails[:fails.index("</table>")]
+    assert fails.count("<tr>") == 2  # header + the one failing run
+    assert mutant_path in fails and TIMELINE in fails and "target_verify" in fails
+    assert f'<code class="repro">{repro.replace(chr(39), "&#39;")}</code>' in fails
+
+    root = ET.parse(tmp_path / "out" / "junit.xml").getroot()
+    suite = root.find("testsuite[@name='timelines.qwen35-gqa']")
+    cases = suite.findall("testcase")
+    assert {tc.get("name") for tc in cases} == {f"{TIMELINE} [{mutant_path}]", f"{TIMELINE} [{clean_path}]"}
+    assert {tc.get("classname") for tc in cases} == {"timelines.qwen35-gqa"}
+    failing = [tc for tc in cases if tc.find("failure") is not None]
+    assert [tc.get("name") for tc in failing] == [f"{TIMELINE} [{mutant_path}]"] and suite.get("failures") == "1"
+    assert failing[0].find("failure").get("message").endswith(f"repro: {repro}")
+    assert len(root.findall("testsuite")) == 1 + clean["op"].nunique()  # the parity suites are still there

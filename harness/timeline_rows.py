@@ -1,0 +1,55 @@
+"""Store-timing timeline runs as rows (``reports.rows.TimelineRow``): a run's one-line repro, its
+rows, the per-(model family, path) summary and each failing run's first failing check. Shared by
+``python -m harness timelines`` and the report, so both print the same table and the same repro.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from cases import base
+from reports.rows import Provenance, TimelineRow
+
+SUMMARY_KEY = ["model_family", "path"]
+RUN_KEY = ["model_family", "path", "timeline"]  # one timeline through one path
+SUMMARY_COLS = SUMMARY_KEY + ["runs", "passed", "failed", "checks", "failed_checks"]
+
+
+def repro_line(device_kind: str, t, spec: tuple) -> str:
+    """The command that reruns timeline ``t`` on one path; ``spec`` is the CLI's path spec:
+    ("clean", prepare, attn) or ("mutant", name)."""
+    cmd = f"python -m harness timelines --device {device_kind} --timeline '{base.case_id('timeline', t)}'"
+    if spec[0] == "mutant":
+        return f"{cmd} --path-mutant {spec[1]}"
+    return cmd if tuple(spec[1:]) == ("fused", "fused") else f"{cmd} --path {spec[1]}+{spec[2]}"
+
+
+def rows_for(path_name: str, t, records: list, repro: str, prov: Provenance) -> list[TimelineRow]:
+    """One row per check of ``harness.timeline.run_timeline``'s records, in their order."""
+    tid = t.name or base.case_id("timeline", t)
+    return [TimelineRow(path=path_name, timeline=tid, model_family=t.family, step=s.step, mode=s.mode, layer=s.layer,
+                        family=s.family, check=s.record.check, status="pass" if s.record.passed else "fail",
+                        err=s.record.err, allowed=s.record.allowed, detail=s.record.detail or s.record.worst,
+                        repro=repro, **prov.__dict__) for s in records]
+
+
+def summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (model family, path): timeline runs, passed and failed runs, checks, failed checks."""
+    if frame.empty:
+        return pd.DataFrame(columns=SUMMARY_COLS)
+    f = frame.assign(failed=frame["status"] == "fail")
+    runs = f.groupby(RUN_KEY, sort=False)["failed"].any().groupby(SUMMARY_KEY, sort=False)
+    out = runs.agg(runs="size", failed="sum").join(
+        f.groupby(SUMMARY_KEY, sort=False)["failed"].agg(checks="size", failed_checks="sum")).reset_index()
+    out["passed"] = out["runs"] - out["failed"]
+    return out[SUMMARY_COLS].astype({c: int for c in SUMMARY_COLS[2:]})
+
+
+def first_failures(frame: pd.DataFrame) -> pd.DataFrame:
+    """The first failing check (row order: step, then layer) of every failing run, in run order."""
+    bad = frame[frame["status"] == "fail"]
+    return bad.drop_duplicates(RUN_KEY, keep="first").reset_index(drop=True)
+
+
+def fail_line(r) -> str:
+    """A failing run's headline: where its first failing check failed, and what it says."""
+    return f"step {r['step']} ({r['mode']}) layer {r['layer']} [{r['check']}] {r['detail']}"
