@@ -117,6 +117,8 @@ def _report_step(out: Path, baseline: str | None) -> Step:
         args += ["--csv", str(p)]
     for p in sorted(out.glob("gate-*.csv")):
         args += ["--gate", str(p)]
+    for p in sorted(out.glob("timelines-*.csv.gz")):
+        args += ["--timelines", str(p)]
     perf = out / "bench" / "perf.csv"
     if perf.exists():
         args += ["--perf", str(perf)]

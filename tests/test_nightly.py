@@ -67,3 +67,14 @@ def test_plan_runs_compiled_on_the_catalog_only_and_sizes_workers_by_cores(tmp_p
     assert all(jobs(s) == 1 for s in small if "--jobs" in s.argv)
     assert nightly.worker_counts(2, 5) == {"parity": 1, "timelines": 1, "gate": 1}
     assert nightly.worker_counts(64, 5)["gate"] == 5  # never more workers than the gate has runs
+
+
+def test_report_step_takes_every_csv_the_steps_wrote(tmp_path):
+    for name in ("parity-qk_norm_rope.csv.gz", "parity-compiled.csv.gz", "timelines-k3-mla-fp8.csv.gz",
+                 "timelines-qwen35-gqa.csv.gz", "gate-k3-mla-fp8.csv"):
+        (tmp_path / name).write_text("")
+    argv = nightly._report_step(tmp_path, None).argv
+    pairs = {(argv[i], argv[i + 1].rsplit("/", 1)[-1]) for i in range(len(argv) - 1) if argv[i].startswith("--")}
+    assert {("--csv", "parity-qk_norm_rope.csv.gz"), ("--csv", "parity-compiled.csv.gz"),
+            ("--timelines", "timelines-k3-mla-fp8.csv.gz"), ("--timelines", "timelines-qwen35-gqa.csv.gz"),
+            ("--gate", "gate-k3-mla-fp8.csv")} <= pairs
