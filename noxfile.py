@@ -86,10 +86,11 @@ def report(session: nox.Session) -> None:
 def gate(session: nox.Session) -> None:
     """End-to-end gate (issue 6): micro-models on held-out GSM8K-style problems through the reference,
     fused and path-mutant paths; runs/gate.csv. Profile: cpu-lite on the CPU, full on a GPU
-    (`-- --profile full`)."""
+    (`-- --profile full`). On the CPU the generation runs go to one process per core (VP_JOBS)."""
     _install(session)
-    session.run("python", "-m", "harness", "gate", "--device", DEVICE, "--csv", "runs/gate.csv", *session.posargs,
-                env={"VP_DEVICE": DEVICE})
+    jobs = os.environ.get("VP_JOBS", str(os.cpu_count() or 1) if DEVICE == "cpu" else "1")
+    session.run("python", "-m", "harness", "gate", "--device", DEVICE, "--jobs", jobs, "--csv", "runs/gate.csv",
+                *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
 @nox.session(venv_params=VENV_PARAMS)

@@ -109,6 +109,9 @@ def catalog(*, big: bool = False) -> list[MlaFp8PrepareCase]:
         # layouts: contiguous inputs; non-power-of-two head dims (tile masks)
         C(T=5, H=4, q_layout="contiguous", k_layout="contiguous", name="contiguous-inputs", seed=30),
         C(T=5, H=3, Dn=100, R=28, name="non-pow2-dims", seed=31),
+        # q rows (T·H) and KV rows (T) one past the interpreter's 512-row tile (a multiple of every
+        # compiled BLOCK_ROWS too): a second, partial tile on both
+        C(T=513, H=1, name="tile-boundary-plus-one", seed=32),
     ]
     if big:
         cases += [

@@ -66,8 +66,8 @@ def catalog(*, big: bool = False) -> list[QkNormRopeCase]:
         C(T=8, H=4, scale=30.0, name="large-rows", seed=17),
         C(T=6, H=2, D=128, R=64, name="d128-r64", seed=18),
         C(T=6, H=2, D=64, R=64, name="rope-covers-whole-head", seed=19),
-        C(T=33, H=2, D=256, R=32, name="tile-boundary-plus-one", seed=20),
-        C(T=31, H=2, D=256, R=32, name="tile-boundary-minus-one", seed=21),
+        C(T=513, H=2, D=256, R=32, name="tile-boundary-plus-one", seed=20),
+        C(T=511, H=2, D=256, R=32, name="tile-boundary-minus-one", seed=21),
     ]
     if big:
         cases += [

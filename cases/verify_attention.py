@@ -101,12 +101,14 @@ def catalog(*, big: bool = False) -> list[VerifyAttentionCase]:
         # KV heads 2/4, causal, generic GQA (split-KV path)
         _gqa("gqa-hkv2-h4-d128", H=4, Hkv=2, D=128, L=4, seed=9),
         _gqa("gqa-hkv4-h16-d64-l8", H=16, Hkv=4, D=64, L=8, seed=10),
-        # prefix 0 and 1; tile boundaries ±1 (interpreter BLOCK_N 64 -> 63/64/65, 127/128/129)
+        # prefix 0 and 1; tile boundaries ±1 (interpreter BLOCK_N 512 -> 511/512/513, 1023/1024/1025;
+        # multiples of 512 are tile boundaries of every compiled BLOCK_N as well)
         _gqa("empty-prefix-all", H=4, D=64, L=3, B=2, prefix="const:0", seed=11),
         _gqa("empty-prefix-one-request", H=8, D=128, L=2, B=3, prefix="list:0-17-1", seed=12),
         _gqa("prefix-one", H=4, D=64, L=4, prefix="const:1", splits=3, seed=13),
-        _gqa("tile-boundary-pm1", H=4, D=64, L=2, B=6, prefix="list:63-64-65-127-128-129", splits=1, seed=14),
-        _gqa("tile-boundary-split2", H=4, D=64, L=2, B=3, prefix="list:127-128-129", splits=2, seed=15),
+        _gqa("tile-boundary-pm1", H=4, D=64, L=2, B=6, prefix="list:511-512-513-1023-1024-1025", splits=1, seed=14),
+        # two splits of 512 / 512 / 513 keys (cdiv partition): each split's own tile boundary
+        _gqa("tile-boundary-split2", H=4, D=64, L=2, B=3, prefix="list:1023-1024-1025", splits=2, seed=15),
         _gqa("many-splits-short-prefix", H=4, D=64, L=2, prefix="const:5", splits=8, seed=16),
         # a 24-request batch with mixed prefixes (0 and the max included)
         _gqa("batch24-mixed", H=4, D=64, L=3, B=24, prefix="mixed:90", family="qwen3.5", seed=17),

@@ -52,7 +52,7 @@ def _saturate(x, FP8_MAX: tl.constexpr):
     return tl.where(x != x, x, tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "H"])  # one compile per layout, not per batch shape
 def _mla_fp8_prepare_kernel(
     q8_ptr,  # (T, H, DN + R) fp8 out
     kv_ptr,  # (S, DN + R) fp8 KV buffer: rows loc[t] written, every other row untouched
@@ -118,9 +118,10 @@ def _mla_fp8_prepare_kernel(
 
 
 def block_config(interpreted: bool) -> tuple[int, int]:
-    """(BLOCK_ROWS, num_warps). The interpreter pays per program, so it takes tall tiles;
+    """(BLOCK_ROWS, num_warps). The interpreter pays per program and per op, hardly per element,
+    so it takes tall tiles (the catalog's ``tile-boundary-plus-one`` straddles 512 rows);
     compiled: 4 rows × 512 bf16 over 128 threads = 16 contiguous elements per thread."""
-    return (64, 1) if interpreted else (4, 4)
+    return (512, 1) if interpreted else (4, 4)
 
 
 def k_mul_tensor(kv_descale, device) -> torch.Tensor | None:

@@ -129,11 +129,13 @@ def _qk_norm_rope_kernel(
 
 
 def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
-    """(BLOCK_T, BLOCK_D, num_warps) per backend. The interpreter pays per program, so it
-    takes wide token tiles; compiled backends keep ~2K fp32 elements per tile."""
+    """(BLOCK_T, BLOCK_D, num_warps) per backend. The interpreter pays per program and per op,
+    hardly per element, so it takes tall token tiles (a whole verify batch of the end-to-end gate
+    in one; the catalog's tile-boundary cases are T = 511 / 513); compiled backends keep ~2K fp32
+    elements per tile."""
     block_d = triton.next_power_of_2(D)
     if interpreted:
-        return 32, block_d, 1
+        return 512, block_d, 1
     return max(1, 2048 // block_d), block_d, 4 if block_d <= 512 else 8
 
 

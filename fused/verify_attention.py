@@ -26,11 +26,16 @@ ARCH_KV_DTYPES = {"sm90": (torch.bfloat16, torch.float8_e4m3fn), "gfx942": (torc
 
 # arch -> head_dim -> (BLOCK_H, BLOCK_N, num_warps, num_stages). BLOCK_H is an upper bound: the
 # wrapper takes the largest power of two <= min(BLOCK_H, KV_GROUP_NUM) and refuses a group it
-# does not divide. The interpreter pays per program and per op: wide head blocks, few programs;
-# its BLOCK_N = 64 is what the catalog's tile-boundary cases (63/64/65, 127/128/129) straddle.
+# does not divide. The interpreter pays per program and per op, hardly per element: wide head
+# blocks, few programs, and key tiles of 512 (one tile per split for any micro-model window of the
+# end-to-end gate). Its BLOCK_N = 512 is what the catalog's tile-boundary cases (511/512/513,
+# 1023/1024/1025) straddle; being multiples of 512, they straddle every compiled BLOCK_N too.
 BLOCK_CONFIG = {
-    "interpreter": {64: (16, 64, 1, 1), 128: (16, 64, 1, 1), 256: (16, 64, 1, 1), 576: (16, 64, 1, 1)},
-    "sm90": {64: (16, 64, 4, 2), 128: (16, 64, 4, 2), 256: (16, 32, 8, 2), 576: (8, 32, 8, 1)},
+    "interpreter": {64: (16, 512, 1, 1), 128: (16, 512, 1, 1), 256: (16, 512, 1, 1), 576: (16, 512, 1, 1)},
+    # sm90 256 / 576: the sweep's best on the H200 (harness.bench.sweep, B 64, H 16, L 4, prefix 16K, 8 and 24
+    # splits): D 256 (16, 32, 4, 3) 413 us, 62 % of copy (was (16, 32, 8, 2), slower than the top 8 at > 625 us);
+    # MLA (8, 32, 4, 2) 1540 us, 19 % of copy (was (8, 32, 8, 1)). 64 / 128: not swept yet
+    "sm90": {64: (16, 64, 4, 2), 128: (16, 64, 4, 2), 256: (16, 32, 4, 3), 576: (8, 32, 4, 2)},
     "gfx942": {64: (4, 256, 4, 1), 128: (4, 128, 4, 1), 256: (4, 64, 8, 1), 576: (4, 32, 8, 1)},
     "gfx950": {64: (4, 256, 4, 1), 128: (4, 128, 4, 1), 256: (4, 64, 8, 1), 576: (4, 32, 8, 1)},
 }

@@ -57,11 +57,13 @@ def worker_counts(cores: int, gate_runs: int) -> dict[str, int]:
 
 def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | None, layouts: list[str] | None,
          families: list[str] | None, bench: bool, gate: bool, ops: list[str] | None = None,
-         generated: int | None = None, cores: int | None = None) -> list[Step]:
+         generated: int | None = None, timelines: int | None = None, cores: int | None = None,
+         gate_jobs: int | None = None) -> list[Step]:
     """The steps, with their time limits: correctness in 70 % of the budget, benchmarks in 20 %.
-    ``generated`` overrides the generated parity cases per op and timelines per family (default:
-    the profile's; 500 timelines per family in the nightly profile). ``jobs`` overrides the
-    parity workers per op (default: ``worker_counts``).
+    ``generated`` overrides the generated parity cases per op (default: the profile's),
+    ``timelines`` the generated timelines per family (default: the profile's; 500 per family in
+    the nightly profile). ``jobs`` and ``gate_jobs`` override the parity workers per op and the
+    gate's per layout (default: ``worker_counts``).
 
     The parity steps run the reference, fused and external implementations on every case; the
     ``compiled`` ones (torch.compile of the reference chain) run the catalog only, in a step of
@@ -74,7 +76,9 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
     gprof = e2e_gate.PROFILES[gp]
     workers = worker_counts(cores or os.cpu_count() or 1, 2 + len(gprof.paths) + len(gprof.path_mutants))
     if jobs is not None:
-        workers["parity"] = jobs
+        workers["parity"] = workers["timelines"] = jobs
+    if gate_jobs is not None:
+        workers["gate"] = gate_jobs
     py = [sys.executable, "-m", "harness"]
     par = 0.7 * budget_s
     gen = [] if generated is None else ["--generated", str(generated)]
@@ -91,7 +95,8 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                           + [a for op in ops or OPS for a in ("--op", op)], par))
     from cases import timelines as tl
 
-    tl_gen = gen or (["--generated", "500"] if profile == "nightly" else [])
+    tl_gen = (["--generated", str(timelines)] if timelines is not None
+              else ["--generated", "500"] if profile == "nightly" else [])
     for fam in families or sorted(tl.FAMILIES):
         steps.append(Step(f"timelines:{fam}", py + ["timelines", "--device", device, "--profile", profile,
                                                     "--family", fam, "--quiet", "--jobs", str(workers["timelines"]),
@@ -193,10 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="nightly", help="parity/timelines profile (nightly | ci | dev)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
     ap.add_argument("--budget-s", type=float, default=600.0, help="wall-time budget for the whole run")
-    ap.add_argument("--jobs", type=int, default=None, help="worker processes per parity step (default: by cores)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="worker processes per parity and per timelines step (default: by cores)")
+    ap.add_argument("--gate-jobs", type=int, default=None, help="worker processes per gate layout (default: by cores)")
     ap.add_argument("--op", action="append", choices=OPS, help="parity ops (default: all three)")
     ap.add_argument("--generated", type=int, default=None,
-                    help="generated parity cases per op and timelines per family (default: the profile's)")
+                    help="generated parity cases per op (default: the profile's)")
+    ap.add_argument("--timelines", type=int, default=None,
+                    help="generated timelines per family (default: the profile's; 500 in the nightly profile)")
     ap.add_argument("--layout", action="append", help="gate layouts (default: all three)")
     ap.add_argument("--family", action="append", help="timeline families (default: all)")
     ap.add_argument("--no-bench", action="store_true")
@@ -210,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     steps = plan(out, profile=args.profile, device=device, budget_s=args.budget_s, jobs=args.jobs,
                  layouts=args.layout, families=args.family, bench=not args.no_bench, gate=not args.no_gate,
-                 ops=args.op, generated=args.generated)
+                 ops=args.op, generated=args.generated, timelines=args.timelines, gate_jobs=args.gate_jobs)
     t0 = time.time()
     print(f"verify-parity nightly: device={device} profile={args.profile} budget {args.budget_s:.0f}s, "
           f"{len(steps)} steps -> {out}", flush=True)

@@ -108,35 +108,54 @@ def set_worker_state(dev: Device, reg: Registry) -> None:
 def spawn_map(fn, tasks: list, jobs: int, dev: Device, plugin_specs: tuple[str, ...] = ()):
     """``fn(task)`` for every task, in order, in ``jobs`` spawned processes, each with its own
     device and registry (built-ins, mutants, entry points, ``plugin_specs``; ``worker_state()``).
-    Ctrl-C or SIGTERM cancels what has not started."""
+    Ctrl-C or SIGTERM cancels what has not started. Each worker gets one OpenBLAS thread (the
+    jobs already fill the cores; the interpreter's ``tl.dot`` products are tiny: with the default
+    thread count a worker burnt 1.6x the CPU time for the same wall time on the 2-core machine)."""
     import multiprocessing
+    import os
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                             initargs=(dev.kind, dev.fp8_format, plugin_specs)) as ex:
-        try:
-            yield from ex.map(fn, tasks, chunksize=1)
-        except BaseException:
-            ex.shutdown(wait=False, cancel_futures=True)
-            raise
+    blas = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"  # inherited by the spawned workers (read when numpy loads)
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                                 initargs=(dev.kind, dev.fp8_format, plugin_specs)) as ex:
+            try:
+                yield from ex.map(fn, tasks, chunksize=1)
+            except BaseException:
+                ex.shutdown(wait=False, cancel_futures=True)
+                raise
+    finally:
+        if blas is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = blas
 
 
-def _worker_run(task) -> runners.CaseResult:
-    op, impl_key, case = task
+def _worker_run(task) -> list[runners.CaseResult]:
+    op, impl_keys, case = task
     dev, reg = _WORKER
-    return runners.run_case(reg.ops[op], reg.impls[impl_key], case, dev)
+    return runners.run_impls(reg.ops[op], [reg.impls[k] for k in impl_keys], case, dev)
 
 
 def _results(work, dev: Device, jobs: int, plugin_specs: tuple[str, ...]):
-    """(planned, impl, CaseResult) in plan order; ``jobs`` > 1 runs cases in spawned processes,
-    each rebuilding the registry (built-ins, mutants, entry points, ``plugin_specs``)."""
+    """(planned, impl, CaseResult) in plan order. The implementations of one case run together
+    (``runners.run_impls``: inputs, reference and oracle once per case); ``jobs`` > 1 runs cases
+    in spawned processes, each rebuilding the registry (built-ins, mutants, entry points,
+    ``plugin_specs``)."""
+    groups: list[tuple] = []  # (planned, [impl, ...]) in plan order
+    for p, impl in work:
+        if groups and groups[-1][0] is p:
+            groups[-1][1].append(impl)
+        else:
+            groups.append((p, [impl]))
     if jobs <= 1:
-        for p, impl in work:
-            yield p, impl, runners.run_case(p.spec, impl, p.case, dev)
-        return
-    tasks = [(p.spec.name, impl.key, p.case) for p, impl in work]
-    for (p, impl), res in zip(work, spawn_map(_worker_run, tasks, jobs, dev, plugin_specs)):
-        yield p, impl, res
+        results = (runners.run_impls(p.spec, impls, p.case, dev) for p, impls in groups)
+    else:
+        tasks = [(p.spec.name, [i.key for i in impls], p.case) for p, impls in groups]
+        results = spawn_map(_worker_run, tasks, jobs, dev, plugin_specs)
+    for (p, impls), res in zip(groups, results):
+        yield from ((p, impl, r) for impl, r in zip(impls, res))
 
 
 def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,

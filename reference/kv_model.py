@@ -107,8 +107,12 @@ class KVModel:
 
     def history_slots(self, r: int) -> torch.Tensor:
         """Logical slots the path reads as request r's history: the last W of its visible table."""
+        return torch.tensor(self.history_list(r), dtype=torch.int64, device=self.device)
+
+    def history_list(self, r: int) -> list[int]:
+        """``history_slots`` as a host list (for callers that gather a whole batch's slots first)."""
         n = self.visible_len[r]
-        return torch.tensor(self.table[r][max(0, n - self.spec.window): n], dtype=torch.int64, device=self.device)
+        return self.table[r][max(0, n - self.spec.window): n]
 
     def rollback(self, r: int, new_len: int, *, keep_rejected: bool = False) -> None:
         """Forget positions >= new_len (rejected drafts). ``keep_rejected`` is the stale-KV bug:

@@ -146,16 +146,17 @@ def tree_masks(custom_mask, qo: list[int]) -> list[torch.Tensor | None]:
 
 
 def _partial(x: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None):
-    """x (H, L, N) fp32 scores, vals (H or Hkv, N, Dv) fp32, mask (L, N) bool -> m (H, L), l (H, L),
-    acc (H, L, Dv). With Hkv value heads, query heads h·g … h·g+g−1 read value head h (GQA groups
-    are contiguous): their probabilities are stacked as rows of one product, no per-head copy."""
+    """x (..., H, L, N) fp32 scores, vals (..., H or Hkv, N, Dv) fp32, mask broadcastable to x, bool
+    -> m (..., H, L), l (..., H, L), acc (..., H, L, Dv). With Hkv value heads, query heads
+    h·g … h·g+g−1 read value head h (GQA groups are contiguous): their probabilities are stacked as
+    rows of one product, no per-head copy. A row that sees no key gives (−inf, 0, 0)."""
     if mask is not None:
         x = x.masked_fill(~mask, float("-inf"))
-    m = x.amax(dim=-1)  # (H, L)
+    m = x.amax(dim=-1)  # (..., H, L)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    p = torch.exp(x - m_safe[..., None])  # (H, L, N)
-    H, L, N = p.shape
-    acc = (p.reshape(vals.shape[0], -1, N) @ vals).view(H, L, -1)  # (Hkv, g·L, N) @ (Hkv, N, Dv)
+    p = torch.exp(x - m_safe[..., None])  # (..., H, L, N)
+    *lead, H, L, N = p.shape
+    acc = (p.reshape(*lead, vals.shape[-3], -1, N) @ vals).view(*lead, H, L, -1)  # (Hkv, g·L, N) @ (Hkv, N, Dv)
     return m, p.sum(-1), acc
 
 
@@ -211,6 +212,10 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
         splitkv_switch=splitkv_switch)
     prefix_fn, draft_fn, combine_fn = _stages or (prefix_split_partials, draft_partial, combine)
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    if _stages is None and custom_mask is None and _batchable(qo, kvp, H, Dv):
+        res = _batched(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, scale=sm_scale, k_scale=k_scale,
+                       v_scale=v_scale, num_kv_splits=num_kv_splits, is_causal=is_causal)
+        return _finish(res, q, o)
     trees = tree_masks(custom_mask, qo)
     res = torch.empty(T, H, Dv, dtype=torch.float32, device=q.device)
     for b in range(B):
@@ -224,11 +229,66 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
         parts.append(draft_fn(qh, _per_head(k[t0:t1].float(), H), _per_head(v[t0:t1].float(), H),
                               scale=sm_scale, mask=mask))
         res[t0:t1] = combine_fn(parts).transpose(0, 1)  # (H, L, Dv) -> (L, H, Dv)
+    return _finish(res, q, o)
+
+
+def _finish(res: torch.Tensor, q: torch.Tensor, o: torch.Tensor | None) -> dict:
     out = res.to(q.dtype)  # fp32 -> bf16, round to nearest even (the only rounding)
     if o is None:
         return {"o": out}
     o.copy_(out)
     return {"o": o}
+
+
+# The batch at once: the same three launches, each over every request (padded to the longest
+# prefix, padding keys masked). Used when the widths are uniform, there is no tree mask and no
+# mutant stage, and the padded score tensor stays small; the per-request loop above otherwise.
+# The end-to-end engine calls the reference with a hundred requests per step: one set of launches
+# instead of a hundred.
+BATCHED_SCORE_BYTES = 1 << 28
+
+
+def _batchable(qo: list[int], kvp: list[int], H: int, Dv: int) -> bool:
+    B = len(qo) - 1
+    widths = {qo[b + 1] - qo[b] for b in range(B)}
+    if len(widths) != 1 or B < 2:
+        return False
+    L, n_max = widths.pop(), max(kvp[b + 1] - kvp[b] for b in range(B))
+    return B * H * L * (n_max + L + Dv) * 4 <= BATCHED_SCORE_BYTES
+
+
+def _batched(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, *, scale, k_scale, v_scale, num_kv_splits,
+             is_causal) -> torch.Tensor:
+    """The chain over the whole batch -> (T, H, Dv) fp32. Launch by launch as ``verify_attention``:
+    per split s of each request's prefix, the (m, l, acc) partial (keys outside the request's
+    split masked); the draft partial; the combine."""
+    dev = q.device
+    B, L = len(qo) - 1, qo[1] - qo[0]
+    T, H, D = q.shape
+    Hkv = k.shape[1]
+    lens = torch.tensor([kvp[b + 1] - kvp[b] for b in range(B)], device=dev)  # (B,)
+    n_max = int(lens.max())
+    pos = torch.arange(n_max, device=dev)
+    valid = pos[None, :] < lens[:, None]  # (B, N)
+    start = torch.tensor(kvp[:-1], device=dev)[:, None]
+    idx = torch.where(valid, kv_indices[(start + pos).clamp(max=max(kv_indices.numel() - 1, 0))].long(), 0)
+    qh = q.float().view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+    parts = []
+    if n_max:
+        kp = k_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, D), exact upcast
+        vp = v_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, Dv)
+        x = (qh.reshape(B, Hkv, -1, D) @ kp.transpose(-1, -2)).view(B, H, L, n_max) * (scale * k_scale)
+        split_len = -(-lens // num_kv_splits)  # (B,) cdiv partition, as split_bounds
+        for s in range(num_kv_splits):
+            lo = torch.minimum(s * split_len, lens)[:, None]
+            hi = torch.minimum(lo + split_len[:, None], lens[:, None])
+            in_split = ((pos[None, :] >= lo) & (pos[None, :] < hi))[:, None, None, :]  # (B, 1, 1, N)
+            m, l_, acc = _partial(x, vp, in_split)
+            parts.append((m, l_, acc * v_scale))
+    kd = k.float().view(B, L, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, D)
+    vd = v.float().view(B, L, Hkv, -1).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, Dv)
+    parts.append(_partial((qh @ kd.transpose(-1, -2)) * scale, vd, draft_mask(L, is_causal, None, dev)))
+    return combine(parts).transpose(1, 2).reshape(T, H, -1)  # (B, H, L, Dv) -> (T, H, Dv)
 
 
 def dense_mask(n: int, L: int, is_causal: bool, tree: torch.Tensor | None, device) -> torch.Tensor:

@@ -48,6 +48,27 @@ def test_gate_smoke_reference_passes_mutant_fails(registry, device, tmp_path):
     assert columns(GateRow)[:2] == ["layout", "path"]
 
 
+def test_cpu_lite_profile_keeps_its_content(registry):
+    """Issue 6's CPU criterion: >= 100 problems, every layout's fused+fused path really on the fused
+    kernels, the store-before-attention mutant where it applies, the common thresholds, and no
+    solution of the slice cut by max_new (a cut answer is a wrong one)."""
+    from cases import gsm8k_synth as g
+    from harness.e2e import model as M
+
+    p = cfg.PROFILES["cpu-lite"]
+    assert p.problems >= 100 and p.thresholds == cfg.Thresholds()
+    assert "fused+fused" in p.paths and "path-store-before-attention" in p.path_mutants
+    for layout in M.LAYOUTS:
+        by = {label: (path, expect) for label, path, expect in gate.paths_for(registry, layout, p)}
+        path, expect = by["fused+fused"]
+        assert expect == "pass" and path.attn.kind == "fused", layout
+        assert path.prepare is None or path.prepare.kind == "fused", layout
+        if layout in ("dsv4-mqa-ring", "qwen35-gqa"):
+            assert by["path-store-before-attention"][1] == "fail"
+    longest = max(len(tok.encode(r["answer"], bos=False)) + 1 for r in g.load("test", limit=p.problems))  # + EOS
+    assert p.max_new >= longest, (p.max_new, longest)
+
+
 def test_near_ties_are_excused_and_bugs_are_not():
     th = cfg.Thresholds()
     base = dict(acc=stats.accuracy([False] * 10), accept=1.5, mc=stats.McNemar(0, 0, 1.0))
@@ -109,7 +130,11 @@ def test_gate_generations_in_worker_processes_give_the_same_rows(registry, devic
     one = gate.run(registry, device, prof, layouts=("qwen35-gqa",), models_dir=tmp_path)
     # batches of 2 problems, each its own task, two processes: the same rows (a request's numbers do
     # not depend on which requests share its batch)
+    lines = []
     two = gate.run(registry, device, dataclasses.replace(prof, batch=2), layouts=("qwen35-gqa",), models_dir=tmp_path,
-                   jobs=2)
+                   jobs=2, progress=lines.append)
+    # progress per batch, numbered, so a long run shows where it is before its first run ends
+    batches = -(-prof.problems // 2) * (len(one) + 1)  # reference greedy + each path's run, per batch of 2
+    assert sum(x.startswith("[") for x in lines) == batches and lines[0].startswith(f"[1/{batches}]"), lines
     strip = lambda rows: [{k: v for k, v in r.__dict__.items() if k != "seconds"} for r in rows]  # noqa: E731
     assert strip(one) == strip(two) and len(one) == 2

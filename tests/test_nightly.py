@@ -78,3 +78,15 @@ def test_report_step_takes_every_csv_the_steps_wrote(tmp_path):
     assert {("--csv", "parity-qk_norm_rope.csv.gz"), ("--csv", "parity-compiled.csv.gz"),
             ("--timelines", "timelines-k3-mla-fp8.csv.gz"), ("--timelines", "timelines-qwen35-gqa.csv.gz"),
             ("--gate", "gate-k3-mla-fp8.csv")} <= pairs
+
+
+def test_plan_keeps_parity_and_timeline_counts_apart(tmp_path):
+    """--generated sizes the parity cases only; --timelines the timelines; --gate-jobs the gate."""
+    steps = {s.name: s for s in nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=3,
+                                              layouts=None, families=None, bench=False, gate=True, generated=1700,
+                                              timelines=450, gate_jobs=4, cores=16)}
+    arg = lambda s, flag: s.argv[s.argv.index(flag) + 1]  # noqa: E731
+    assert all(arg(s, "--generated") == "1700" for n, s in steps.items() if n.startswith("parity:") and "compiled" not in n)
+    assert all(arg(s, "--generated") == "450" and arg(s, "--jobs") == "3"
+               for n, s in steps.items() if n.startswith("timelines:"))
+    assert all(arg(s, "--jobs") == "4" for n, s in steps.items() if n.startswith("gate:"))

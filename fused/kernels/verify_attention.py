@@ -130,7 +130,7 @@ def _store_partial(mid_acc_ptr, mid_ml_ptr, row_tok, row_head, row_mask, split, 
              mask=row_mask[:, None] & (offs_dv[None, :] < DV))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "H", "num_kv_splits"])  # one compile per layout, not per batch shape
 def _verify_split_kv_prefix_kernel(
     mid_acc_ptr,  # (T, H, S, DV) fp32 out: v_scale·Σ p·v per split
     mid_ml_ptr,  # (T, H, S, 2) fp32 out: (max, sum) per split
@@ -173,7 +173,7 @@ def _verify_split_kv_prefix_kernel(
                    offs_dv, DV=DV)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "H", "num_kv_splits"])  # one compile per layout, not per batch shape
 def _verify_shared_kv_prefix_kernel(
     mid_acc_ptr, mid_ml_ptr,  # as the split-KV kernel
     q_ptr, k_buffer_ptr, v_buffer_ptr, kv_indptr_ptr, kv_indices_ptr,
@@ -215,7 +215,7 @@ def _verify_shared_kv_prefix_kernel(
                    offs_dv, DV=DV)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "H", "num_kv_splits"])  # one compile per layout, not per batch shape
 def _verify_combine_kernel(
     o_ptr,  # (T, H, DV) bf16 out, contiguous
     mid_acc_ptr, mid_ml_ptr,  # partials of the prefix kernel

@@ -64,9 +64,11 @@ def _cut(ids: list[int], max_new: int) -> tuple[int, ...]:
 
 class Engine:
     def __init__(self, model: Micro, path: timeline.Path, *, L: int = 4, device="cpu",
-                 fp8_dtype=torch.float8_e4m3fn):
+                 fp8_dtype=torch.float8_e4m3fn, num_kv_splits: int | None = None):
+        """``num_kv_splits``: every attention launch's split count (None: the family's)."""
         self.model, self.path, self.L, self.device = model, path, L, torch.device(device)
         self.fam = model.fam
+        self.splits = num_kv_splits or self.fam.splits
         if path.family != model.cfg.layout:
             raise ValueError(f"path {path.name} is for {path.family}, the model is {model.cfg.layout}")
         self.store = path.verify_store or self.fam.verify_store
@@ -139,16 +141,18 @@ class Engine:
         pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
         loc_logical = torch.cat(logical)
         loc_phys = kv.physical(loc_logical)
+        self._owners, self._loc_logical = owners, loc_logical
+        meta = {}  # the slots each chunk reads are the same in every layer: built once per forward
         x = self.model.embed(torch.tensor(ids, device=dev))
         for layer in range(self.fam.layers):
-            x = self._layer(mode, layer, x, pos_t, loc_logical, loc_phys, owners)
+            x = self._layer(mode, layer, x, pos_t, loc_logical, loc_phys, meta)
             x = self.model.mlp(layer, x)
         for r, c in owners:  # the whole chunk is history now; verify rolls the rejected part back
             self.n[r] += c
             kv.rollback(r, self.n[r])
         return self.model.logits(x)
 
-    def _layer(self, mode, layer, x, pos_t, loc_logical, loc_phys, owners):
+    def _layer(self, mode, layer, x, pos_t, loc_logical, loc_phys, meta):
         fam, m, kv = self.fam, self.model, self.kv
         buf, T = kv.buffers[layer], x.shape[0]
         pr = m.project(layer, x)
@@ -179,7 +183,7 @@ class Engine:
         if stores and store_first:
             self._store(buf, loc_phys, rows)
         k_d, v_d = timeline._chunk_kv(fam, buf[loc_phys.clamp(min=0)] if one_source else rows)
-        o = self._attend(mode, q, k_d, v_d, buf, owners, loc_logical, as_history=policy == "as-history")
+        o = self._attend(mode, q, k_d, v_d, buf, meta, policy == "as-history")
         if stores and not store_first and policy != "none":
             self._store(buf, loc_phys, rows)
         return m.attn_out(layer, x, o)
@@ -189,25 +193,39 @@ class Engine:
         valid = loc_phys >= 0
         buf[loc_phys[valid]] = rows[valid].to(buf.dtype)
 
-    def _attend(self, mode, q, k_d, v_d, buf, owners, loc_logical, *, as_history):
-        """Attention over each request's history (+ the other chunk tokens, when the chunk is history)."""
-        fam, kv, dev = self.fam, self.kv, self.device
-        kb, vb = timeline._kv_views(fam, buf)
-        ends, read, off = [], [], 0
+    def _read_meta(self, owners, loc_logical, as_history: bool) -> tuple[torch.Tensor, ...]:
+        """(qo_indptr, kv_indptr, kv_indices) of one forward: each chunk reads its request's history
+        (+ the other chunk tokens, one query row per span, when the chunk is history). Built on the
+        host from the slot tables, one copy to the device."""
+        kv = self.kv
+        chunk_all = loc_logical.tolist()
+        ends, lens, flat, off = [], [], [], 0
         for r, c in owners:
-            h = kv.history_slots(r)
-            chunk = loc_logical[off: off + c]
+            h = kv.history_list(r)
+            chunk = chunk_all[off: off + c]
             for s, e in ([(off + i, off + i + 1) for i in range(c)] if as_history else [(off, off + c)]):
-                extra = torch.cat((chunk[: s - off], chunk[e - off:])) if as_history else chunk[:0]
+                extra = [x for x in chunk[: s - off] + chunk[e - off:] if x >= 0] if as_history else []
                 ends.append(e)
-                slots = torch.cat((h, extra[extra >= 0]))
-                read.append(kv.physical(slots) if self.path.translate_reads else slots)
+                lens.append(len(h) + len(extra))
+                flat += h + extra
             off += c
+        dev = self.device
+        idx = torch.tensor(flat, dtype=torch.int64, device=dev)
+        if self.path.translate_reads:
+            idx = kv.physical(idx)
+        kv_indptr = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(dev)
+        return torch.tensor([0] + ends, dtype=torch.int32, device=dev), kv_indptr, idx.to(torch.int32)
+
+    def _attend(self, mode, q, k_d, v_d, buf, meta: dict, as_history: bool):
+        """Attention over each request's history (+ the other chunk tokens, when the chunk is history)."""
+        fam = self.fam
+        kb, vb = timeline._kv_views(fam, buf)
+        if as_history not in meta:
+            meta[as_history] = self._read_meta(self._owners, self._loc_logical, as_history)
+        qo_indptr, kv_indptr, kv_indices = meta[as_history]
         args = dict(q=q.contiguous(), k=k_d.contiguous(), v=v_d.contiguous(), k_buffer=kb, v_buffer=vb,
-                    qo_indptr=torch.tensor([0] + ends, dtype=torch.int32, device=dev),
-                    kv_indptr=torch.tensor([0] + [len(x) for x in read], device=dev).cumsum(0).to(torch.int32),
-                    kv_indices=torch.cat(read).to(torch.int32).contiguous(), sm_scale=1.0 / math.sqrt(fam.D),
-                    is_causal=fam.causal, k_scale=fam.kv_descale, v_scale=fam.kv_descale, num_kv_splits=fam.splits,
+                    qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, sm_scale=1.0 / math.sqrt(fam.D),
+                    is_causal=fam.causal, k_scale=fam.kv_descale, v_scale=fam.kv_descale, num_kv_splits=self.splits,
                     custom_mask=None, o=None, topk=1, model_family=fam.model_family, splitkv_switch=True)
         fn = va_ref.verify_attention if mode == "extend" else self.path.attn.fn
         return fn(**args)["o"]

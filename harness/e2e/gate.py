@@ -39,12 +39,12 @@ def load_model(layout: str, models_dir: str | Path = cfg.MODEL_DIR, device="cpu"
     return M.Micro(M.MicroConfig(layout=layout)).to(device).eval(), "random-init", False
 
 
-def generate(model, path, prompts, max_new, drafter, batch, device) -> E.Generation:
+def generate(model, path, prompts, max_new, drafter, batch, device, num_kv_splits=None) -> E.Generation:
     toks, acc, steps = [], [], 0
     for i in range(0, len(prompts), batch):
         part = prompts[i: i + batch]
         d = drafter(i) if callable(drafter) else drafter
-        out = E.Engine(model, path, device=device).generate(part, max_new, drafter=d)
+        out = E.Engine(model, path, device=device, num_kv_splits=num_kv_splits).generate(part, max_new, drafter=d)
         toks += out.tokens
         acc += out.accept_lens
         steps += out.steps
@@ -75,7 +75,7 @@ def paths_for(reg, layout: str, profile: cfg.GateProfile) -> list[tuple[str, tim
     return out
 
 
-def tie_divergences(model, ref_path, prompts, greedy, other, margin: float, device) -> int:
+def tie_divergences(model, ref_path, prompts, greedy, other, margin: float, device, num_kv_splits=None) -> int:
     """How many disagreeing problems first differ at a token whose top-2 logit margin on the
     reference greedy path is below ``margin`` (one reference prefill per disagreeing problem)."""
     n = 0
@@ -85,7 +85,8 @@ def tie_divergences(model, ref_path, prompts, greedy, other, margin: float, devi
         j = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), None)
         if j is None:  # one is a prefix of the other: an EOS decision, not an argmax near-tie
             continue
-        top = E.Engine(model, ref_path, device=device).prefill([list(p) + list(a[:j])])[-1].topk(2).values
+        eng = E.Engine(model, ref_path, device=device, num_kv_splits=num_kv_splits)
+        top = eng.prefill([list(p) + list(a[:j])])[-1].topk(2).values
         n += bool(top[0] - top[1] < margin)
     return n
 
@@ -148,7 +149,7 @@ def _generation(task) -> tuple[E.Generation, float]:
     t0 = time.time()
     path = paths["reference+reference"] if label is None else paths[label]
     out = generate(model, path, prompts, profile.max_new, None if label is None else _drafter(), profile.batch,
-                   dev.torch_device)
+                   dev.torch_device, profile.num_kv_splits)
     return out, time.time() - t0
 
 
@@ -162,19 +163,25 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
     prov = provenance(dev, profile, seed).__dict__
     n = problems or profile.problems
     prompts, golds = _prompts(n)
-    # one task per (layout, run, batch of problems): with jobs > 1 the batches of one run go side by side too
-    tasks = []
-    for layout in layouts:
-        for label in [None] + [lab for lab, _, _ in paths_for(reg, layout, profile)]:
-            tasks += [(layout, label, profile, str(models_dir), n, lo, min(n, lo + profile.batch))
-                      for lo in range(0, n, profile.batch)]
+    # one task per (layout, run, batch of problems): with jobs > 1 the batches of one run go side by side too;
+    # the runs that launch Triton kernels first (under the interpreter they cost ~10x a reference run), so
+    # that no long run starts last (a run's batches stay in order: the results are concatenated)
+    runs = [(layout, label) for layout in layouts
+            for label in [None] + [lab for lab, _, _ in paths_for(reg, layout, profile)]]
+    kernels = {(layout, lab) for layout in layouts for lab, path, _ in paths_for(reg, layout, profile)
+               if any(i is not None and i.kind != "reference" for i in (path.prepare, path.attn))}
+    tasks = [(layout, label, profile, str(models_dir), n, lo, min(n, lo + profile.batch))
+             for layout, label in sorted(runs, key=lambda r: r not in kernels) for lo in range(0, n, profile.batch)]
     parts: dict[tuple, list] = {}
+
+    done = [0]
 
     def collect(t, res):
         parts.setdefault(t[:2], []).append(res)
-        if progress and t[6] == n:
-            progress(f"{t[0]} {t[1] or 'reference greedy'}: {n} problems "
-                     f"({sum(s for _, s in parts[t[:2]]):.0f}s in {len(parts[t[:2]])} batches)")
+        done[0] += 1
+        if progress:  # every batch: a long run shows where it is (a whole run can take minutes)
+            progress(f"[{done[0]}/{len(tasks)}] {t[0]} {t[1] or 'reference greedy'}: problems {t[6]} of {n} "
+                     f"(batch {res[1]:.1f}s, run so far {sum(s for _, s in parts[t[:2]]):.0f}s)")
 
     from harness import suite
 
@@ -202,7 +209,7 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
             agreement = sum(a == b for a, b in zip(out.tokens, greedy.tokens)) / len(prompts)
             accept = out.mean_accept_len
             ties = tie_divergences(model, paths[0][1], prompts, greedy.tokens, out.tokens,
-                                   profile.thresholds.tie_margin, dev.torch_device)
+                                   profile.thresholds.tie_margin, dev.torch_device, profile.num_kv_splits)
             v, why = verdict(profile.thresholds, trained=trained, acc=acc, agreement=agreement, accept=accept, mc=mc,
                              ties=ties / len(prompts))
             rows.append(GateRow(layout=layout, path=label, expect=expect, model=model_id, drafter="ngram-lookup",
