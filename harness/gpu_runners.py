@@ -50,21 +50,33 @@ class OpPlan:
     full: str  # catalog name for the determinism rerun: the largest real shape of the catalog
     fused_launches: int  # device kernels of one fused call, by design (module docstring)
     stages: tuple[str, ...]  # the reference chain's launch functions in reference/<op>.py
-    expected_stages: Callable[[object], int]  # calls of them in one reference call of the case
+    expected_stages: Callable[[object, dict], int]  # calls of them in one reference call of (case, inputs)
     step: str  # the function of fused/<op>.py that takes ``gate_fn``
 
 
 PLANS = {
     "qk_norm_rope": OpPlan(("dsv4-verify-b8-l3-h128",), "dsv4-verify-b256-l3-h64", 1,
-                           ("q_norm_rope", "kv_norm_rope", "ring_store"), lambda c: 2 + (c.mode == "decode"),
+                           ("q_norm_rope", "kv_norm_rope", "ring_store"), lambda c, kw: 2 + (c.mode == "decode"),
                            "qk_norm_rope_step"),
     "mla_fp8_prepare": OpPlan(("k3-verify-b4-l3-h16",), "k3-verify-b64-l3-h128", 1,
-                              ("concat_q", "cast_fp8", "scatter_kv"), lambda c: 4 + c.save_kv_cache,
+                              ("concat_q", "cast_fp8", "scatter_kv"), lambda c, kw: 4 + c.save_kv_cache,
                               "mla_fp8_prepare_step"),
     "verify_attention": OpPlan(("gpu-qwen35-b64-h16-p1024", "k3-mla-h64-l3-e4m3fn"), "gpu-k3-b16-h64-p16k", 2,
-                               ("prefix_split_partials", "draft_partial", "combine"), lambda c: 3 * c.B,
+                               ("prefix_split_partials", "draft_partial", "combine", "prefix_split_partials_batched",
+                                "draft_partial_batched"), lambda c, kw: 3 if _va_batched(kw) else 3 * c.B,
                                "verify_attention"),
 }
+
+
+def _va_batched(kw: dict) -> bool:
+    """Whether the verify reference takes the whole batch at once (three launches) or loops over
+    the requests (three each): ``reference.verify_attention._batchable``."""
+    from reference import verify_attention as r
+
+    return kw.get("custom_mask") is None and r._batchable(kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist(),
+                                                          kw["q"].shape[1], kw["v"].shape[2])
+
+
 REFERENCE_NOT_CAPTURABLE = {
     "mla_fp8_prepare": "launch 5 (scatter_kv) selects the written rows with a boolean mask (loc >= 0): a "
                        "device->host sync, which capture forbids",
@@ -244,7 +256,7 @@ def check_launches(spec, impl, case, dev, *, inputs=None, count=None, names=None
             with stage_calls(spec.name) as calls:
                 fn()
                 _sync()
-            want = plan.expected_stages(case)
+            want = plan.expected_stages(case, inputs)
             got = f"{len(calls)} launches ({', '.join(sorted(set(calls)))}); {kernels} device kernels"
             return Outcome("gpu:launches", f"{want} launches of the chain, each >= 1 kernel", got,
                            len(calls) == want and kernels >= len(calls))

@@ -246,6 +246,7 @@ def _finish(res: torch.Tensor, q: torch.Tensor, o: torch.Tensor | None) -> dict:
 # The end-to-end engine calls the reference with a hundred requests per step: one set of launches
 # instead of a hundred.
 BATCHED_SCORE_BYTES = 1 << 28
+SDPA_CHUNK_BYTES = 1 << 31  # expanded K/V per SDPA call of verify_attention_sdpa
 
 
 def _batchable(qo: list[int], kvp: list[int], H: int, Dv: int) -> bool:
@@ -259,9 +260,8 @@ def _batchable(qo: list[int], kvp: list[int], H: int, Dv: int) -> bool:
 
 def _batched(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, *, scale, k_scale, v_scale, num_kv_splits,
              is_causal) -> torch.Tensor:
-    """The chain over the whole batch -> (T, H, Dv) fp32. Launch by launch as ``verify_attention``:
-    per split s of each request's prefix, the (m, l, acc) partial (keys outside the request's
-    split masked); the draft partial; the combine."""
+    """The chain over the whole batch -> (T, H, Dv) fp32: the same three launches as the loop, each
+    over every request (``prefix_split_partials_batched``, ``draft_partial_batched``, ``combine``)."""
     dev = q.device
     B, L = len(qo) - 1, qo[1] - qo[0]
     T, H, D = q.shape
@@ -273,22 +273,40 @@ def _batched(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, *, scale, k_scale
     start = torch.tensor(kvp[:-1], device=dev)[:, None]
     idx = torch.where(valid, kv_indices[(start + pos).clamp(max=max(kv_indices.numel() - 1, 0))].long(), 0)
     qh = q.float().view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
-    parts = []
-    if n_max:
-        kp = k_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, D), exact upcast
-        vp = v_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, Dv)
-        x = (qh.reshape(B, Hkv, -1, D) @ kp.transpose(-1, -2)).view(B, H, L, n_max) * (scale * k_scale)
-        split_len = -(-lens // num_kv_splits)  # (B,) cdiv partition, as split_bounds
-        for s in range(num_kv_splits):
-            lo = torch.minimum(s * split_len, lens)[:, None]
-            hi = torch.minimum(lo + split_len[:, None], lens[:, None])
-            in_split = ((pos[None, :] >= lo) & (pos[None, :] < hi))[:, None, None, :]  # (B, 1, 1, N)
-            m, l_, acc = _partial(x, vp, in_split)
-            parts.append((m, l_, acc * v_scale))
+    kp = k_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, D), exact upcast
+    vp = v_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, Dv)
+    parts = prefix_split_partials_batched(qh, kp, vp, lens, scale=scale * k_scale, v_scale=v_scale,
+                                          num_kv_splits=num_kv_splits)
     kd = k.float().view(B, L, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, D)
     vd = v.float().view(B, L, Hkv, -1).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, Dv)
-    parts.append(_partial((qh @ kd.transpose(-1, -2)) * scale, vd, draft_mask(L, is_causal, None, dev)))
+    parts.append(draft_partial_batched(qh, kd, vd, scale=scale, mask=draft_mask(L, is_causal, None, dev)))
     return combine(parts).transpose(1, 2).reshape(T, H, -1)  # (B, H, L, Dv) -> (T, H, Dv)
+
+
+def prefix_split_partials_batched(qh, kp, vp, lens, *, scale, v_scale, num_kv_splits):
+    """Launch 1 over the batch. qh (B, H, L, D); kp (B, Hkv, N, D), vp (B, Hkv, N, Dv) fp32, each
+    request's prefix padded to N; lens (B,) its true length -> per split, (m, l, acc) of every
+    request with the keys outside its split (the cdiv partition of ``split_bounds``) masked."""
+    B, H, L, D = qh.shape
+    Hkv, n_max = kp.shape[1], kp.shape[2]
+    if n_max == 0:
+        return []
+    pos = torch.arange(n_max, device=qh.device)
+    x = (qh.reshape(B, Hkv, -1, D) @ kp.transpose(-1, -2)).view(B, H, L, n_max) * scale
+    split_len = -(-lens // num_kv_splits)  # (B,)
+    out = []
+    for s in range(num_kv_splits):
+        lo = torch.minimum(s * split_len, lens)[:, None]
+        hi = torch.minimum(lo + split_len[:, None], lens[:, None])
+        in_split = ((pos[None, :] >= lo) & (pos[None, :] < hi))[:, None, None, :]  # (B, 1, 1, N)
+        m, l_, acc = _partial(x, vp, in_split)
+        out.append((m, l_, acc * v_scale))
+    return out
+
+
+def draft_partial_batched(qh, kd, vd, *, scale, mask):
+    """Launch 2 over the batch. qh, kd (B, H, L, D); vd (B, H, L, Dv); mask (L, L) -> (m, l, acc)."""
+    return _partial((qh @ kd.transpose(-1, -2)) * scale, vd, mask)
 
 
 def dense_mask(n: int, L: int, is_causal: bool, tree: torch.Tensor | None, device) -> torch.Tensor:
@@ -344,10 +362,17 @@ def verify_attention_sdpa(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, 
         keys = torch.cat((k_buffer[idx].float() * k_scale, k[t0:t1].float()))  # (n+L, Hkv, D)
         vals = torch.cat((v_buffer[idx].float() * v_scale, v[t0:t1].float()))  # (n+L, Hkv, Dv)
         mask = dense_mask(idx.numel(), t1 - t0, is_causal, trees[b], q.device)
-        y = torch.nn.functional.scaled_dot_product_attention(
-            q[t0:t1].float().transpose(0, 1)[None], keys.transpose(0, 1)[None], vals.transpose(0, 1)[None],
-            attn_mask=mask, scale=sm_scale, enable_gqa=True)  # (1, H, L, Dv)
-        res[t0:t1] = y[0].transpose(0, 1)
+        qh, kh, vh = q[t0:t1].float().transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1)
+        # SDPA expands K/V to every query head it is given: heads go in chunks of one KV head's group
+        # whose expanded fp32 K/V stay within SDPA_CHUNK_BYTES (K3 at 200K tokens, 128 heads: 870 MB a head)
+        g = H // kh.shape[0]
+        chunk = max(1, min(g, SDPA_CHUNK_BYTES // (4 * keys.shape[0] * (keys.shape[2] + vals.shape[2]))))
+        for h0 in range(0, H, chunk):
+            h1, j = min(h0 + chunk, (h0 // g + 1) * g), h0 // g
+            y = torch.nn.functional.scaled_dot_product_attention(
+                qh[None, h0:h1], kh[None, j: j + 1], vh[None, j: j + 1], attn_mask=mask, scale=sm_scale,
+                enable_gqa=True)  # (1, h1 - h0, L, Dv)
+            res[t0:t1, h0:h1] = y[0].transpose(0, 1)
     out = res.to(q.dtype)
     if o is None:
         return {"o": out}

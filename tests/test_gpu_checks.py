@@ -200,14 +200,22 @@ def test_launch_check_passes_fused_and_flags_the_mutant(reg, device, op, mutant,
 @pytest.mark.parametrize("op,name,want", [
     ("qk_norm_rope", "dsv4-verify-b1-l3-h8", 2), ("qk_norm_rope", "decode-padding-slots", 3),
     ("mla_fp8_prepare", "k3-verify-b1-l3-h8", 5), ("mla_fp8_prepare", "writes-off", 4),
-    ("verify_attention", "qwen35-h16-l4-b3", 9),
+    ("verify_attention", "qwen35-h16-l4-b3", 3), ("verify_attention", "qwen35-h16-l4-b3-loop", 9),
 ])
 def test_reference_chain_launches_counted_as_designed(reg, device, op, name, want):
-    case, impl = _case(reg, op, name), reg.impls[f"{op}/reference"]
+    """The chain's launches: per request in the loop form (a batch too large for the batched form:
+    here forced by a zero size bound), once over the batch in the batched form."""
+    from reference import verify_attention as va_ref
+
+    loop = name.endswith("-loop")
+    case, impl = _case(reg, op, name.removesuffix("-loop")), reg.impls[f"{op}/reference"]
     inputs = reg.ops[op].build_inputs(case, device)
-    with gr.capture_safe(op, inputs), gr.stage_calls(op) as calls:
-        impl.fn(**inputs)
-    assert len(calls) == gr.PLANS[op].expected_stages(case) == want, calls
+    with pytest.MonkeyPatch.context() as mp:
+        if loop:
+            mp.setattr(va_ref, "BATCHED_SCORE_BYTES", 0)
+        with gr.capture_safe(op, inputs), gr.stage_calls(op) as calls:
+            impl.fn(**inputs)
+        assert len(calls) == gr.PLANS[op].expected_stages(case, inputs) == want, calls
 
 
 # ----------------------------------------------------------------------------- graph replay (stand-in capture)

@@ -130,6 +130,18 @@ def test_batched_chain_masks_other_requests_and_padding(device):
     assert b in changed and changed - {b} <= shared, (b, changed, shared)
 
 
+def test_sdpa_head_chunks_change_nothing(device, monkeypatch):
+    """SDPA's K/V expansion in head chunks (so that 200K-token K3 cases fit the GPU): one head per
+    call gives the bytes the whole group per call gives, for GQA with several KV heads and MLA."""
+    for name in ("gqa-hkv4-h16-d64-l8", "k3-mla-h4-l2-e4m3fnuz"):
+        kw = cases.build_inputs(CATALOG[name], device)
+        whole = ref.verify_attention_sdpa(**kw)["o"]
+        monkeypatch.setattr(ref, "SDPA_CHUNK_BYTES", 1)
+        one = ref.verify_attention_sdpa(**kw)["o"]
+        monkeypatch.undo()
+        assert torch.equal(whole, one), name
+
+
 def test_split_count_does_not_change_the_answer(device):
     """Partitioning the prefix is an fp32 implementation detail: 1 vs 7 splits agree far below bf16."""
     c = CATALOG["peaky-softmax"]
