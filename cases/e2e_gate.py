@@ -41,17 +41,30 @@ class GateProfile:
     # op-level mutants ("op/name" registry keys) plugged into the clean fused path of every layout
     # whose path runs that op: the kill matrix's e2e column (``harness.killmatrix.e2e_column``)
     impl_mutants: tuple[str, ...] = ()
+    # problems (the first N of the same list) decoded by the runs that launch Triton kernels (a path whose
+    # prepare or attention is not the reference chain); such a row is judged on exactly those problems and
+    # says so in its detail. None: every run on every problem
+    kernel_problems: int | None = None
+
+    def __post_init__(self):
+        if self.kernel_problems is not None and self.kernel_problems < 1:
+            raise ValueError(f"kernel_problems: expected None or >= 1, got {self.kernel_problems}")
 
 
 PROFILES = {
-    # CPU, Triton interpreter: a fused kernel costs ~20 ms per program, so a small slice. max_new 200: the
-    # longest solution of the first 100 test problems is 188 tokens with EOS (160 cut 23 of them, and a cut
-    # answer is a wrong one). The path mutant's bug is the backend's store timing, not a kernel's: it runs on
-    # the reference kernels (every fused launch goes to the fused+fused path). One KV split: one prefix
-    # program per (request, head block) instead of two (the split merge is the parity catalog's to check).
+    # CPU, Triton interpreter: a fused verify-attention launch costs ~40 ms per program (one per request, layer
+    # and step: ~0.3 ms per tl op), so the fused+fused runs decode only the first kernel_problems problems (100
+    # would take ~1 h per layout; 3: the whole gate in 4 min 24 s wall with --jobs 2 on 2 idle cores, measured,
+    # dsv4's 3 problems 143 s of it; each more problem adds ~40 s); the reference runs and the path mutant take
+    # all 100. max_new 200: the longest solution of the first 100 test problems is 188 tokens with EOS (160
+    # cut 23 of them, and a cut answer is a wrong one). The path mutant's bug is the backend's store timing,
+    # not a kernel's: it runs on the reference kernels (every fused launch goes to the fused+fused path). One
+    # KV split: one prefix program per (request, head block) instead of two (the split merge is the parity
+    # catalog's to check).
     "cpu-lite": GateProfile("cpu-lite", problems=100, max_new=200, paths=("fused+fused",),
                             path_mutants=("path-store-before-attention",), batch=50,
-                            mutant_kernels="reference+reference", num_kv_splits=1),
+                            mutant_kernels="reference+reference", num_kv_splits=1,
+                            kernel_problems=3),
     # the H200: the issue's numbers (>= 500 problems)
     "full": GateProfile("full", problems=600, max_new=200, paths=("fused+fused",),
                         path_mutants=("path-store-before-attention", "path-stale-rejected-kv"), batch=100),

@@ -50,13 +50,15 @@ def test_gate_smoke_reference_passes_mutant_fails(registry, device, tmp_path):
 
 def test_cpu_lite_profile_keeps_its_content(registry):
     """Issue 6's CPU criterion: >= 100 problems, every layout's fused+fused path really on the fused
-    kernels, the store-before-attention mutant where it applies, the common thresholds, and no
-    solution of the slice cut by max_new (a cut answer is a wrong one)."""
+    kernels (on the first kernel_problems of them: >= 1), the store-before-attention mutant where it
+    applies, the common thresholds, and no solution of the slice cut by max_new (a cut answer is a wrong one)."""
     from cases import gsm8k_synth as g
     from harness.e2e import model as M
 
     p = cfg.PROFILES["cpu-lite"]
     assert p.problems >= 100 and p.thresholds == cfg.Thresholds()
+    assert p.kernel_problems is not None and 1 <= p.kernel_problems <= p.problems
+    assert cfg.PROFILES["full"].kernel_problems is None
     assert "fused+fused" in p.paths and "path-store-before-attention" in p.path_mutants
     for layout in M.LAYOUTS:
         by = {label: (path, expect) for label, path, expect in gate.paths_for(registry, layout, p)}
@@ -111,9 +113,12 @@ def test_shipped_models_meet_acceptance_and_the_store_before_attention_drop(regi
     drops accuracy by >= 0.3 and fails with McNemar p < 1e-6."""
     if not (Path(cfg.MODEL_DIR) / "qwen35-gqa.safetensors").exists():
         pytest.fail("cases/models/qwen35-gqa.safetensors is missing: the shipped models are part of the repo")
+    # kernel_problems cuts only runs that launch Triton kernels: none here, every row on all 40 problems
     prof = cfg.GateProfile("test-drop", problems=40, max_new=200, paths=(),
-                           path_mutants=("path-store-before-attention",), batch=40, mutant_kernels="reference+reference")
+                           path_mutants=("path-store-before-attention",), batch=40,
+                           mutant_kernels="reference+reference", kernel_problems=1)
     ref, mut = gate.run(registry, device, prof, layouts=("qwen35-gqa",))
+    assert ref.problems == mut.problems == 40 and "first" not in mut.detail, mut.detail
     assert ref.path == "reference+reference" and ref.verdict == "pass", ref.detail
     assert ref.mean_accept_len >= 2.0 and ref.accuracy >= 0.95 and ref.exact_agreement == 1.0
     assert mut.path == "path-store-before-attention" and mut.verdict == "fail" and mut.expect == "fail"
@@ -138,3 +143,62 @@ def test_gate_generations_in_worker_processes_give_the_same_rows(registry, devic
     assert sum(x.startswith("[") for x in lines) == batches and lines[0].startswith(f"[1/{batches}]"), lines
     strip = lambda rows: [{k: v for k, v in r.__dict__.items() if k != "seconds"} for r in rows]  # noqa: E731
     assert strip(one) == strip(two) and len(one) == 2
+
+
+def test_kernel_problems_cut_only_the_fused_run_and_say_so(registry, device, tmp_path):
+    """kernel_problems < problems: the fused+fused run (real fused kernels, interpreted on the CPU)
+    decodes the first kernel_problems problems and its row says so; the reference runs and the path
+    mutant (reference kernels) keep every problem, and the mutant still fails."""
+    import dataclasses
+
+    prof = dataclasses.replace(cfg.PROFILES["smoke"], paths=("fused+fused",), max_new=8, kernel_problems=1)
+    assert prof.problems == 4
+    by = {r.path: r for r in gate.run(registry, device, prof, layouts=("qwen35-gqa",), models_dir=tmp_path)}
+    assert set(by) == {"reference+reference", "fused+fused", "path-store-before-attention"}
+    fused = by["fused+fused"]
+    assert fused.problems == 1 and "first 1 of 4 problems" in fused.detail, fused.detail
+    assert fused.verdict == "pass" and fused.exact_agreement == 1.0
+    assert by["reference+reference"].problems == by["path-store-before-attention"].problems == 4
+    assert "first" not in by["path-store-before-attention"].detail
+    assert by["path-store-before-attention"].verdict == "fail"
+
+
+def test_a_cut_run_is_judged_on_exactly_its_problems(registry, device, monkeypatch):
+    """A kernel run on the first k of n problems gets the row a whole run on those k problems gets:
+    accuracy, the reference's accuracy, agreement, near-ties, McNemar, verdict. The shipped trained
+    model (problem 21 of its test split is wrong on the reference path, so the reference accuracy on
+    the first 4 differs from the first 22). No interpreter: two reference-kernel paths stand in for
+    kernel runs, their attention relabelled 'fused' (the gate tells a kernel run by the kind): the
+    store-before-attention mutant and a clean reference path (agreement 1 on k, k/n if divided by n)."""
+    import dataclasses
+
+    real = gate.paths_for
+
+    def as_kernel(path):
+        return dataclasses.replace(path, attn=dataclasses.replace(path.attn, kind="fused"))
+
+    def with_stand_ins(reg, layout, profile):
+        out = real(reg, layout, profile)
+        return [(lab, as_kernel(path) if lab == "path-store-before-attention" else path, expect)
+                for lab, path, expect in out] + [("clean-as-kernel", as_kernel(out[0][1]), "pass")]
+
+    monkeypatch.setattr(gate, "paths_for", with_stand_ins)
+    n, k = 22, 4
+    prof = cfg.GateProfile("test-cut", problems=n, max_new=200, paths=(), path_mutants=("path-store-before-attention",),
+                           batch=n, mutant_kernels="reference+reference", kernel_problems=k)
+    ref_n, *cut = gate.run(registry, device, prof, layouts=("qwen35-gqa",))
+    ref_k, *whole = gate.run(registry, device, dataclasses.replace(prof, kernel_problems=None), layouts=("qwen35-gqa",),
+                             problems=k)
+    assert [r.path for r in cut] == [r.path for r in whole] == ["path-store-before-attention", "clean-as-kernel"]
+    assert ref_n.problems == n and ref_k.problems == k
+    # each number below tells k problems from n: the reference's accuracy, a full agreement, every problem worse
+    assert ref_n.accuracy < ref_k.accuracy == 1.0, (ref_n.accuracy, ref_k.accuracy)
+    mut, clean = cut
+    assert mut.problems == clean.problems == k and mut.worse == k and mut.verdict == "fail"
+    assert clean.exact_agreement == 1.0 and clean.ref_accuracy == ref_k.accuracy and clean.verdict == "pass"
+    drop = {"seconds", "detail"}
+    for c, w in zip(cut, whole):
+        note, _, rest = c.detail.partition(" (kernel_problems)")
+        assert note.endswith(f"on the first {k} of {n} problems") and rest.removeprefix("; ") == w.detail, c.detail
+        assert {f: v for f, v in c.__dict__.items() if f not in drop} == \
+            {f: v for f, v in w.__dict__.items() if f not in drop}

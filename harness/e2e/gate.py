@@ -6,8 +6,10 @@ acceptance length, and the paired exact McNemar test against the reference path;
 Per layout: the reference path (reference prepare + reference attention) runs plain greedy
 once (the agreement target) and speculatively (the McNemar baseline); every other path and path
 mutant runs speculatively with n-gram-table + copy drafts (``drafters.NGramLookup``, built from
-the train split) on the same problems. A path mutant is
-expected to fail; ``expect`` says so and the CLI exits non-zero when any verdict differs.
+the train split) on the same problems, or on the first ``profile.kernel_problems`` of them for a
+run that launches Triton kernels (judged on exactly those; its row's ``problems`` and detail say
+so). A path mutant is expected to fail; ``expect`` says so and the CLI exits non-zero when any
+verdict differs.
 """
 from __future__ import annotations
 
@@ -170,8 +172,11 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
             for label in [None] + [lab for lab, _, _ in paths_for(reg, layout, profile)]]
     kernels = {(layout, lab) for layout in layouts for lab, path, _ in paths_for(reg, layout, profile)
                if any(i is not None and i.kind != "reference" for i in (path.prepare, path.attn))}
-    tasks = [(layout, label, profile, str(models_dir), n, lo, min(n, lo + profile.batch))
-             for layout, label in sorted(runs, key=lambda r: r not in kernels) for lo in range(0, n, profile.batch)]
+    # problems per run: the first kernel_problems for a kernel run (the same list, so the same problems)
+    count = {r: min(n, profile.kernel_problems or n) if r in kernels else n for r in runs}
+    tasks = [(layout, label, profile, str(models_dir), n, lo, min(count[layout, label], lo + profile.batch))
+             for layout, label in sorted(runs, key=lambda r: r not in kernels)
+             for lo in range(0, count[layout, label], profile.batch)]
     parts: dict[tuple, list] = {}
 
     done = [0]
@@ -180,7 +185,7 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
         parts.setdefault(t[:2], []).append(res)
         done[0] += 1
         if progress:  # every batch: a long run shows where it is (a whole run can take minutes)
-            progress(f"[{done[0]}/{len(tasks)}] {t[0]} {t[1] or 'reference greedy'}: problems {t[6]} of {n} "
+            progress(f"[{done[0]}/{len(tasks)}] {t[0]} {t[1] or 'reference greedy'}: problems {t[6]} of {count[t[:2]]} "
                      f"(batch {res[1]:.1f}s, run so far {sum(s for _, s in parts[t[:2]]):.0f}s)")
 
     from harness import suite
@@ -202,19 +207,24 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
         ref_ok = None
         for label, path, expect in paths:
             out, secs = results[(layout, label)]
+            m = count[layout, label]  # this run's problems: the first m; every number below is on exactly those
+            assert len(out.tokens) == m, (layout, label, len(out.tokens), m)
             texts = [tok.decode(t) for t in out.tokens]
-            ok = [answers.correct(answers.strict(x), gold) for x, gold in zip(texts, golds)]
-            ref_ok = ok if ref_ok is None else ref_ok
-            acc, mc = stats.accuracy(ok), stats.mcnemar(ref_ok, ok)
-            agreement = sum(a == b for a, b in zip(out.tokens, greedy.tokens)) / len(prompts)
+            ok = [answers.correct(answers.strict(x), gold) for x, gold in zip(texts, golds[:m])]
+            ref_ok = ok if ref_ok is None else ref_ok  # the reference path: never a kernel run, all n problems
+            acc, mc = stats.accuracy(ok), stats.mcnemar(ref_ok[:m], ok)
+            agreement = sum(a == b for a, b in zip(out.tokens, greedy.tokens[:m])) / m
             accept = out.mean_accept_len
-            ties = tie_divergences(model, paths[0][1], prompts, greedy.tokens, out.tokens,
+            ties = tie_divergences(model, paths[0][1], prompts[:m], greedy.tokens[:m], out.tokens,
                                    profile.thresholds.tie_margin, dev.torch_device, profile.num_kv_splits)
             v, why = verdict(profile.thresholds, trained=trained, acc=acc, agreement=agreement, accept=accept, mc=mc,
-                             ties=ties / len(prompts))
+                             ties=ties / m)
+            if m < n:
+                why = "; ".join(x for x in (f"{'interpreter: ' if dev.interpreted else ''}Triton kernels on the "
+                                            f"first {m} of {n} problems (kernel_problems)", why) if x)
             rows.append(GateRow(layout=layout, path=label, expect=expect, model=model_id, drafter="ngram-lookup",
-                                extraction="strict", problems=len(prompts), accuracy=acc.value, accuracy_lo=acc.lo,
-                                accuracy_hi=acc.hi, ref_accuracy=sum(ref_ok) / len(ref_ok),
+                                extraction="strict", problems=m, accuracy=acc.value, accuracy_lo=acc.lo,
+                                accuracy_hi=acc.hi, ref_accuracy=sum(ref_ok[:m]) / m,
                                 exact_agreement=agreement, tie_divergences=ties,
                                 mean_accept_len=accept if not math.isnan(accept) else -1.0,
                                 worse=mc.worse, better=mc.better, p_value=mc.p_value, verdict=v, detail=why,
