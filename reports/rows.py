@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,13 +55,18 @@ class ParityRow:
 
 
 def git_sha(root: Path | None = None) -> str:
+    """``HEAD`` (12 hex), and for a tree with uncommitted changes to tracked files ``+dirty.<8 hex>``:
+    a hash of ``git diff HEAD``, so that two runs of different uncommitted code never share a sha
+    (a copied working tree on a GPU runner whose ``.git`` is older still names its exact sources:
+    that HEAD plus that diff)."""
+    cwd = root or Path(__file__).parent
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root or Path(__file__).parent,
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10)
         sha = out.stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root or Path(__file__).parent,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
+        diff = subprocess.run(["git", "diff", "HEAD", "--no-ext-diff", "--binary"], cwd=cwd, capture_output=True,
+                              timeout=30).stdout
+        return sha + (f"+dirty.{hashlib.sha256(diff).hexdigest()[:8]}" if diff.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

@@ -232,3 +232,25 @@ def test_cli_report_timelines_fail_once_with_the_runs_repro(runs, tmp_path):
     assert [tc.get("name") for tc in failing] == [f"{TIMELINE} [{mutant_path}]"] and suite.get("failures") == "1"
     assert failing[0].find("failure").get("message").endswith(f"repro: {repro}")
     assert len(root.findall("testsuite")) == 1 + clean["op"].nunique()  # the parity suites are still there
+
+
+def test_git_sha_names_uncommitted_code(tmp_path):
+    """A dirty tree's sha carries a hash of its diff: the same changes give the same sha, other
+    changes another one, a clean tree none."""
+    import subprocess
+
+    from reports.rows import git_sha
+
+    run = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    run("init", "-q")
+    (tmp_path / "k.py").write_text("x = 1\n")
+    run("add", "k.py")
+    run("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "c")
+    clean = git_sha(tmp_path)
+    assert len(clean) == 12 and "+" not in clean
+    (tmp_path / "k.py").write_text("x = 2\n")
+    a = git_sha(tmp_path)
+    (tmp_path / "k.py").write_text("x = 3\n")
+    b = git_sha(tmp_path)
+    (tmp_path / "k.py").write_text("x = 2\n")
+    assert a.startswith(clean + "+dirty.") and b.startswith(clean + "+dirty.") and a != b and git_sha(tmp_path) == a
