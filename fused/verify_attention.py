@@ -117,10 +117,14 @@ def can_handle(kind: str, **inputs) -> bool | str:
 # ----------------------------------------------------------------------------- launches
 
 def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
-            k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, check=True, validate=True,
-            stages=("prefix", "combine"), **_routing):
+            k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, combine_block_h=None, check=True,
+            validate=True, stages=("prefix", "combine"), **_routing):
     """``check=False`` skips can_handle (mutants only); ``validate=False`` skips the host-syncing
-    argument checks and ``stages`` leaves a launch out (the benchmark's time breakdown)."""
+    argument checks and ``stages`` leaves a launch out (the benchmark's time breakdown).
+    ``combine_block_h``: query heads per combine program (default: the prefix kernel's BLOCK_H; a
+    power of two dividing the group). The combine reads per-(token, head, split) partials, so its
+    head blocking is free: the sweep's knob for its grid (B × H / BLOCK_H programs: 64 for
+    B 64, H 16 at BLOCK_H 16, on a 132-SM GPU)."""
     if validate:
         ref.validate(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
                      kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
@@ -136,6 +140,9 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
         verdict = shape_can_handle(kind, block_h=block_h, **shape)
         if verdict is not True:
             raise ValueError(f"{kind} kernel cannot run this input: {verdict}")
+    cbh = combine_block_h or block_h
+    if cbh & (cbh - 1) or (group % cbh and Hkv > 1) or cbh > H:
+        raise ValueError(f"combine_block_h {cbh}: must be a power of two <= H {H} dividing KV_GROUP_NUM {group}")
     L = T // B
     pe_dim = D - Dv
     nope_dim = D - pe_dim
@@ -164,12 +171,12 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
         kern._verify_split_kv_prefix_kernel[(B, H, S)](L_PAD=l_pad, **common)
     if "combine" not in stages:
         return {"o": o}
-    kern._verify_combine_kernel[(B, triton.cdiv(H, block_h))](
+    kern._verify_combine_kernel[(B, triton.cdiv(H, cbh))](
         o_ptr=o, mid_acc_ptr=mid_acc, mid_ml_ptr=mid_ml, q_ptr=q, k_ptr=k, v_ptr=v, L=L, H=H, num_kv_splits=S,
         sm_scale=sm_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_k_t=k.stride(0),
         stride_k_h=k.stride(1), stride_v_t=v.stride(0), stride_v_h=v.stride(1), KV_GROUP_NUM=group,
-        HAS_KV_HEADS=(Hkv > 1) if kind == "shared_kv" else True, IS_CAUSAL=bool(is_causal), BLOCK_H=block_h,
-        L_PAD=l_pad, L_KEYS=max(16, triton.next_power_of_2(L)), num_warps=num_warps, **dims)
+        HAS_KV_HEADS=(Hkv > 1) if kind == "shared_kv" else True, IS_CAUSAL=bool(is_causal), BLOCK_H=cbh,
+        L_PAD=l_pad_for(L, cbh), L_KEYS=max(16, triton.next_power_of_2(L)), num_warps=num_warps, **dims)
     return {"o": o}
 
 

@@ -142,6 +142,30 @@ def test_sdpa_head_chunks_change_nothing(device, monkeypatch):
         assert torch.equal(whole, one), name
 
 
+@pytest.mark.parametrize("name", ["gqa-hkv4-h16-d64-l8", "k3-mla-h4-l2-e4m3fnuz", "qwen35-tp-h4-l3"])
+def test_combine_head_blocking_changes_nothing(device, name):
+    """The combine's head blocking (the sweep's ``combine_block_h``) regroups rows of independent
+    (token, head) merges: every valid blocking passes the oracle and stays within one bf16 ulp of
+    the default; a blocking that does not divide the group is refused, never run."""
+    kw = cases.build_inputs(CATALOG[name], device)
+    H, Hkv = kw["q"].shape[1], kw["k_buffer"].shape[1]
+    tol = tolerance.lookup(OP, "o", torch.bfloat16)
+    oracle = ref.verify_attention_oracle(**kw)["o"]
+    for kind in ("shared_kv", "split_kv"):
+        if fused.can_handle(kind, **kw) is not True:
+            continue
+        base = fused._launch(kind, **kw)["o"].float()
+        for cbh in (1, 2, 4):
+            if cbh > H or (Hkv > 1 and (H // Hkv) % cbh):
+                with pytest.raises(ValueError, match="combine_block_h"):
+                    fused._launch(kind, **kw, combine_block_h=cbh)
+                continue
+            got = fused._launch(kind, **kw, combine_block_h=cbh)["o"]
+            ulp = torch.maximum(base.abs(), got.float().abs()).clamp(min=2 ** -126) * 2 ** -7
+            assert ((got.float() - base).abs() <= ulp).all(), (kind, cbh)
+            assert compare.numeric("o", got, oracle, None, tol, is_reference=False).passed, (kind, cbh)
+
+
 def test_split_count_does_not_change_the_answer(device):
     """Partitioning the prefix is an fp32 implementation detail: 1 vs 7 splits agree far below bf16."""
     c = CATALOG["peaky-softmax"]

@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--b", type=int, default=64)
     ap.add_argument("--prefix", type=int, default=4096)
     ap.add_argument("--quick", action="store_true", help="16 candidates instead of 144")
+    ap.add_argument("--combine-block-h", type=int, action="append", dest="combine_block_h",
+                    help="query heads per combine program to try (repeatable; default: the prefix kernel's BLOCK_H)")
     ap.add_argument("--splits", type=int, action="append",
                     help="KV split counts to try with every candidate (repeatable; default: the benchmark's own)")
     args = ap.parse_args(argv)
@@ -65,32 +67,35 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbps = profiling.copy_bandwidth_gbps()
     kv_bytes = vb.kv_bytes_read(args.layout, args.b, args.prefix, D, Dv)
 
-    def launch(cfg, splits=None):
+    def launch(cfg, splits=None, cbh=None):
         table[key] = cfg
         block_h = f.block_h_for(H, D)
         splits = splits or vb._splits(args.b, args.prefix, H // block_h if args.kind == "shared_kv" else H, sms)
-        fn = lambda: f._launch(args.kind, **kw, num_kv_splits=splits, check=False, validate=False)  # noqa: E731
+        fn = lambda: f._launch(args.kind, **kw, num_kv_splits=splits, combine_block_h=cbh, check=False,  # noqa: E731
+                               validate=False)
         return fn, splits
 
     want = launch(baseline_cfg)[0]()["o"].float()
     rows = []
     print(f"sweep {args.kind} {shape.case} on {arch} (table key D={key}, current {baseline_cfg}); "
           f"copy {copy_gbps:.0f} GB/s", flush=True)
-    for cfg, want_splits in itertools.product(candidates(args.quick), args.splits or [None]):
+    for cfg, want_splits, cbh in itertools.product(candidates(args.quick), args.splits or [None],
+                                                   args.combine_block_h or [None]):
         try:
-            fn, splits = launch(cfg, want_splits)
+            fn, splits = launch(cfg, want_splits, cbh)
             got = fn()["o"].float()
             torch.cuda.synchronize()
             p20, p50, p80 = profiling.time_quantiles_us(fn, warmup=5, rep=40)
             diff = float((got - want).abs().max())
+            gbps = kv_bytes / (p50 * 1e-6) / 1e9
             rows.append(dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3], splits=splits,
-                             p20_us=p20, p50_us=p50, p80_us=p80, gbps=kv_bytes / (p50 * 1e-6) / 1e9,
-                             frac_of_copy=kv_bytes / (p50 * 1e-6) / 1e9 / copy_gbps, max_abs_diff=diff, error=""))
-            print(f"  {cfg} splits {splits}: p50 {p50:8.1f} us  {rows[-1]['frac_of_copy']:6.1%} of copy  max|Δ| {diff:.3g}",
-                  flush=True)
+                             combine_block_h=cbh or "", p20_us=p20, p50_us=p50, p80_us=p80, gbps=gbps,
+                             frac_of_copy=gbps / copy_gbps, max_abs_diff=diff, error=""))
+            print(f"  {cfg} splits {splits} combine_block_h {cbh or '-'}: p50 {p50:8.1f} us  "
+                  f"{gbps / copy_gbps:6.1%} of copy  max|Δ| {diff:.3g}", flush=True)
         except Exception as e:  # a candidate that does not compile or launch on this arch
             rows.append(dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3], splits=want_splits,
-                             error=f"{type(e).__name__}: {str(e)[:160]}"))
+                             combine_block_h=cbh or "", error=f"{type(e).__name__}: {str(e)[:160]}"))
             print(f"  {cfg}: {type(e).__name__}", flush=True)
     table[key] = baseline_cfg
     frame = pd.DataFrame(rows).sort_values("p50_us", na_position="last")
