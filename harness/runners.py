@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import copy
 import time
 import traceback
 from dataclasses import dataclass
@@ -84,39 +85,23 @@ def provide_outputs(spec: OpSpec, inputs: dict, ref_out: dict, dev: Device) -> d
     return inputs
 
 
-def clone_inputs(inputs: dict) -> dict:
-    """A fresh copy of a case's inputs, byte for byte and layout for layout: every tensor keeps its
-    size, strides and storage offset, and tensors that were views of one storage (MLA's V, a view
-    of the latent K) are views of one new storage. Non-tensors are shared."""
-    storages, out = {}, {}
-    for k, v in inputs.items():
-        if not isinstance(v, torch.Tensor):
-            out[k] = v
-            continue
-        st = v.untyped_storage()
-        if st.data_ptr() not in storages:
-            storages[st.data_ptr()] = st.clone()
-        out[k] = torch.empty(0, dtype=v.dtype, device=v.device).set_(storages[st.data_ptr()], v.storage_offset(),
-                                                                     v.size(), v.stride())
-    return out
-
-
 class CaseSetup:
     """What every implementation's run of one case shares: the inputs built once (each run gets
-    ``fresh()`` copies, never these), the reference's outputs and writes, and the oracle. Building
+    ``fresh()`` copies, never these: ``copy.deepcopy`` keeps strides, offsets and shared storages,
+    as ``gpu_runners.Inputs`` relies on too), the reference's outputs and writes, and the oracle. Building
     inputs (seeded CPU random draws, then the copy to the device) and the fp64 oracle cost more
     than the kernels on a GPU: measured on the H200, 4 builds per run were 46 % of parity time."""
 
     def __init__(self, spec: OpSpec, case, dev: Device):
         self.pristine = spec.build_inputs(case, dev)
-        ref_inputs = clone_inputs(self.pristine)
+        ref_inputs = copy.deepcopy(self.pristine)
         ref_out, _ = _call(spec.reference, ref_inputs, dev)
         self.ref_out = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in ref_out.items()}
         self.ref_after = _cpu(ref_inputs)  # the reference's writes, for the effect checks
         self.oracle = spec.oracle(**_cpu(self.pristine))
 
     def fresh(self) -> dict:
-        return clone_inputs(self.pristine)
+        return copy.deepcopy(self.pristine)
 
 
 def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool = True,

@@ -2,6 +2,8 @@
 storages), and running the implementations of a case together gives what separate runs give."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -10,13 +12,14 @@ from cases import verify_attention as va_cases
 from harness import runners
 
 
-def test_clone_inputs_keeps_layout_bytes_and_aliasing():
+def test_fresh_copies_keep_layout_bytes_and_aliasing():
+    """The copy every run gets (``CaseSetup.fresh``: ``copy.deepcopy``)."""
     base = torch.randn(6, 10).to(torch.float8_e4m3fn)
     k = base[:, :8]  # a strided view with its own extent
     v = base[1:, 2:6]  # another view of the same storage, offset
     q = torch.randn(4, 3).t()  # transposed
     inputs = {"k": k, "v": v, "q": q, "n": 3, "none": None}
-    out = runners.clone_inputs(inputs)
+    out = copy.deepcopy(inputs)
     for name in ("k", "v", "q"):
         a, b = inputs[name], out[name]
         assert b.dtype == a.dtype and b.shape == a.shape and b.stride() == a.stride(), name

@@ -18,6 +18,7 @@ the same positions whether it arrives in a decode or inside a verify chunk.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 
@@ -141,8 +142,8 @@ class Engine:
         pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
         loc_logical = torch.cat(logical)
         loc_phys = kv.physical(loc_logical)
-        self._owners, self._loc_logical = owners, loc_logical
-        meta = {}  # the slots each chunk reads are the same in every layer: built once per forward
+        # the slots each chunk reads are the same in every layer: built once per forward (per read rule)
+        meta = functools.lru_cache(maxsize=None)(lambda as_history: self._read_meta(owners, loc_logical, as_history))
         x = self.model.embed(torch.tensor(ids, device=dev))
         for layer in range(self.fam.layers):
             x = self._layer(mode, layer, x, pos_t, loc_logical, loc_phys, meta)
@@ -216,13 +217,11 @@ class Engine:
         kv_indptr = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(dev)
         return torch.tensor([0] + ends, dtype=torch.int32, device=dev), kv_indptr, idx.to(torch.int32)
 
-    def _attend(self, mode, q, k_d, v_d, buf, meta: dict, as_history: bool):
+    def _attend(self, mode, q, k_d, v_d, buf, meta, as_history: bool):
         """Attention over each request's history (+ the other chunk tokens, when the chunk is history)."""
         fam = self.fam
         kb, vb = timeline._kv_views(fam, buf)
-        if as_history not in meta:
-            meta[as_history] = self._read_meta(self._owners, self._loc_logical, as_history)
-        qo_indptr, kv_indptr, kv_indices = meta[as_history]
+        qo_indptr, kv_indptr, kv_indices = meta(as_history)
         args = dict(q=q.contiguous(), k=k_d.contiguous(), v=v_d.contiguous(), k_buffer=kb, v_buffer=vb,
                     qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, sm_scale=1.0 / math.sqrt(fam.D),
                     is_causal=fam.causal, k_scale=fam.kv_descale, v_scale=fam.kv_descale, num_kv_splits=self.splits,
