@@ -140,6 +140,9 @@ def test_sdpa_head_chunks_change_nothing(device, monkeypatch):
         one = ref.verify_attention_sdpa(**kw)["o"]
         monkeypatch.undo()
         assert torch.equal(whole, one), name
+        # and both are right: a chunk reading the wrong KV head would agree with itself (planted: j = 0)
+        tol = tolerance.lookup(OP, "o", torch.bfloat16)
+        assert compare.numeric("o", one, ref.verify_attention_oracle(**kw)["o"], None, tol, is_reference=True).passed
 
 
 @pytest.mark.parametrize("name", ["gqa-hkv4-h16-d64-l8", "k3-mla-h4-l2-e4m3fnuz", "qwen35-tp-h4-l3"])
