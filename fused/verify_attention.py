@@ -40,6 +40,12 @@ BLOCK_CONFIG = {
     "gfx950": {64: (4, 256, 4, 1), 128: (4, 128, 4, 1), 256: (4, 64, 8, 1), 576: (4, 32, 8, 1)},
 }
 _DEFAULT_ARCH = "sm90"
+# arch -> rows (query heads x padded drafts) per combine program by default; an arch not listed combines
+# with the prefix kernel's BLOCK_H. The combine is latency-bound (per row: S partials, one draft tile): on
+# the H200 (B 64, H 16, L 4; harness.bench.sweep --combine-block-h, devjobs explore of 2026-11-29) 16 rows
+# (4 heads) instead of 64 took GQA prefix 16K from 413.8 to 390.8 us at 8 splits and 386.8 to 376.3 at 4,
+# MLA prefix 4K from 462.8 to 438.7 us at 8 splits. The interpreter pays per program: not listed
+COMBINE_ROWS = {"sm90": 16}
 
 
 @functools.cache
@@ -66,6 +72,16 @@ def block_h_for(group: int, head_dim: int, arch_name: str | None = None) -> int:
     while bh * 2 <= min(cap, group):
         bh *= 2
     return bh
+
+
+def combine_block_h_for(L: int, block_h: int, arch_name: str | None = None) -> int:
+    """Query heads per combine program by default: the fewest whose padded rows fill
+    ``COMBINE_ROWS`` (tl.dot needs 16), at most ``block_h`` (so it divides the KV group whenever
+    ``block_h`` does); ``block_h`` itself on an arch without an entry."""
+    rows = COMBINE_ROWS.get(arch_name or arch())
+    if rows is None:
+        return block_h
+    return max(1, min(block_h, rows // triton.next_power_of_2(max(1, L))))
 
 
 def l_pad_for(L: int, block_h: int) -> int:
@@ -121,7 +137,7 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
             validate=True, stages=("prefix", "combine"), **_routing):
     """``check=False`` skips can_handle (mutants only); ``validate=False`` skips the host-syncing
     argument checks and ``stages`` leaves a launch out (the benchmark's time breakdown).
-    ``combine_block_h``: query heads per combine program (default: the prefix kernel's BLOCK_H; a
+    ``combine_block_h``: query heads per combine program (default: ``combine_block_h_for``; a
     power of two dividing the group). The combine reads per-(token, head, split) partials, so its
     head blocking is free: the sweep's knob for its grid (B × H / BLOCK_H programs: 64 for
     B 64, H 16 at BLOCK_H 16, on a 132-SM GPU)."""
@@ -140,7 +156,8 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
         verdict = shape_can_handle(kind, block_h=block_h, **shape)
         if verdict is not True:
             raise ValueError(f"{kind} kernel cannot run this input: {verdict}")
-    cbh = combine_block_h or block_h  # the default is BLOCK_H, which can_handle checked (unless check=False)
+    # the default divides BLOCK_H, which can_handle checked (unless check=False)
+    cbh = combine_block_h or combine_block_h_for(T // B, block_h)
     if combine_block_h is not None and (cbh & (cbh - 1) or (group % cbh and Hkv > 1) or cbh > H):
         raise ValueError(f"combine_block_h {cbh}: must be a power of two <= H {H} dividing KV_GROUP_NUM {group}")
     L = T // B

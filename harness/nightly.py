@@ -30,6 +30,11 @@ OPS = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention")
 # (the others two or three). Measured on the H200 with 2 workers each: qk_norm_rope 1,732 cases in 310 s,
 # mla_fp8_prepare 1,744 in 300 s, verify_attention 1,211 of 1,755 when its 390 s ran out
 PARITY_WEIGHT = {"verify_attention": 2}
+# Phase 0 oversubscribes the host (H200 nightly of 2026-11-29: 26 processes on 16 cores). The gate's runs
+# are the longest that cannot be split (600 problems each; the plain greedy run 183-205 s there), and two
+# layouts ran out of their 384 s while parity and timelines finished in 230-358 s: every step but the gate
+# and the short GPU checks runs at this lower CPU priority, so the gate keeps its cores
+BACKGROUND_NICE = 5
 
 
 @dataclass
@@ -38,6 +43,8 @@ class Step:
     argv: list[str]
     budget_s: float
     phase: int = 0  # 0: concurrent correctness steps; 1: alone afterwards (benchmarks); 2: report
+    nice: int = 0  # CPU priority increment of the step's processes (0: normal)
+    env: dict = field(default_factory=dict)  # extra environment of the step
     log: Path | None = None
     proc: subprocess.Popen | None = None
     t0: float = 0.0
@@ -62,12 +69,13 @@ def worker_counts(cores: int, gate_runs: int) -> dict[str, int]:
 def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | None, layouts: list[str] | None,
          families: list[str] | None, bench: bool, gate: bool, ops: list[str] | None = None,
          generated: int | None = None, timelines: int | None = None, cores: int | None = None,
-         gate_jobs: int | None = None) -> list[Step]:
+         gate_jobs: int | None = None, compiled_shards: int = 1, day: int | None = None) -> list[Step]:
     """The steps, with their time limits: correctness in 70 % of the budget, benchmarks in 20 %.
     ``generated`` overrides the generated parity cases per op (default: the profile's),
     ``timelines`` the generated timelines per family (default: the profile's; 500 per family in
     the nightly profile). ``jobs`` and ``gate_jobs`` override the parity workers per op and the
-    gate's per layout (default: ``worker_counts``).
+    gate's per layout (default: ``worker_counts``). ``compiled_shards`` > 1 runs one rotating slice
+    of the compiled step's catalog per night (``compiled_shard``; ``day`` defaults to today).
 
     The parity steps run the reference, fused and external implementations on every case; the
     ``compiled`` ones (torch.compile of the reference chain) run the catalog only, in a step of
@@ -92,15 +100,21 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                                       "--jobs", str(max(workers["parity"],
                                                         min(workers["parity"] * PARITY_WEIGHT.get(op, 1), cores // 4))),
                                       "--csv", str(out / f"parity-{op}.csv.gz"),
-                                      "--junit", str(out / f"parity-{op}.xml")] + kinds + gen, par)
+                                      "--junit", str(out / f"parity-{op}.xml")] + kinds + gen, par,
+                  nice=BACKGROUND_NICE)
              for op in ops or OPS]
     if device != "cpu":  # torch.compile's Triton backend needs a GPU; on the CPU `compiled` refuses anyway
-        steps.append(Step("parity:compiled", py + ["run", "--device", device, "--profile", profile, "--quiet",
-                                                   "--jobs", str(len(ops or OPS)),
-                                                   "--kind", "compiled", "--generated", "0", "--csv",
-                                                   str(out / "parity-compiled.csv.gz"), "--junit",
-                                                   str(out / "parity-compiled.xml")]
-                          + [a for op in ops or OPS for a in ("--op", op)], par))
+        shard = compiled_shard(compiled_shards, day)
+        steps.append(Step("parity:compiled",
+                          py + ["run", "--device", device, "--profile", profile, "--quiet",
+                                "--jobs", str(len(ops or OPS)),
+                                "--kind", "compiled", "--generated", "0", "--csv",
+                                str(out / "parity-compiled.csv.gz"), "--junit",
+                                str(out / "parity-compiled.xml")]
+                          + [a for op in ops or OPS for a in ("--op", op)]
+                          + ([] if shard is None else ["--shard", shard]), par, nice=BACKGROUND_NICE,
+                          # one compile process each: inductor's default pool is a worker per core per process
+                          env={"TORCHINDUCTOR_COMPILE_THREADS": "1"}))
     from cases import timelines as tl
 
     tl_gen = (["--generated", str(timelines)] if timelines is not None
@@ -108,7 +122,8 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
     for fam in families or sorted(tl.FAMILIES):
         steps.append(Step(f"timelines:{fam}", py + ["timelines", "--device", device, "--profile", profile,
                                                     "--family", fam, "--quiet", "--jobs", str(workers["timelines"]),
-                                                    "--csv", str(out / f"timelines-{fam}.csv.gz")] + tl_gen, par))
+                                                    "--csv", str(out / f"timelines-{fam}.csv.gz")] + tl_gen, par,
+                          nice=BACKGROUND_NICE))
     steps.append(Step("gpu", py + ["gpu", "--out", str(out / "gpu")], par))
     if gate:
         from harness.e2e import model as M
@@ -122,6 +137,17 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
         # (qk_norm_rope 62 s, mla 31 s, verify_attention 2 of 24 shapes when its 109 s ran out)
         steps.append(Step("bench", py + ["bench", "--out", str(out / "bench"), "--quick"], 0.2 * budget_s, phase=1))
     return steps
+
+
+def compiled_shard(shards: int, day: int | None = None) -> str | None:
+    """The compiled step's slice tonight: ``i/n`` with i = day number (days since 1970-01-01,
+    UTC) mod n + 1, so n consecutive nights cover the whole catalog; None for one shard."""
+    if shards < 1:
+        raise ValueError(f"--compiled-shards: expected >= 1, got {shards}")
+    if shards == 1:
+        return None
+    day = int(time.time() // 86400) if day is None else day
+    return f"{day % shards + 1}/{shards}"
 
 
 def _report_step(out: Path, baseline: str | None) -> Step:
@@ -143,11 +169,16 @@ def _report_step(out: Path, baseline: str | None) -> Step:
 def _start(step: Step, out: Path) -> None:
     step.log = out / "logs" / f"{step.name.replace(':', '-')}.log"
     step.log.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **step.env)
     step.t0 = time.time()
+    nice = step.nice
+
+    def lower_priority():  # in the child, before exec: inherited by every worker it spawns
+        os.nice(nice)
+
     with open(step.log, "w") as fh:
         step.proc = subprocess.Popen(step.argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=lower_priority if nice else None)
 
 
 def _poll(step: Step) -> bool:
@@ -216,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="generated timelines per family (default: the profile's; 500 in the nightly profile)")
     ap.add_argument("--layout", action="append", help="gate layouts (default: all three)")
     ap.add_argument("--family", action="append", help="timeline families (default: all)")
+    ap.add_argument("--compiled-shards", type=int, default=1,
+                    help="run the compiled step on one rotating slice of n of its catalog per night (default 1: all)")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-gate", action="store_true")
     ap.add_argument("--baseline", default=None, help="a previous nightly's merged parity CSV for the report's diff")
@@ -227,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     steps = plan(out, profile=args.profile, device=device, budget_s=args.budget_s, jobs=args.jobs,
                  layouts=args.layout, families=args.family, bench=not args.no_bench, gate=not args.no_gate,
-                 ops=args.op, generated=args.generated, timelines=args.timelines, gate_jobs=args.gate_jobs)
+                 ops=args.op, generated=args.generated, timelines=args.timelines, gate_jobs=args.gate_jobs,
+                 compiled_shards=args.compiled_shards)
     t0 = time.time()
     print(f"verify-parity nightly: device={device} profile={args.profile} budget {args.budget_s:.0f}s, "
           f"{len(steps)} steps -> {out}", flush=True)

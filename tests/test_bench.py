@@ -212,3 +212,15 @@ def test_block_config_sweep_candidates_and_no_gpu_path(tmp_path, capsys, monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert sweep.main(["--out", str(tmp_path / "s")]) == 0
     assert "nothing measured" in capsys.readouterr().out and not (tmp_path / "s").exists()
+
+
+def test_bench_splits_keep_two_programs_per_sm_at_most():
+    from harness.bench import verify_attention as vb
+
+    assert vb._splits(64, 16384, 1, 132) == 4  # 256 programs, not 320 (5 splits: a partial third wave)
+    assert vb._splits(64, 4096, 2, 132) == 2
+    assert vb._splits(8, 16384, 1, 132) == 33
+    assert vb._splits(1, 1024, 1, 132) == 4  # each split >= 256 tokens
+    assert vb._splits(600, 300, 1, 132) == 1
+    for B, n, blocks in ((1, 65536, 1), (8, 4096, 2), (64, 1024, 1), (24, 70000, 4)):
+        assert vb._splits(B, n, blocks, 132) * B * blocks <= 2 * 132 or vb._splits(B, n, blocks, 132) == 1

@@ -80,7 +80,10 @@ def test_near_ties_are_excused_and_bugs_are_not():
 
 def test_tie_divergences_counts_only_small_margins(registry):
     """Against the reference greedy output itself: a token swapped for the runner-up at a
-    position with a large margin is not a tie; with an infinite margin everything is."""
+    position with a large margin is not a tie; with an infinite margin everything is. Batched
+    prefills judge each problem by its own last row: with a margin between two problems' own
+    margins (each measured by a prefill of that problem alone) exactly one counts, whatever the
+    batch (a wrong row per prompt, e.g. the batch's last row for all, fails this)."""
     from harness import timeline
     from harness.e2e import engine as E
     from harness.e2e import model as M
@@ -88,12 +91,20 @@ def test_tie_divergences_counts_only_small_margins(registry):
 
     m = M.Micro(M.MicroConfig(layout="qwen35-gqa"))
     path = timeline.clean_path(registry, "qwen35-gqa", prepare="reference", attn="reference")
-    prompts = [tok.encode(tok.prompt("What is 2+3?"))]
+    prompts = [tok.encode(tok.prompt(q)) for q in ("What is 2+3?", "A box holds 12 pens and 7 more. How many?")]
     greedy = E.Engine(m, path).generate(prompts, 8).tokens
-    other = (tuple([greedy[0][0], (greedy[0][1] + 1) % tok.VOCAB] + list(greedy[0][2:])),)
+    other = tuple(tuple([g[0], (g[1] + 1) % tok.VOCAB] + list(g[2:])) for g in greedy)
     assert gate.tie_divergences(m, path, prompts, greedy, greedy, 0.01, "cpu") == 0
-    assert gate.tie_divergences(m, path, prompts, greedy, other, float("inf"), "cpu") == 1
+    assert gate.tie_divergences(m, path, prompts, greedy, other, float("inf"), "cpu") == 2
     assert gate.tie_divergences(m, path, prompts, greedy, other, 0.0, "cpu") == 0
+    own = []
+    for p, g in zip(prompts, greedy):
+        top = E.Engine(m, path).prefill([list(p) + [g[0]]])[-1].topk(2).values
+        own.append(float(top[0] - top[1]))
+    assert abs(own[0] - own[1]) > 1e-4, own  # distinct margins, so a threshold between them separates them
+    mid = (own[0] + own[1]) / 2
+    for batch in (1, 2):
+        assert gate.tie_divergences(m, path, prompts, greedy, other, mid, "cpu", batch=batch) == 1
 
 
 def test_ngram_drafter_proposes_the_table_and_copies():
@@ -202,3 +213,12 @@ def test_a_cut_run_is_judged_on_exactly_its_problems(registry, device, monkeypat
         assert note.endswith(f"on the first {k} of {n} problems") and rest.removeprefix("; ") == w.detail, c.detail
         assert {f: v for f, v in c.__dict__.items() if f not in drop} == \
             {f: v for f, v in w.__dict__.items() if f not in drop}
+
+
+def test_gate_orders_the_longest_runs_first():
+    """Interpreter: kernel runs (~10x a reference run) before the plain greedy run; GPU: the plain
+    greedy run (one step per token) before any speculative run."""
+    greedy, kern, ref = ("l", None), ("l", "fused+fused"), ("l", "reference+reference")
+    for interp, want in ((True, [kern, greedy, ref]), (False, [greedy, kern, ref])):
+        runs = [ref, kern, greedy]
+        assert sorted(runs, key=lambda r: -gate._run_cost(r, r == kern, interp)) == want, interp

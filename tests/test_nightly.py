@@ -2,7 +2,10 @@
 step's own SIGTERM handling), FAIL lines and their repro are collected, the exit code follows."""
 from __future__ import annotations
 
+import os
 import sys
+
+import pytest
 
 from harness import nightly
 
@@ -92,3 +95,34 @@ def test_plan_keeps_parity_and_timeline_counts_apart(tmp_path):
     assert all(arg(s, "--generated") == "450" and arg(s, "--jobs") == "3"
                for n, s in steps.items() if n.startswith("timelines:"))
     assert all(arg(s, "--jobs") == "4" for n, s in steps.items() if n.startswith("gate:"))
+
+
+def test_gate_and_gpu_checks_keep_priority_and_compiled_rotates_its_shard(tmp_path):
+    """Everything but the gate and the GPU checks runs niced (the gate's runs are the longest that
+    cannot be split); --compiled-shards n runs slice day % n + 1 of n, so n nights cover all."""
+    steps = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=None, layouts=None,
+                         families=None, bench=True, gate=True, cores=16, compiled_shards=3, day=7)
+    by = {s.name: s for s in steps}
+    for s in steps:
+        crit = s.name.startswith("gate:") or s.name == "gpu" or s.phase > 0
+        assert s.nice == (0 if crit else nightly.BACKGROUND_NICE), s.name
+    comp = by["parity:compiled"]
+    assert comp.argv[comp.argv.index("--shard") + 1] == "2/3"
+    assert comp.env == {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    assert [nightly.compiled_shard(3, d) for d in range(6)] == ["1/3", "2/3", "3/3", "1/3", "2/3", "3/3"]
+    assert nightly.compiled_shard(1, 5) is None
+    whole = {s.name: s for s in nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=None,
+                                              layouts=None, families=None, bench=False, gate=False, cores=16)}
+    assert "--shard" not in whole["parity:compiled"].argv
+    with pytest.raises(ValueError, match="compiled-shards"):
+        nightly.compiled_shard(0)
+
+
+def test_a_step_runs_at_its_nice_and_with_its_env(tmp_path):
+    code = "import os; print(os.nice(0), os.environ.get('VP_STEP_ENV'))"
+    base = os.nice(0)
+    steps = [nightly.Step("a", [sys.executable, "-c", code], 30, nice=3, env={"VP_STEP_ENV": "x"}),
+             nightly.Step("b", [sys.executable, "-c", code], 30)]
+    nightly.run_steps(steps, tmp_path, poll_s=0.05, progress=lambda m: None)
+    assert steps[0].log.read_text().split() == [str(min(19, base + 3)), "x"]
+    assert steps[1].log.read_text().split() == [str(base), "None"]

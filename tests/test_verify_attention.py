@@ -130,6 +130,40 @@ def test_batched_chain_masks_other_requests_and_padding(device):
     assert b in changed and changed - {b} <= shared, (b, changed, shared)
 
 
+# the H200 nightly of 2026-11-29: SDPA's default CUDA dispatch (memory-efficient attention) computed this
+# case's fp32 inputs at reduced precision, 2.8x the allowed error; the math backend keeps fp32
+SDPA_NIGHTLY_CASE = ("layout=mla,B=1,L=5,H=8,Hkv=1,D=576,Dv=512,prefix=const:14,kv_dtype=e4m3fnuz,k_scale=1.75,"
+                     "v_scale=0.5,is_causal=True,permuted=False,ragged=False,splits=1,topk=1,family=kimi-k3,"
+                     "q_scale=4.0,seed=1")
+
+
+def test_sdpa_baseline_keeps_fp32_on_the_nightly_case(spec, registry, device):
+    """Runs on the test device: on a GPU this is the case the default SDPA dispatch failed."""
+    case = base.parse_case(spec.case_type, SDPA_NIGHTLY_CASE)
+    assert _passes(spec, registry.impls[f"{OP}/sdpa"], case, device, determinism=False, poisoned=False) is True
+
+
+def test_sdpa_baseline_uses_the_math_backend_without_tf32(monkeypatch, device):
+    """The backend and TF32 setting SDPA sees, whatever the caller set (TF32 on before the call)."""
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        seen.append((torch._C._get_math_sdp_enabled(), torch._C._get_mem_efficient_sdp_enabled(),
+                     torch._C._get_flash_sdp_enabled(), torch.backends.cuda.matmul.allow_tf32))
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        ref.verify_attention_sdpa(**cases.build_inputs(CATALOG["qwen35-tp-h4-l3"], device))
+        assert torch.backends.cuda.matmul.allow_tf32 is True  # restored
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    assert seen and all(x == (True, False, False, False) for x in seen), seen
+
+
 def test_sdpa_head_chunks_change_nothing(device, monkeypatch):
     """SDPA's K/V expansion in head chunks (so that 200K-token K3 cases fit the GPU): one head per
     call gives the bytes the whole group per call gives, for GQA with several KV heads and MLA."""
@@ -497,3 +531,16 @@ def test_bench_baselines_compute_the_op(layout):
     dense = bench._dense_reference(q4, k4, v4, kw["k_buffer"], kw["v_buffer"], idx, mask, kw["sm_scale"])
     tol = tolerance.lookup(OP, "o", torch.bfloat16)
     assert compare.numeric("o", dense.reshape(B * L, H, Dv), want, None, tol, is_reference=True).passed
+
+
+def test_combine_block_h_default_fills_sixteen_rows_on_sm90_only():
+    """sm90: the fewest heads whose padded drafts fill 16 rows, never more than BLOCK_H (so it
+    divides the group); the interpreter and unlisted arches: BLOCK_H (one program per head block)."""
+    f = fused.combine_block_h_for
+    assert [f(L, 16, "sm90") for L in (1, 2, 3, 4, 5, 8, 16)] == [16, 8, 4, 4, 2, 2, 1]
+    assert f(1, 2, "sm90") == 2 and f(4, 1, "sm90") == 1
+    assert f(4, 16, "interpreter") == 16 and f(4, 8, "gfx942") == 8
+    for L in range(1, 17):
+        for bh in (1, 2, 4, 8, 16):
+            c = f(L, bh, "sm90")
+            assert bh % c == 0 and c * fused.l_pad_for(L, c) >= 16
