@@ -33,7 +33,9 @@ PARITY_WEIGHT = {"verify_attention": 2}
 # Phase 0 oversubscribes the host (H200 nightly of 2026-11-29: 26 processes on 16 cores). The gate's runs
 # are the longest that cannot be split (600 problems each; the plain greedy run 183-205 s there), and two
 # layouts ran out of their 384 s while parity and timelines finished in 230-358 s: every step but the gate
-# and the short GPU checks runs at this lower CPU priority, so the gate keeps its cores
+# and the short GPU checks runs at this lower CPU priority, so the gate keeps its cores. Not the compiled
+# step either: each catalog case recompiles (35-54 s a case when it ran niced, with one inductor compile
+# thread: 41 of 42 cases of a third of the catalog in its 414 s), so its cases are the other long pole
 BACKGROUND_NICE = 5
 
 
@@ -112,9 +114,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                                 str(out / "parity-compiled.csv.gz"), "--junit",
                                 str(out / "parity-compiled.xml")]
                           + [a for op in ops or OPS for a in ("--op", op)]
-                          + ([] if shard is None else ["--shard", shard]), par, nice=BACKGROUND_NICE,
-                          # one compile process each: inductor's default pool is a worker per core per process
-                          env={"TORCHINDUCTOR_COMPILE_THREADS": "1"}))
+                          + ([] if shard is None else ["--shard", shard]), par))  # normal priority: see below
     from cases import timelines as tl
 
     tl_gen = (["--generated", str(timelines)] if timelines is not None

@@ -19,11 +19,9 @@ fp8 buffers are upcast exactly to fp32; k_scale / v_scale apply to the prefix on
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from reference.checks import (
     VerifyParityInputError,
@@ -347,48 +345,37 @@ def verify_attention_oracle(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr
     return {"o": out}
 
 
-@contextlib.contextmanager
-def _fp32_matmuls():
-    """fp32 matmuls in full precision (no TF32) inside, whatever the caller set."""
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-
-
 def verify_attention_sdpa(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale,
                           is_causal=True, k_scale=1.0, v_scale=1.0, custom_mask=None, o=None, **kw):
-    """torch SDPA per request on dense fp32 K/V (prefix pre-scaled by k_scale / v_scale) with the
-    explicit (L, n + L) mask — an independent implementation, not a reference. SDPA's math backend
-    only: on the H200 the default dispatch (memory-efficient attention) computes fp32 inputs at
-    reduced precision (TF32-like: 5.4e-4 where the oracle says 5.0e-4, 2.8x the allowed error on a
-    K3 fp8 catalog case with q_scale 4, nightly of 2026-11-29); this baseline claims fp32."""
+    """torch SDPA per request on dense fp64 K/V (prefix pre-scaled by k_scale / v_scale) with the
+    explicit (L, n + L) mask — an independent implementation, not a reference. fp64, not fp32: on
+    the H200 (torch 2.11, CUDA 13) SDPA's fp32 math path gave 5.364e-4 where a plain fp32
+    softmax(q·kᵀ)·v on the same GPU gives 5.040e-4 and fp64 5.046e-4 (an output that cancels terms
+    of ~0.5; K3 fp8 case with q_scale 4, 2.8x the allowed error, nightly of 2026-11-29); the
+    memory-efficient backend does not take this call (enable_gqa with a mask)."""
     validate(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
              kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
              custom_mask=custom_mask, o=o, **kw)
     T, H, _ = q.shape
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
     trees = tree_masks(custom_mask, qo)
-    res = torch.empty(T, H, v.shape[2], dtype=torch.float32, device=q.device)
+    res = torch.empty(T, H, v.shape[2], dtype=torch.float64, device=q.device)
     for b in range(len(qo) - 1):
         t0, t1 = qo[b], qo[b + 1]
         idx = kv_indices[kvp[b]: kvp[b + 1]].long()
-        keys = torch.cat((k_buffer[idx].float() * k_scale, k[t0:t1].float()))  # (n+L, Hkv, D)
-        vals = torch.cat((v_buffer[idx].float() * v_scale, v[t0:t1].float()))  # (n+L, Hkv, Dv)
+        keys = torch.cat((k_buffer[idx].double() * k_scale, k[t0:t1].double()))  # (n+L, Hkv, D)
+        vals = torch.cat((v_buffer[idx].double() * v_scale, v[t0:t1].double()))  # (n+L, Hkv, Dv)
         mask = dense_mask(idx.numel(), t1 - t0, is_causal, trees[b], q.device)
-        qh, kh, vh = q[t0:t1].float().transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1)
+        qh, kh, vh = q[t0:t1].double().transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1)
         # SDPA expands K/V to every query head it is given: heads go in chunks of one KV head's group
-        # whose expanded fp32 K/V stay within SDPA_CHUNK_BYTES (K3 at 200K tokens, 128 heads: 870 MB a head)
+        # whose expanded fp64 K/V stay within SDPA_CHUNK_BYTES (K3 at 200K tokens, 128 heads: 1.7 GB a head)
         g = H // kh.shape[0]
-        chunk = max(1, min(g, SDPA_CHUNK_BYTES // (4 * keys.shape[0] * (keys.shape[2] + vals.shape[2]))))
+        chunk = max(1, min(g, SDPA_CHUNK_BYTES // (8 * keys.shape[0] * (keys.shape[2] + vals.shape[2]))))
         for h0 in range(0, H, chunk):
             h1, j = min(h0 + chunk, (h0 // g + 1) * g), h0 // g
-            with sdpa_kernel(SDPBackend.MATH), _fp32_matmuls():
-                y = torch.nn.functional.scaled_dot_product_attention(
-                    qh[None, h0:h1], kh[None, j: j + 1], vh[None, j: j + 1], attn_mask=mask, scale=sm_scale,
-                    enable_gqa=True)  # (1, h1 - h0, L, Dv)
+            y = torch.nn.functional.scaled_dot_product_attention(
+                qh[None, h0:h1], kh[None, j: j + 1], vh[None, j: j + 1], attn_mask=mask, scale=sm_scale,
+                enable_gqa=True)  # (1, h1 - h0, L, Dv)
             res[t0:t1, h0:h1] = y[0].transpose(0, 1)
     out = res.to(q.dtype)
     if o is None:

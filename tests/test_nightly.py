@@ -98,17 +98,17 @@ def test_plan_keeps_parity_and_timeline_counts_apart(tmp_path):
 
 
 def test_gate_and_gpu_checks_keep_priority_and_compiled_rotates_its_shard(tmp_path):
-    """Everything but the gate and the GPU checks runs niced (the gate's runs are the longest that
-    cannot be split); --compiled-shards n runs slice day % n + 1 of n, so n nights cover all."""
+    """Everything but the gate, the compiled step and the GPU checks runs niced (the gate's runs and
+    the compiled step's recompiles are the longest work that cannot be split); --compiled-shards n
+    runs slice day % n + 1 of n, so n nights cover all."""
     steps = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=None, layouts=None,
                          families=None, bench=True, gate=True, cores=16, compiled_shards=3, day=7)
     by = {s.name: s for s in steps}
     for s in steps:
-        crit = s.name.startswith("gate:") or s.name == "gpu" or s.phase > 0
+        crit = s.name.startswith("gate:") or s.name in ("gpu", "parity:compiled") or s.phase > 0
         assert s.nice == (0 if crit else nightly.BACKGROUND_NICE), s.name
     comp = by["parity:compiled"]
     assert comp.argv[comp.argv.index("--shard") + 1] == "2/3"
-    assert comp.env == {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
     assert [nightly.compiled_shard(3, d) for d in range(6)] == ["1/3", "2/3", "3/3", "1/3", "2/3", "3/3"]
     assert nightly.compiled_shard(1, 5) is None
     whole = {s.name: s for s in nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=None,

@@ -114,4 +114,4 @@ def register(reg: Registry) -> None:
     reg.add(Impl("verify_attention", "compiled", "compiled", _compiled, can_handle=_compiled_can_handle,
                  doc="torch.compile(dynamic=True) of the reference chain's three launches"))
     reg.add(Impl("verify_attention", "sdpa", "external", r.verify_attention_sdpa,
-                 doc="torch SDPA (fp32) on dense K/V with the explicit verify mask"))
+                 doc="torch SDPA (fp64) on dense K/V with the explicit verify mask"))
