@@ -46,7 +46,6 @@ class Step:
     budget_s: float
     phase: int = 0  # 0: concurrent correctness steps; 1: alone afterwards (benchmarks); 2: report
     nice: int = 0  # CPU priority increment of the step's processes (0: normal)
-    env: dict = field(default_factory=dict)  # extra environment of the step
     log: Path | None = None
     proc: subprocess.Popen | None = None
     t0: float = 0.0
@@ -169,7 +168,7 @@ def _report_step(out: Path, baseline: str | None) -> Step:
 def _start(step: Step, out: Path) -> None:
     step.log = out / "logs" / f"{step.name.replace(':', '-')}.log"
     step.log.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **step.env)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     step.t0 = time.time()
     nice = step.nice
 
