@@ -54,6 +54,17 @@ def time_quantiles_us(fn: Callable[[], object], *, warmup: int = 25, rep: int = 
     return p20 * 1e3, p50 * 1e3, p80 * 1e3
 
 
+def graph_time_us(fn: Callable[[], object], *, rep: int = 40) -> float:
+    """Median microseconds of one call of ``fn`` replayed from a CUDA/HIP graph
+    (``triton.testing.do_bench_cudagraph``): the device's time without the host's launch cost.
+    An eager time of a launch shorter than its host-side launch path is the host's time (on the
+    H200: verify_attention's combine alone, 7 us replayed, timed ~0.14 ms eager)."""
+    _need_gpu("graph_time_us")
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e3
+
+
 def copy_bandwidth_gbps(n_bytes: int = 1 << 30) -> float:
     """GB/s of a device-to-device copy of ``n_bytes`` (read + write both counted): the roof the
     bandwidth-bound kernels are measured against."""

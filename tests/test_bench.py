@@ -176,8 +176,10 @@ def test_no_gpu_measures_nothing_and_exits_0(main, monkeypatch, tmp_path, capsys
 
 @pytest.fixture
 def fake_measurement(monkeypatch):
-    """p20/p50/p80 = 1/2/3 us and 1 launch for every call; torch.compile replaced by eager."""
+    """p20/p50/p80 = 1/2/3 us and 1 launch for every call, 4 us replayed from a graph (the callable
+    still runs once: a broken stage launch fails); torch.compile replaced by eager."""
     monkeypatch.setattr(profiling, "time_quantiles_us", lambda fn, warmup=25, rep=100: (1.0, 2.0, 3.0))
+    monkeypatch.setattr(profiling, "graph_time_us", lambda fn, rep=40: (fn(), 4.0)[1])
     monkeypatch.setattr(profiling, "count_launches", lambda fn, warmup=1: 1)
     monkeypatch.setattr(perf, "compile_static", lambda fn: fn)
 
@@ -199,6 +201,10 @@ def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path):
     assert {r.profile for r in rows} == {"bench-quick"} and {r.device for r in rows} == {f"{device.kind}:{device.name}"}
     wide = pd.read_csv(tmp_path / csv)
     assert len(wide) == 1
+    if mod is verify_attention:  # the stage breakdown and the whole op replayed from a graph
+        assert (wide[["shared_prefix_ms", "shared_combine_ms", "shared_graph_ms"]] == 0.004).all(axis=None)
+        kv = verify_attention.kv_bytes_read("gqa", 1, 40, 256, 256)
+        assert wide["shared_graph_pct_copy"][0] == pytest.approx(100 * kv / 4e-6 / 1e9 / 100.0)
     # the faked single launch is right for the one-launch kernels and wrong for verify's two
     bad = perf.launch_failures(rows, {mod.OP: mod.EXPECTED_LAUNCHES})
     assert len(bad) == (2 if mod is verify_attention else 0)
@@ -224,3 +230,13 @@ def test_bench_splits_keep_two_programs_per_sm_at_most():
     assert vb._splits(600, 300, 1, 132) == 1
     for B, n, blocks in ((1, 65536, 1), (8, 4096, 2), (64, 1024, 1), (24, 70000, 4)):
         assert vb._splits(B, n, blocks, 132) * B * blocks <= 2 * 132 or vb._splits(B, n, blocks, 132) == 1
+
+
+def test_device_timers_refuse_a_machine_without_a_gpu(monkeypatch):
+    """No CPU fallback that would time the interpreter and call it a GPU number."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    calls = []
+    for timer in (profiling.graph_time_us, profiling.time_quantiles_us):
+        with pytest.raises(RuntimeError, match="needs a GPU"):
+            timer(lambda: calls.append(1))
+    assert calls == []
