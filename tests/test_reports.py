@@ -254,3 +254,14 @@ def test_git_sha_names_uncommitted_code(tmp_path):
     b = git_sha(tmp_path)
     (tmp_path / "k.py").write_text("x = 2\n")
     assert a.startswith(clean + "+dirty.") and b.startswith(clean + "+dirty.") and a != b and git_sha(tmp_path) == a
+
+
+def test_html_provenance_says_the_shim_is_off_for_compiled_rows(runs):
+    _, clean, _ = runs
+    text = html.render(clean.assign(shim=""))
+    prov = text[text.index('id="provenance"'):text.index("</table>", text.index('id="provenance"'))]
+    assert "<th>shim</th><td>off (compiled Triton)</td>" in prov
+    mixed = html.render(pd.concat([clean, clean.assign(shim="")]))
+    prov = mixed[mixed.index('id="provenance"'):mixed.index("</table>", mixed.index('id="provenance"'))]
+    shim_cell = prov[prov.index("<th>shim</th>"):].split("</tr>")[0]
+    assert "off (compiled Triton)" in shim_cell and (clean["shim"].iloc[0] or "off") in shim_cell
