@@ -156,11 +156,11 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
         verdict = shape_can_handle(kind, block_h=block_h, **shape)
         if verdict is not True:
             raise ValueError(f"{kind} kernel cannot run this input: {verdict}")
+    L = T // B
     # the default divides BLOCK_H, which can_handle checked (unless check=False)
-    cbh = combine_block_h or combine_block_h_for(T // B, block_h)
+    cbh = combine_block_h or combine_block_h_for(L, block_h)
     if combine_block_h is not None and (cbh & (cbh - 1) or (group % cbh and Hkv > 1) or cbh > H):
         raise ValueError(f"combine_block_h {cbh}: must be a power of two <= H {H} dividing KV_GROUP_NUM {group}")
-    L = T // B
     pe_dim = D - Dv
     nope_dim = D - pe_dim
     _, block_n, num_warps, num_stages = block_config(D)

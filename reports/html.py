@@ -90,8 +90,8 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
     env.filters["fmt"] = _fmt
     ops = list(dict.fromkeys(frame["op"]))
     prov = {c: sorted({str(v) for v in frame[c]}) for c in PROVENANCE if c in frame.columns}
-    if "shim" in prov:  # rows of compiled runs carry no shim id: say so instead of an empty cell
-        prov["shim"] = sorted({v if v not in ("", "nan") else "off (compiled Triton)" for v in prov["shim"]})
+    if "shim" in prov:  # rows of compiled runs carry no shim id ("" once frames.read has read them): say so
+        prov["shim"] = sorted({v or "off (compiled Triton)" for v in prov["shim"]})
     s = summary(frame) if not frame.empty else pd.DataFrame()
     counts = frame.groupby("status").size().to_dict() if not frame.empty else {}
     diff_counts = diff.groupby("change").size().to_dict() if diff is not None and not diff.empty else {}

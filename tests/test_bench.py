@@ -201,7 +201,7 @@ def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path):
     assert {r.profile for r in rows} == {"bench-quick"} and {r.device for r in rows} == {f"{device.kind}:{device.name}"}
     wide = pd.read_csv(tmp_path / csv)
     assert len(wide) == 1
-    if mod is verify_attention:  # the stage breakdown and the whole op replayed from a graph
+    if mod is verify_attention:  # replayed from a graph; planted: eager stage timings (2 us here) fail
         assert (wide[["shared_prefix_ms", "shared_combine_ms", "shared_graph_ms"]] == 0.004).all(axis=None)
         kv = verify_attention.kv_bytes_read("gqa", 1, 40, 256, 256)
         assert wide["shared_graph_pct_copy"][0] == pytest.approx(100 * kv / 4e-6 / 1e9 / 100.0)
@@ -221,6 +221,7 @@ def test_block_config_sweep_candidates_and_no_gpu_path(tmp_path, capsys, monkeyp
 
 
 def test_bench_splits_keep_two_programs_per_sm_at_most():
+    """Planted: the old rounding up (5 splits, 320 programs at B 64 prefix 16K) fails."""
     from harness.bench import verify_attention as vb
 
     assert vb._splits(64, 16384, 1, 132) == 4  # 256 programs, not 320 (5 splits: a partial third wave)
@@ -233,7 +234,8 @@ def test_bench_splits_keep_two_programs_per_sm_at_most():
 
 
 def test_device_timers_refuse_a_machine_without_a_gpu(monkeypatch):
-    """No CPU fallback that would time the interpreter and call it a GPU number."""
+    """No CPU fallback that would time the interpreter and call it a GPU number. Planted:
+    graph_time_us without its GPU check fails (a different error, or a timing)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     calls = []
     for timer in (profiling.graph_time_us, profiling.time_quantiles_us):

@@ -217,7 +217,8 @@ def test_a_cut_run_is_judged_on_exactly_its_problems(registry, device, monkeypat
 
 def test_gate_orders_the_longest_runs_first():
     """Interpreter: kernel runs (~10x a reference run) before the plain greedy run; GPU: the plain
-    greedy run (one step per token) before any speculative run."""
+    greedy run (one step per token) before any speculative run. Planted: no weight for the greedy
+    run (the old kernel-runs-first order on a GPU too) fails."""
     greedy, kern, ref = ("l", None), ("l", "fused+fused"), ("l", "reference+reference")
     for interp, want in ((True, [kern, greedy, ref]), (False, [greedy, kern, ref])):
         runs = [ref, kern, greedy]

@@ -100,7 +100,7 @@ def test_plan_keeps_parity_and_timeline_counts_apart(tmp_path):
 def test_gate_and_gpu_checks_keep_priority_and_compiled_rotates_its_shard(tmp_path):
     """Everything but the gate, the compiled step and the GPU checks runs niced (the gate's runs and
     the compiled step's recompiles are the longest work that cannot be split); --compiled-shards n
-    runs slice day % n + 1 of n, so n nights cover all."""
+    runs slice day % n + 1 of n, so n nights cover all. Planted: parity steps at nice 0 fail."""
     steps = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=None, layouts=None,
                          families=None, bench=True, gate=True, cores=16, compiled_shards=3, day=7)
     by = {s.name: s for s in steps}
@@ -119,6 +119,7 @@ def test_gate_and_gpu_checks_keep_priority_and_compiled_rotates_its_shard(tmp_pa
 
 
 def test_a_step_runs_at_its_nice(tmp_path):
+    """Planted: Popen without the preexec nice (both children at the parent's nice) fails."""
     code = "import os; print(os.nice(0))"
     base = os.nice(0)
     steps = [nightly.Step("a", [sys.executable, "-c", code], 30, nice=3),

@@ -257,6 +257,7 @@ def test_git_sha_names_uncommitted_code(tmp_path):
 
 
 def test_html_provenance_says_the_shim_is_off_for_compiled_rows(runs):
+    """Planted: no mapping (an empty cell, as the H200 nightly's HTML showed) fails."""
     _, clean, _ = runs
     text = html.render(clean.assign(shim=""))
     prov = text[text.index('id="provenance"'):text.index("</table>", text.index('id="provenance"'))]

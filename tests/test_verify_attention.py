@@ -138,13 +138,15 @@ SDPA_NIGHTLY_CASE = ("layout=mla,B=1,L=5,H=8,Hkv=1,D=576,Dv=512,prefix=const:14,
 
 
 def test_sdpa_baseline_passes_the_nightly_case(spec, registry, device):
-    """Runs on the test device: on a GPU this is the case the default SDPA dispatch failed."""
+    """Runs on the test device. Planted: SDPA in fp32 (the old baseline) fails it on the H200
+    (err/allowed 1.42); on the CPU fp32 passes it, so the next test is the CPU's check."""
     case = base.parse_case(spec.case_type, SDPA_NIGHTLY_CASE)
     assert _passes(spec, registry.impls[f"{OP}/sdpa"], case, device, determinism=False, poisoned=False) is True
 
 
 def test_sdpa_baseline_computes_in_fp64(monkeypatch, device):
-    """What SDPA is given: fp64 q/k/v (the H200's fp32 SDPA failed the nightly case above)."""
+    """What SDPA is given: fp64 q/k/v (the H200's fp32 SDPA failed the nightly case above).
+    Planted: any of q/k/v in fp32 fails."""
     seen = []
     real = torch.nn.functional.scaled_dot_product_attention
 
@@ -528,7 +530,8 @@ def test_bench_baselines_compute_the_op(layout):
 
 def test_combine_block_h_default_fills_sixteen_rows_on_sm90_only():
     """sm90: the fewest heads whose padded drafts fill 16 rows, never more than BLOCK_H (so it
-    divides the group); the interpreter and unlisted arches: BLOCK_H (one program per head block)."""
+    divides the group); the interpreter and unlisted arches: BLOCK_H (one program per head block).
+    Planted: capping at 64 instead of BLOCK_H (16 heads for a group of 2) fails."""
     f = fused.combine_block_h_for
     assert [f(L, 16, "sm90") for L in (1, 2, 3, 4, 5, 8, 16)] == [16, 8, 4, 4, 2, 2, 1]
     assert f(1, 2, "sm90") == 2 and f(4, 1, "sm90") == 1

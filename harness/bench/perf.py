@@ -95,6 +95,12 @@ def ratio(num: float, den: float) -> float:
     return num / den if den > 0 and not math.isnan(num) else math.nan
 
 
+def bandwidth(bytes_moved: int, us: float, copy_gbps: float) -> tuple[float, float]:
+    """(GB/s, fraction of the measured copy bandwidth) of moving ``bytes_moved`` in ``us``."""
+    gbps = ratio(bytes_moved / 1e9, us * 1e-6)
+    return gbps, ratio(gbps, copy_gbps)
+
+
 def perf_rows(op: str, case: str, timings: dict[str, Timing], *, bytes_moved: int, copy_gbps: float,
               prov: Provenance) -> list[PerfRow]:
     """One PerfRow per implementation of one shape. Ratios are against the ``reference`` and
@@ -104,10 +110,10 @@ def perf_rows(op: str, case: str, timings: dict[str, Timing], *, bytes_moved: in
     comp = timings["compiled"].p50_us if "compiled" in timings else math.nan
     rows = []
     for impl, t in timings.items():
-        gbps = ratio(bytes_moved / 1e9, t.p50_us * 1e-6)
+        gbps, frac = bandwidth(bytes_moved, t.p50_us, copy_gbps)
         rows.append(PerfRow(op=op, impl=impl, case=case, p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us,
                             reference_p50_us=ref, compiled_p50_us=comp, speedup_vs_reference=ratio(ref, t.p50_us),
-                            speedup_vs_compiled=ratio(comp, t.p50_us), gbps=gbps, frac_of_copy=ratio(gbps, copy_gbps),
+                            speedup_vs_compiled=ratio(comp, t.p50_us), gbps=gbps, frac_of_copy=frac,
                             launches=t.launches, **dataclasses.asdict(prov)))
     return rows
 
@@ -145,10 +151,6 @@ def compile_static(fn: Callable) -> Callable:
     cfg.recompile_limit = max(cfg.recompile_limit, 256)
     cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 1024)
     return torch.compile(fn, dynamic=False)
-
-
-def time_p50_us(fn: Callable[[], object], *, warmup_ms: int, rep_ms: int) -> float:
-    return profiling.time_quantiles_us(fn, warmup=warmup_ms, rep=rep_ms)[1]
 
 
 def measure(impls: dict[str, Callable[[], object]], dev: devices.Device, *, warmup_ms: int, rep_ms: int

@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from fused import verify_attention as f
     from harness import devices, profiling
+    from harness.bench import perf
     from harness.bench import verify_attention as vb
 
     devices.select("auto")
@@ -87,12 +88,12 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             p20, p50, p80 = profiling.time_quantiles_us(fn, warmup=5, rep=40)
             diff = float((got - want).abs().max())
-            gbps = kv_bytes / (p50 * 1e-6) / 1e9
+            gbps, frac = perf.bandwidth(kv_bytes, p50, copy_gbps)
             rows.append(dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3], splits=splits,
                              combine_block_h=cbh or "", p20_us=p20, p50_us=p50, p80_us=p80, gbps=gbps,
-                             frac_of_copy=gbps / copy_gbps, max_abs_diff=diff, error=""))
+                             frac_of_copy=frac, max_abs_diff=diff, error=""))
             print(f"  {cfg} splits {splits} combine_block_h {cbh or '-'}: p50 {p50:8.1f} us  "
-                  f"{gbps / copy_gbps:6.1%} of copy  max|Δ| {diff:.3g}", flush=True)
+                  f"{frac:6.1%} of copy  max|Δ| {diff:.3g}", flush=True)
         except Exception as e:  # a candidate that does not compile or launch on this arch
             rows.append(dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3], splits=want_splits,
                              combine_block_h=cbh or "", error=f"{type(e).__name__}: {str(e)[:160]}"))

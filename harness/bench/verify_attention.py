@@ -202,7 +202,7 @@ def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
                        *(perf.ratio(ms[k], ms["fused-shared-kv"]) for k in ("fused-split-kv", "reference", "compiled",
                                                                              "sdpa")),
                        sh.gbps / 1e3, 100 * sh.frac_of_copy, 100 * sp.frac_of_copy, diff, t_prefix / 1e3,
-                       t_combine / 1e3, t_graph / 1e3, 100 * kv_bytes / (t_graph * 1e-6) / 1e9 / ctx.copy_gbps)
+                       t_combine / 1e3, t_graph / 1e3, 100 * perf.bandwidth(kv_bytes, t_graph, ctx.copy_gbps)[1])
         wide.append(row)
         print(f"  {s.case}: shared {row.shared_ms:8.3f} ms ({row.shared_pct_copy:5.1f}% copy) | "
               f"split {row.split_ms:8.3f} ms ({row.split_over_shared:5.2f}x) | reference {row.reference_ms:8.3f} ms | "
