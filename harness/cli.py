@@ -459,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="timelines CSV of reports.rows.TimelineRow (repeatable: shards and families are merged)")
     p.add_argument("--baseline", default=None, help="a previous run's parity CSV; exit 1 on any REGRESS")
     p.add_argument("--baseline-perf", default=None, help="a previous run's perf CSV (SLOWER rows)")
-    p.add_argument("--slower", type=float, default=0.10, help="perf slowdown threshold (0.10 = 10%%)")
+    p.add_argument("--slower", type=float, default=0.10,
+                   help="perf slowdown threshold: SLOWER when p20 > baseline p80 * (1 + this) (0.10 = 10%%)")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(fn=cmd_report)
     p = sub.add_parser("gate", help="end-to-end gate: accuracy, agreement, acceptance, McNemar vs the reference path")

@@ -77,17 +77,28 @@ def test_shards_merge_into_the_whole_run(runs, device, tmp_path):
         frames.read([tmp_path / "bad.csv"])
 
 
-def test_perf_slowdown_beyond_threshold():
+def test_perf_slower_needs_the_spreads_apart_not_only_the_medians():
+    """Planted bug: a median-only rule (p50 new > p50 old · (1 + t)) flags the host-noise row ``noisy``
+    (mla_fp8_prepare's reference at B 1, H 64 in two H200 nightlies: p50 517 -> 744 us, spreads
+    overlapping); a rule without the threshold flags ``shift`` at 20 %."""
     prov = dict(git_sha="x", device="cuda:H200", arch="sm90", fp8_format="e4m3fn", torch="t", triton="t",
                 shim="", profile="nightly", seed=0)
-    base = dict(op=OP, impl="fused", p20_us=9.0, p80_us=11.0, reference_p50_us=20.0, compiled_p50_us=15.0,
-                speedup_vs_reference=2.0, speedup_vs_compiled=1.5, gbps=1.0, frac_of_copy=0.5, launches=1, **prov)
-    old = pd.DataFrame([dataclasses.asdict(PerfRow(case=c, p50_us=10.0, **base)) for c in ("a", "b", "c")])
-    new = old.assign(p50_us=[10.5, 11.5, 8.0])  # +5 %, +15 %, faster
+    base = dict(op=OP, impl="fused", reference_p50_us=20.0, compiled_p50_us=15.0, speedup_vs_reference=2.0,
+                speedup_vs_compiled=1.5, gbps=1.0, frac_of_copy=0.5, launches=1, **prov)
+
+    def rows(quantiles):
+        return pd.DataFrame([dataclasses.asdict(PerfRow(case=c, p20_us=a, p50_us=b, p80_us=c_, **base))
+                             for c, (a, b, c_) in quantiles.items()])
+
+    old = rows({"shift": (391.6, 392.7, 394.0),  # shared-KV MLA B 64 prefix 4K on the H200: a tight spread
+                "noisy": (499.2, 517.4, 529.3), "faster": (10.0, 11.0, 12.0)})
+    new = rows({"shift": (391.6 * 1.15, 392.7 * 1.15, 394.0 * 1.15),  # the whole spread 15 % slower
+                "noisy": (503.2, 744.4, 785.0), "faster": (5.0, 6.0, 7.0)})
     got = diff.perf_diff(old, new, threshold=0.10)
-    assert list(got["case"]) == ["b"] and set(got["change"]) == {"SLOWER"}
+    assert list(got["case"]) == ["shift"] and set(got["change"]) == {"SLOWER"}
+    assert got["old"].tolist() == [392.7] and got["new"].tolist() == [pytest.approx(392.7 * 1.15)]  # the p50s
     assert list(diff.perf_diff(old, new, threshold=0.20)["case"]) == []
-    assert list(diff.perf_diff(old, new, threshold=0.01)["case"]) == ["a", "b"]
+    assert list(diff.perf_diff(old, new, threshold=0.0)["case"]) == ["shift"]
 
 
 def test_junit_one_testcase_per_case_failure_names_worst_check_and_repro(runs):
