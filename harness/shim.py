@@ -14,7 +14,12 @@ Compiled Triton on sm90 converts with ``cvt.rn`` (round to nearest even) and, fo
 interpreter's conversion with exactly that, computed through torch on fp32 values after an
 explicit clamp, so the result does not depend on which torch is installed (torch 2.11
 returns NaN on fp8 overflow, torch 2.13 saturates). It also upcasts bf16/fp16 operands of
-``tl.dot`` to fp32 before the product. Nothing else is changed: bf16 *arithmetic* inside a
+``tl.dot`` to fp32 before the product, and (triton < 3.9 only, e.g. the H200 runner's 3.6)
+reads a one-element tensor as a Python int the way 3.9 does: 3.6 keeps a scalar loaded
+through a pointer as a 1-element array and its ``__index__`` calls ``int()`` on it, which
+numpy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"), so every
+``range()`` over loaded bounds (the verify_attention prefix loops) raised. Nothing else is
+changed: bf16 *arithmetic* inside a
 kernel is still wrong under the interpreter, which is why kernels upcast to fp32 right after
 loading. The GPU run is the judge: ``tests/test_shim.py`` checks on a GPU that compiled
 conversions agree byte for byte with this shim.
@@ -107,6 +112,13 @@ def install() -> None:
         return orig_dot(self, up(a), up(b), d, input_precision, max_num_imprecise_acc)
 
     it.InterpreterBuilder.create_dot = create_dot
+    orig_tensor_patch = it._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        orig_tensor_patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))  # as triton 3.9
+
+    it._patch_lang_tensor = patch_lang_tensor
     _install_nested_call_fast_path(it, tl)
     _installed = True
 

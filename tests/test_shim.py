@@ -127,3 +127,37 @@ def test_bf16_dot_is_upcast(device):
     dot_kernel[(1,)](o, a, b, N=16)
     want = a.double().cpu() @ b.double().cpu()
     assert ((o.cpu().double() - want).abs() / (want.abs() + 1e-3)).max() < 1e-3
+
+
+@triton.jit
+def _count_kernel(o_ptr, bounds_ptr, STEP: tl.constexpr):
+    n = 0
+    for _ in range(tl.load(bounds_ptr), tl.load(bounds_ptr + 1), STEP):  # bounds loaded from memory
+        n += 1
+    tl.store(o_ptr, n)
+
+
+def test_loop_bounds_loaded_from_memory(device):
+    """triton 3.6 (the H200 runner's) keeps a scalar loaded through a pointer as a 1-element
+    array whose ``__index__`` numpy 2.4 refuses, so ``range()`` over loaded bounds (every
+    verify_attention prefix loop) raised under its interpreter. Fails there without the shim's
+    ``__index__`` (checked against triton 3.6.0 on CPU); triton 3.9 squeezes by itself."""
+    bounds = torch.tensor([3, 40], dtype=torch.int32, device=device.torch_device)
+    o = torch.zeros(1, dtype=torch.int32, device=device.torch_device)
+    _count_kernel[(1,)](o, bounds, STEP=4)
+    assert int(o.item()) == len(range(3, 40, 4))
+
+
+def test_index_of_a_one_element_interpreter_tensor():
+    """The same defect at its root, whatever the device: the interpreter's patched
+    ``tl.tensor.__index__`` must read a 1-element handle (what triton 3.6 makes of a loaded scalar)."""
+    from triton.runtime import interpreter as it
+
+    shim.install()
+    scope = it._LangPatchScope()
+    it._patch_lang_tensor(tl.tensor, scope)
+    try:
+        t = tl.tensor(it.TensorHandle(np.array([5], dtype=np.int32), tl.int32), tl.int32)
+        assert list(range(t)) == [0, 1, 2, 3, 4]
+    finally:
+        scope.restore()
