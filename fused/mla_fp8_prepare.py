@@ -32,8 +32,11 @@ from reference.checks import VerifyParityInputError, check_inner_contiguous
 KERNEL_FP8_POLICY = "saturate"
 # Compile targets per fp8 format. Measured with triton 3.9: compiling for sm90 with fp8e4b8
 # (e4m3fnuz) raises "type fp8e4b8 not supported in this architecture. The supported fp8 dtypes
-# are ('fp8e4b15', 'fp8e4nv', 'fp8e5')"; e4m3fnuz runs compiled on AMD and interpreted on CPU.
-FP8_TARGETS = {"e4m3fn": ("sm90", "gfx942", "gfx950"), "e4m3fnuz": ("gfx942", "gfx950")}
+# are ('fp8e4b15', 'fp8e4nv', 'fp8e5')"; e4m3fnuz runs compiled on gfx942 (MI300, whose native
+# format it is: devices.fp8_format_for_arch) and interpreted on CPU. Not on gfx950 (MI355): its
+# native format is OCP e4m3fn, and triton 3.6 fails to lower fp8e4b8 for it
+# ("ConvertTritonAMDGPUToLLVM" pipeline failure, seen on the H200 runner's 3.6; 3.9 compiles it).
+FP8_TARGETS = {"e4m3fn": ("sm90", "gfx942", "gfx950"), "e4m3fnuz": ("gfx942",)}
 
 
 def kernel_fp8_formats(device) -> tuple[str, ...]:

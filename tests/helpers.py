@@ -1,7 +1,20 @@
 """Small helpers for the harness's own tests."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from harness import runners
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env(*front: str | Path, **extra: str) -> dict[str, str]:
+    """The environment of a CLI subprocess: this checkout (and ``front``) first on PYTHONPATH,
+    the caller's PYTHONPATH kept after it (a runner that provides packages through PYTHONPATH
+    keeps them), ``extra`` set."""
+    path = [str(x) for x in (*front, ROOT)] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
 
 
 def failed_checks(spec, impl, case, device) -> list[str]:

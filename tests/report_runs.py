@@ -13,6 +13,7 @@ from cases import profiles
 from harness import suite
 from harness.registry import Registry, default_registry
 from reports.rows import to_frame
+from tests.helpers import subprocess_env
 
 OP = "qk_norm_rope"
 CASES = ("neox", "with-q-weight", "neox-decode-q-weight", "tiny-rows-decode")
@@ -46,14 +47,13 @@ TIMELINE_MUTANT = "path-store-before-attention"  # seed 000: kernel parity passe
 
 def timeline_cli(*args, timeout=600):
     """``python -m harness timelines --device cpu ...`` as a user runs it."""
-    import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     return subprocess.run([sys.executable, "-m", "harness", "timelines", "--device", "cpu", *map(str, args)], cwd=root,
-                          env=dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1"), capture_output=True,
+                          env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -7,12 +7,13 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from tests.helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args, timeout=900):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # VP_DEVICE as chosen by conftest
+    env = subprocess_env()  # VP_DEVICE as chosen by conftest
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=timeout)
 
@@ -48,7 +49,7 @@ def test_mutant_run_prints_repro_and_fails_when_one_survives(tmp_path):
     line = next(l for l in r.stdout.splitlines() if "repro:" in l).split("repro: ", 1)[1]
     assert line.startswith("python -m harness repro '")
     rr = subprocess.run(line.replace("python", sys.executable, 1), shell=True, cwd=ROOT, capture_output=True,
-                        text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+                        text=True, env=subprocess_env(), timeout=600)
     assert rr.returncode == 1 and "fail" in rr.stdout, rr.stdout + rr.stderr
 
 
@@ -123,8 +124,19 @@ def test_timelines_csv_is_timeline_rows_with_provenance_and_a_repro_that_reruns_
     assert repro.endswith(" --path reference+reference")
     rr = subprocess.run(repro.replace("python", sys.executable, 1) + f" --quiet --csv {tmp_path / 'again.csv'}",
                         shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                        env={**os.environ, "PYTHONPATH": str(ROOT)})
+                        env=subprocess_env())
     assert rr.returncode == 0, rr.stdout + rr.stderr
     again = pd.read_csv(tmp_path / "again.csv")
     cols = ["path", "step", "mode", "layer", "check", "status"]
     assert again[cols].equals(df[cols])
+
+
+def test_subprocess_env_keeps_the_callers_pythonpath(monkeypatch):
+    """CLI subprocesses of the tests put this checkout first and keep the caller's PYTHONPATH
+    (the H200 runner's datasets came through it; replacing it failed two tests there)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/opt/a", "/opt/b"]))
+    env = subprocess_env("/plugins", HF_HUB_OFFLINE="1")
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/plugins", str(ROOT), "/opt/a", "/opt/b"]
+    assert env["HF_HUB_OFFLINE"] == "1"
+    monkeypatch.delenv("PYTHONPATH")
+    assert subprocess_env()["PYTHONPATH"] == str(ROOT)

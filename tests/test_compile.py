@@ -3,7 +3,6 @@ the interpreter accepts code that compilers reject (e.g. a variable changing dty
 the branches of an ``if``, which it took a compile to catch in qk_norm_rope)."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from harness.ops import BUILTIN
+from tests.helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("op", BUILTIN)
 def test_kernels_compile_for_nvidia_and_amd(op):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
+    env = {k: v for k, v in subprocess_env().items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-m", "harness", "compile", "--op", op], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

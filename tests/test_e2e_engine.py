@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 
 import pytest
 import torch
@@ -20,9 +21,11 @@ from harness.registry import default_registry
 L = 4
 
 
+DEVICE = devices.select(os.environ.get("VP_DEVICE", "auto"))  # the session's, as conftest chose it
+
+
 @functools.cache
 def _reg():
-    devices.select("cpu")
     return default_registry(with_plugins=False)
 
 
@@ -33,11 +36,14 @@ def _prompts(n: int):
 
 @functools.cache
 def _model(layout):
-    return M.Micro(M.MicroConfig(layout=layout, seed=0))
+    return M.Micro(M.MicroConfig(layout=layout, seed=0)).to(DEVICE.torch_device)
 
 
 def _engine(layout, prepare="reference", attn="reference", **change):
-    return E.Engine(_model(layout), timeline.clean_path(_reg(), layout, prepare=prepare, attn=attn, **change), L=L)
+    """On the session's device: the fused paths launch Triton kernels there (compiled on a GPU
+    runner, which a CPU engine would hand CPU tensors)."""
+    return E.Engine(_model(layout), timeline.clean_path(_reg(), layout, prepare=prepare, attn=attn, **change), L=L,
+                    device=DEVICE.torch_device)
 
 
 @functools.cache
@@ -58,7 +64,7 @@ def test_training_forward_matches_inference_path(layout):
     between launches, fp8 KV for K3) compute the same function up to bf16/fp8 rounding."""
     ids = list(_prompts(1)[0])
     got = _engine(layout).prefill([ids]).float()
-    want = _model(layout)(torch.tensor([ids]))[0].detach()
+    want = _model(layout)(torch.tensor([ids], device=DEVICE.torch_device))[0].detach()
     assert (got - want).abs().max().item() < 0.2 * want.std().item()
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.95
 
@@ -103,7 +109,8 @@ def test_stale_rejected_kv_changes_output():
 
 @pytest.mark.parametrize("layout", ["dsv4-mqa-ring", "k3-mla-fp8"])
 def test_fused_path_agrees_with_reference_greedy(layout):
-    """Fused prepare + fused attention (Triton interpreter), speculative, vs reference greedy."""
+    """Fused prepare + fused attention (interpreted on CPU, compiled on a GPU), speculative, vs
+    reference greedy."""
     prompts = [list(_prompts(1)[0])]
     base = _engine(layout).generate(prompts, 8)
     spec = _engine(layout, prepare="fused", attn="fused").generate(prompts, 8, drafter=D.PromptLookup())
@@ -126,5 +133,5 @@ def test_save_load_round_trip(tmp_path):
     back = M.load(p)
     assert back.cfg == m.cfg
     for k, v in m.params.items():
-        assert torch.equal(back.params[k].data, v.data.to(torch.bfloat16).float()), k
+        assert torch.equal(back.params[k].data, v.data.cpu().to(torch.bfloat16).float()), k
     assert p.stat().st_size <= 8 * 1024 * 1024

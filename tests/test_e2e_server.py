@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.e2e import client
+from tests.helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PROV = dict(git_sha="t", device="cpu", arch="interpreter", fp8_format="e4m3fn", torch="", triton="", shim="",
@@ -21,7 +21,7 @@ PROV = dict(git_sha="t", device="cpu", arch="interpreter", fp8_format="e4m3fn", 
 def _serve(tmp_path, *extra):
     cmd = [sys.executable, "-m", "harness", "serve", "--device", "cpu", "--layout", "qwen35-gqa", "--models",
            str(tmp_path), "--port", "0", *extra]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    env = subprocess_env(HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()  # "serving 127.0.0.1:PORT" once the socket is bound
     m = re.match(r"serving (127\.0\.0\.1):(\d+)", line)
@@ -80,7 +80,7 @@ def test_client_retries_are_bounded():
 
 def test_gate_cli_ab_mode(servers, tmp_path):
     out = tmp_path / "ab.csv"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    env = subprocess_env(HF_HUB_OFFLINE="1")
     res = subprocess.run([sys.executable, "-m", "harness", "gate", "--device", "cpu", "--ab", servers[0], servers[1],
                           "--problems", "3", "--fewshot", "1", "--csv", str(out)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=180)

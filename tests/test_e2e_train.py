@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 from harness.e2e import model as M
 from harness.e2e import tokenizer as tok
 from harness.e2e import train
+from tests.helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def test_train_cli_writes_model_and_metadata(tmp_path):
     cmd = [sys.executable, "-m", "harness.e2e.train", "--layout", "qwen35-gqa", "--out", str(out), "--steps", "30",
            "--batch", "4", "--d-model", "64", "--layers", "1", "--d-ff", "128", "--lr", "3e-3", "--limit", "64",
            "--log-every", "10", "--device", "cpu", "--eval-every", "0", "--eval-n", "8", "--workers", "1"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env = subprocess_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr[-2000:]
     side = json.loads(out.with_suffix(".json").read_text())

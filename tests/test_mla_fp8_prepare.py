@@ -47,7 +47,10 @@ def test_catalog_parity(spec, registry, device, impl, name):
 @pytest.mark.parametrize("name", ["k3-verify-b1-l3-h8", "edge-values-only-fnuz", "nan-policy-overflow",
                                   "translated-pool-no-capture-loc"])
 def test_compiled_chain_parity(spec, registry, device, name):
-    assert_passes(spec, registry.impls[f"{OP}/compiled"], CATALOG[name], device)
+    case = CATALOG[name]
+    if case.fp8_format not in fused.kernel_fp8_formats(device):  # inductor emits Triton: same targets
+        pytest.skip(f"{case.fp8_format} does not compile for {device.arch} (test_fnuz_is_refused_on_nvidia...)")
+    assert_passes(spec, registry.impls[f"{OP}/compiled"], case, device)
 
 
 @given(case=cases.cases(max_tokens=8, max_heads=4))
@@ -303,6 +306,10 @@ def test_fnuz_is_refused_on_nvidia_and_runs_on_amd(registry):
     assert "e4m3fnuz on cuda" in impl.can_handle(c, h200)
     assert impl.can_handle(c, mi300) is True
     assert impl.can_handle(CATALOG["k3-verify-b1-l3-h8"], h200) is True
+    # MI355's native format is OCP e4m3fn; fnuz there is refused, not compiled (triton 3.6 fails to lower it)
+    mi355 = Device("rocm", "MI355X", "gfx950", "e4m3fn", "")
+    assert "e4m3fnuz on rocm gfx950" in impl.can_handle(c, mi355)
+    assert impl.can_handle(CATALOG["k3-verify-b1-l3-h8"], mi355) is True
 
 
 # ----------------------------------------------------------------------------- strategies and values

@@ -2,7 +2,6 @@
 ``verify_parity.impls`` of an installed distribution, or ``--impl module:attr``."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.registry import ENTRY_POINT_GROUP, Impl, Registry, default_registry
+from tests.helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_entry_point_plugin_is_registered_and_checked(plugin_dir, device):
 
 
 def test_cli_impl_module_attr_runs_the_same_suite(plugin_dir):
-    env = {**os.environ, "PYTHONPATH": f"{plugin_dir}:{ROOT}"}
+    env = subprocess_env(plugin_dir)
     run = subprocess.run([sys.executable, "-m", "harness", "run", "--op", "qk_norm_rope", "--impl",
                           "vp_vendor_plugin:BAD", "--generated", "2", "--case", "h8", "--csv", str(plugin_dir / "out.csv"), "--quiet"],
                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)

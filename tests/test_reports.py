@@ -3,7 +3,6 @@ HTML content, and ``python -m harness report`` exit codes — on real parity run
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -15,6 +14,7 @@ import pytest
 from reports import diff, frames, html, junit
 from reports.rows import PerfRow
 from tests.report_runs import OP, TIMELINE, TIMELINE_MUTANT, run_frame, timeline_csvs
+from tests.helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = ["op", "impl", "case", "check"]
@@ -142,7 +142,7 @@ def test_kill_matrix_counts_cases_per_check(runs):
 
 
 def _report(*args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = subprocess_env()
     return subprocess.run([sys.executable, "-m", "harness", "report", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, env=env, timeout=300)
 
@@ -170,7 +170,7 @@ def test_per_op_table_counts_failing_rows_per_check(runs):
 
 
 def test_cli_run_writes_junit_beside_the_csv(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = subprocess_env()
     r = subprocess.run([sys.executable, "-m", "harness", "run", "--op", OP, "--impl", "fused", "--generated", "0",
                         "--case", "one-token", "--quiet", "--csv", str(tmp_path / "r.csv"), "--junit",
                         str(tmp_path / "r.xml")], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)

@@ -135,7 +135,6 @@ def train(args) -> dict:
     cfg = M.MicroConfig(layout=args.layout, d_model=args.d_model, layers=args.layers, d_ff=args.d_ff,
                         max_len=args.max_len, seed=args.seed)
     model = M.Micro(cfg).to(device).train()
-    torch.backends.cuda.matmul.allow_tf32 = True
     fits = lambda e: len(e[0]) <= cfg.max_len - 8  # noqa: E731
     if args.data == "split":
         data = [e for e in examples(args.limit) if fits(e)]
@@ -214,6 +213,9 @@ def main(argv=None) -> int:
     ap.add_argument("--log-every", type=int, default=200)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
+    # TF32 for the training matmuls: a process-wide switch, so only in this CLI's own process; train()
+    # called in another process (a test, a notebook) must not turn it on for that process's references
+    torch.backends.cuda.matmul.allow_tf32 = True
     train(ap.parse_args(argv))
     return 0
 
