@@ -88,12 +88,27 @@ def test_reference_chain_agrees_with_oracle_and_sdpa(device):
     assert worst > 0.5, "suspiciously exact: is the comparison looking at bf16 outputs at all?"
 
 
+def _abs_values(t: torch.Tensor) -> torch.Tensor:
+    """|t| for any float dtype (fp8 has no abs kernel: clear the sign bit)."""
+    if t.dtype.itemsize == 1:
+        return (t.view(torch.uint8) & 0x7F).view(t.dtype)
+    return t.abs()
+
+
 def test_batched_chain_equals_the_per_request_loop(device, monkeypatch):
     """The chain over the whole batch (uniform widths, no tree, no mutant stage) and the
-    per-request loop compute the same fp32 partials; after the one bf16 rounding they differ by
-    at most one bf16 ulp (an fp32 score may differ in its last bit: another matmul blocking),
-    and both pass the oracle on every catalog case the batched form takes."""
+    per-request loop compute the same fp32 output up to the order of fp32 sums: before the one
+    bf16 rounding they differ by at most 2^-12 of S = sum_j w_j |v_j| (the oracle run on |v|):
+    16x below one bf16 rounding of S, above the reassociation of these fp32 sums (scores over
+    D <= 576 products, up to ~1K keys). Both also pass the oracle on every catalog case the
+    batched form takes. Not "one bf16 ulp after rounding": on the H200 (other matmul blockings)
+    outputs that cancel to ~1e-6 came 3-7 ulps apart at diff/S <= 6e-7 (minimax-h8-l5,
+    qwen35-h16-l4-b3, k3-mla-h16-l3); on the CPU both are bitwise equal. Planted: the batched
+    split bound one key short fails it."""
     taken = 0
+    fp32 = []
+    finish = ref._finish
+    monkeypatch.setattr(ref, "_finish", lambda res, q, o: (fp32.append(res.clone()), finish(res, q, o))[1])
     for c in CATALOG.values():
         kw = cases.build_inputs(c, device)
         qo, kvp = kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist()
@@ -101,11 +116,16 @@ def test_batched_chain_equals_the_per_request_loop(device, monkeypatch):
             continue
         taken += 1
         batched = ref.verify_attention(**kw)["o"].float()
-        monkeypatch.setattr(ref, "BATCHED_SCORE_BYTES", 0)
-        loop = ref.verify_attention(**kw)["o"].float()
-        monkeypatch.undo()
-        ulp = torch.maximum(batched.abs(), loop.abs()).clamp(min=2 ** -126) * 2 ** -7
-        assert ((batched - loop).abs() <= ulp).all(), c.name
+        keep = ref.BATCHED_SCORE_BYTES
+        ref.BATCHED_SCORE_BYTES = 0
+        try:
+            ref.verify_attention(**kw)
+        finally:
+            ref.BATCHED_SCORE_BYTES = keep
+        b32, l32 = fp32[-2], fp32[-1]
+        S = ref.verify_attention_oracle(**{**kw, "v": _abs_values(kw["v"]), "v_buffer": _abs_values(kw["v_buffer"])})
+        S = S["o"].abs().to(b32.device, torch.float32)
+        assert ((b32 - l32).abs() <= S * 2 ** -12).all(), (c.name, float(((b32 - l32).abs() / S).max()))
         tol = tolerance.lookup(OP, "o", torch.bfloat16)
         oracle = ref.verify_attention_oracle(**kw)["o"]
         r = compare.numeric("o", batched.to(torch.bfloat16), oracle, None, tol, is_reference=True)
