@@ -19,9 +19,8 @@ reads a one-element tensor as a Python int the way 3.9 does: 3.6 keeps a scalar 
 through a pointer as a 1-element array and its ``__index__`` calls ``int()`` on it, which
 numpy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"), so every
 ``range()`` over loaded bounds (the verify_attention prefix loops) raised. Nothing else is
-changed: bf16 *arithmetic* inside a
-kernel is still wrong under the interpreter, which is why kernels upcast to fp32 right after
-loading. The GPU run is the judge: ``tests/test_shim.py`` checks on a GPU that compiled
+changed: bf16 *arithmetic* inside a kernel is still wrong under the interpreter, which is why
+kernels upcast to fp32 right after loading. The GPU run is the judge: ``tests/test_shim.py`` checks on a GPU that compiled
 conversions agree byte for byte with this shim.
 
 ``install()`` is idempotent and is called only by ``harness.devices``; ``SHIM_ID`` goes into

@@ -13,7 +13,7 @@ from cases import profiles
 from harness import suite
 from harness.registry import Registry, default_registry
 from reports.rows import to_frame
-from tests.helpers import subprocess_env
+from tests.helpers import ROOT, subprocess_env
 
 OP = "qk_norm_rope"
 CASES = ("neox", "with-q-weight", "neox-decode-q-weight", "tiny-rows-decode")
@@ -49,10 +49,8 @@ def timeline_cli(*args, timeout=600):
     """``python -m harness timelines --device cpu ...`` as a user runs it."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, "-m", "harness", "timelines", "--device", "cpu", *map(str, args)], cwd=root,
+    return subprocess.run([sys.executable, "-m", "harness", "timelines", "--device", "cpu", *map(str, args)], cwd=ROOT,
                           env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=timeout)
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
-from tests.helpers import subprocess_env
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, subprocess_env
 
 
 def _run(*args, timeout=900):

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from harness.ops import BUILTIN
-from tests.helpers import subprocess_env
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, subprocess_env
 
 
 @pytest.mark.parametrize("op", BUILTIN)

@@ -6,14 +6,12 @@ import re
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from harness.e2e import client
-from tests.helpers import subprocess_env
+from tests.helpers import ROOT, subprocess_env
 
-ROOT = Path(__file__).resolve().parents[1]
 PROV = dict(git_sha="t", device="cpu", arch="interpreter", fp8_format="e4m3fn", torch="", triton="", shim="",
             profile="test", seed=0)
 

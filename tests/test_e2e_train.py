@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from cases import gsm8k_synth as g
 import torch
@@ -12,9 +11,7 @@ import torch
 from harness.e2e import model as M
 from harness.e2e import tokenizer as tok
 from harness.e2e import train
-from tests.helpers import subprocess_env
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, subprocess_env
 
 
 def test_train_cli_writes_model_and_metadata(tmp_path):

@@ -5,14 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from harness.registry import ENTRY_POINT_GROUP, Impl, Registry, default_registry
-from tests.helpers import subprocess_env
+from tests.helpers import ROOT, subprocess_env
 
-ROOT = Path(__file__).resolve().parents[1]
 
 PLUGIN = textwrap.dedent('''
     from harness.registry import Impl

@@ -6,17 +6,15 @@ import dataclasses
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from reports import diff, frames, html, junit
 from reports.rows import PerfRow
+from tests.helpers import ROOT, subprocess_env
 from tests.report_runs import OP, TIMELINE, TIMELINE_MUTANT, run_frame, timeline_csvs
-from tests.helpers import subprocess_env
 
-ROOT = Path(__file__).resolve().parents[1]
 KEY = ["op", "impl", "case", "check"]
 
 
@@ -87,8 +85,8 @@ def test_perf_slower_needs_the_spreads_apart_not_only_the_medians():
                 speedup_vs_compiled=1.5, gbps=1.0, frac_of_copy=0.5, launches=1, **prov)
 
     def rows(quantiles):
-        return pd.DataFrame([dataclasses.asdict(PerfRow(case=c, p20_us=a, p50_us=b, p80_us=c_, **base))
-                             for c, (a, b, c_) in quantiles.items()])
+        return pd.DataFrame([dataclasses.asdict(PerfRow(case=case, p20_us=p20, p50_us=p50, p80_us=p80, **base))
+                             for case, (p20, p50, p80) in quantiles.items()])
 
     old = rows({"shift": (391.6, 392.7, 394.0),  # shared-KV MLA B 64 prefix 4K on the H200: a tight spread
                 "noisy": (499.2, 517.4, 529.3), "faster": (10.0, 11.0, 12.0)})

@@ -13,7 +13,7 @@ from cases import base
 from cases import timelines as tl
 from cases.mutants import timelines as mt
 from harness import killmatrix, runners, timeline
-from tests.helpers import subprocess_env
+from tests.report_runs import timeline_cli as _cli
 
 CATALOG = {t.name: t for t in tl.catalog()}
 
@@ -163,17 +163,6 @@ def test_kill_matrix_has_no_survivors_and_clean_paths_pass(registry, device, tmp
     n_mut = sum(r.kind != "clean" for r in rows)
     assert n_mut >= 15
     killmatrix.frame(rows).to_csv(tmp_path / "kill_matrix.csv", index=False)
-
-
-def _cli(*args):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = subprocess_env(OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "harness", "timelines", "--device", "cpu", *args], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
 
 
 def test_timelines_cli_quiet_still_prints_failures_summary_and_repro(tmp_path):

@@ -116,12 +116,9 @@ def test_batched_chain_equals_the_per_request_loop(device, monkeypatch):
             continue
         taken += 1
         batched = ref.verify_attention(**kw)["o"].float()
-        keep = ref.BATCHED_SCORE_BYTES
-        ref.BATCHED_SCORE_BYTES = 0
-        try:
+        with monkeypatch.context() as m:  # the loop form; the _finish capture stays
+            m.setattr(ref, "BATCHED_SCORE_BYTES", 0)
             ref.verify_attention(**kw)
-        finally:
-            ref.BATCHED_SCORE_BYTES = keep
         b32, l32 = fp32[-2], fp32[-1]
         S = ref.verify_attention_oracle(**{**kw, "v": _abs_values(kw["v"]), "v_buffer": _abs_values(kw["v_buffer"])})
         S = S["o"].abs().to(b32.device, torch.float32)
