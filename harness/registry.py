@@ -69,6 +69,11 @@ class Impl:
     fp8_policy: str = ""  # declared fp8 overflow policy, shown in reports
     doc: str = ""
     catches: tuple[str, ...] = field(default=())  # mutants: checks expected to flag it
+    # the roundings its design makes on purpose, "+"-joined (harness.tolerance.PRECISION_CLASSES);
+    # the allowance is derived from the reference chain with exactly those roundings emulated
+    precision: str = "exact-fp32"
+    may_write: tuple[str, ...] = ()  # inputs it may modify in place beyond the op's writable buffers
+    source: str = ""  # how it was loaded ("module:attr" of --impl or an entry point); "" for built-ins
 
     def __post_init__(self):
         if self.kind not in KINDS:

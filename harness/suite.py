@@ -72,7 +72,7 @@ def repro_line(p: Planned, impl: Impl, dev: Device) -> str:
 
 def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov: Provenance) -> list[ParityRow]:
     common = dict(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display, fp8_policy=impl.fp8_policy,
-                  repro=repro_line(p, impl, dev), seconds=res.seconds, **prov.__dict__)
+                  precision=impl.precision, repro=repro_line(p, impl, dev), seconds=res.seconds, **prov.__dict__)
     if res.refused:
         return [ParityRow(check="can_handle", status="refused", err=float("nan"), ref_err=float("nan"),
                           allowed=float("nan"), max_abs=float("nan"), max_rel=float("nan"), mismatch_frac=float("nan"),

@@ -13,13 +13,22 @@ def _str_columns(row_type: type) -> list[str]:
     return [f.name for f in dataclasses.fields(row_type) if f.type in ("str", str)]
 
 
+# Columns added after CSVs were first written, with the value every older row meant: a previous
+# nightly's CSV (the baseline of the next) still reads.
+ADDED_COLUMNS = {"precision": "exact-fp32"}
+
+
 def read(paths: list[str | Path], row_type: type = ParityRow) -> pd.DataFrame:
     """Concatenate CSVs of one row type (e.g. the shards of one run). Columns in dataclass order;
-    a file missing a column raises; rows repeated exactly (a shard passed twice) are dropped."""
+    a file missing a column raises (but for ``ADDED_COLUMNS``, filled with their old meaning);
+    rows repeated exactly (a shard passed twice) are dropped."""
     cols = [f.name for f in dataclasses.fields(row_type)]
     frames = []
     for p in paths:
         f = pd.read_csv(p)
+        for c, old in ADDED_COLUMNS.items():
+            if c in cols and c not in f.columns:
+                f[c] = old
         missing = [c for c in cols if c not in f.columns]
         if missing:
             raise ValueError(f"{p}: not a {row_type.__name__} CSV, missing columns {missing}")

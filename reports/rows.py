@@ -51,6 +51,7 @@ class ParityRow:
     detail: str
     seconds: float
     fp8_policy: str
+    precision: str  # the implementation's declared precision class (harness.tolerance)
     repro: str
 
 

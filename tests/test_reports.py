@@ -75,6 +75,15 @@ def test_shards_merge_into_the_whole_run(runs, device, tmp_path):
         frames.read([tmp_path / "bad.csv"])
 
 
+def test_a_csv_from_before_a_column_was_added_reads_with_its_old_meaning(runs, tmp_path):
+    """A previous nightly's CSV is the next one's baseline: ``precision`` came later and meant exact-fp32."""
+    _, clean, _ = runs
+    clean.drop(columns=["precision"]).to_csv(tmp_path / "old.csv", index=False)
+    old = frames.read([tmp_path / "old.csv"])
+    assert (old["precision"] == "exact-fp32").all() and len(old) == len(clean)
+    assert diff.diff(old, clean.assign(precision="exact-fp32")).empty
+
+
 def test_perf_slower_needs_the_spreads_apart_not_only_the_medians():
     """Planted bug: a median-only rule (p50 new > p50 old · (1 + t)) flags the host-noise row ``noisy``
     (mla_fp8_prepare's reference at B 1, H 64 in two H200 nightlies: p50 517 -> 744 us, spreads
