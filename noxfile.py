@@ -1,5 +1,5 @@
 """Every user-facing entry point: `nox -s parity`, `nox -s tests`, `nox -s mutants`, `nox -s compile`,
-`nox -s report`, `nox -s gate`.
+`nox -s report`, `nox -s gate`, `nox -s sglang`.
 
 Installs are vendor-safe. On a CPU machine the session venv takes the pins of
 ``constraints/cpu.txt`` (torch 2.13.0 CPU build, triton 3.9.0, numpy 2.4.6). On a CUDA or
@@ -21,6 +21,9 @@ nox.options.reuse_existing_virtualenvs = True
 SYSTEM_TORCH = os.environ.get("VP_SYSTEM_TORCH") == "1" or bool(shutil.which("nvidia-smi") or shutil.which("rocm-smi"))
 VENV_PARAMS = ["--system-site-packages"] if SYSTEM_TORCH else []
 DEVICE = os.environ.get("VP_DEVICE", "auto" if SYSTEM_TORCH else "cpu")
+# SGLang's kernel files (harness.adapters.sglang); --no-deps: its serving stack is not needed, and its
+# torch pin must never replace a runner's torch
+SGLANG = "sglang==0.5.23"
 
 
 def _install(session: nox.Session) -> None:
@@ -31,13 +34,16 @@ def _install(session: nox.Session) -> None:
         session.install("-c", "constraints/cpu.txt", "-e", ".[cpu]")
 
 
+def _jobs() -> str:
+    return os.environ.get("VP_JOBS", str(os.cpu_count() or 1) if DEVICE == "cpu" else "1")
+
+
 @nox.session(venv_params=VENV_PARAMS)
 def parity(session: nox.Session) -> None:
     """Parity of every op: catalog + generated cases (VP_PROFILE: ci | nightly | dev)."""
     _install(session)
     args = session.posargs or []
-    jobs = os.environ.get("VP_JOBS", str(os.cpu_count() or 1) if DEVICE == "cpu" else "1")
-    session.run("python", "-m", "harness", "run", "--device", DEVICE, "--jobs", jobs, "--csv", "runs/parity.csv",
+    session.run("python", "-m", "harness", "run", "--device", DEVICE, "--jobs", _jobs(), "--csv", "runs/parity.csv",
                 *args, env={"VP_DEVICE": DEVICE})
 
 
@@ -45,9 +51,23 @@ def parity(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The harness's own tests (pytest-xdist: one worker per core, or per GPU on GPU runners)."""
     _install(session)
+    session.install("--no-deps", SGLANG)  # tests/test_sglang.py checks the adapters
     workers = os.environ.get("VP_WORKERS", "auto")
     session.run("python", "-m", "pytest", "-n", workers, "-q", "--durations=15", *session.posargs,
                 env={"VP_DEVICE": DEVICE})
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def sglang(session: nox.Session) -> None:
+    """SGLang 0.5.23's own kernels (harness.adapters.sglang: split-KV and shared-KV verify attention, the
+    fused qk-norm-rope store) over the ci profile, against their known-failure ledger
+    (cases/ledgers/sglang.py): fails on any failure not in the ledger, and on a known failure that did not
+    happen. runs/sglang.csv. `-- --generated 20` for a quick slice."""
+    _install(session)
+    session.install("--no-deps", SGLANG)
+    session.run("python", "-m", "harness", "run", "--device", DEVICE, "--profile", "ci", "--jobs", _jobs(),
+                "--impl", "harness.adapters.sglang:IMPLS", "--ledger", "sglang", "--csv", "runs/sglang.csv",
+                *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
 @nox.session(venv_params=VENV_PARAMS)
@@ -88,8 +108,7 @@ def gate(session: nox.Session) -> None:
     fused and path-mutant paths; runs/gate.csv. Profile: cpu-lite on the CPU, full on a GPU
     (`-- --profile full`). On the CPU the generation runs go to one process per core (VP_JOBS)."""
     _install(session)
-    jobs = os.environ.get("VP_JOBS", str(os.cpu_count() or 1) if DEVICE == "cpu" else "1")
-    session.run("python", "-m", "harness", "gate", "--device", DEVICE, "--jobs", jobs, "--csv", "runs/gate.csv",
+    session.run("python", "-m", "harness", "gate", "--device", DEVICE, "--jobs", _jobs(), "--csv", "runs/gate.csv",
                 *session.posargs, env={"VP_DEVICE": DEVICE})
 
 

@@ -55,6 +55,9 @@ def _print_report(frame: pd.DataFrame, out=sys.stdout) -> int:
     s = summary(frame)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format):
         print("\n" + s.to_string(index=False), file=out)
+    known = frame[frame["status"] == "known"]
+    for key, g in known.groupby(["impl", "known"], sort=False):
+        print(f"KNOWN {key[0]} [{key[1]}]: {g['case'].nunique()} cases ({', '.join(sorted(set(g['check'])))})", file=out)
     bad = failures(frame).drop_duplicates(["impl", "case"])
     for _, r in bad.head(MAX_REPRO_LINES).iterrows():
         print(f"FAIL {r['impl']} {r['case']} [{r['check']}] {r['detail'] or r['worst']}\n  repro: {r['repro']}", file=out)
@@ -101,9 +104,17 @@ def cmd_run(args) -> int:
     print(f"verify-parity run: device={dev.kind} ({dev.name}, {dev.arch}, fp8 {dev.fp8_format}) profile={prof.name} "
           f"shim={dev.shim or 'off (compiled)'}; generated cases: {counts}; impls: {', '.join(i.key for i in impls)}",
           flush=True)
+    from harness import ledger
+
+    try:
+        known = tuple(e for spec in args.ledger or () for e in ledger.load(spec))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if known:
+        print(f"ledger: {len(known)} known failures ({', '.join(e.id for e in known)})", flush=True)
     rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
                      generated=args.generated, progress=not args.quiet, case_filter=args.case, jobs=args.jobs,
-                     plugin_specs=tuple(s for s in args.impl or () if ":" in s))
+                     plugin_specs=tuple(s for s in args.impl or () if ":" in s), ledger=known)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
     path = write_csv(rows, args.csv)
     print(f"rows: {len(rows)} -> {path}")
@@ -408,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--csv", default=f"runs/{name}.csv")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument("--junit", default=None, help="also write JUnit XML here")
+        p.add_argument("--ledger", action="append",
+                       help="known-failure ledger: NAME (cases/ledgers/NAME.py) or module:attr (repeatable); its "
+                            "failures read 'known', a known failure that did not happen fails")
         p.set_defaults(fn=cmd_run, expect_fail=expect_fail)
         if expect_fail:
             p.set_defaults(kind=["mutant"])

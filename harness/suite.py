@@ -15,6 +15,7 @@ from cases import base
 from cases.profiles import Profile
 from harness import devices, runners
 from harness.devices import Device
+from harness.ledger import verdicts as ledger_verdicts
 from harness.registry import Impl, OpSpec, Registry
 from reports.rows import ParityRow, Provenance, git_sha
 
@@ -70,17 +71,31 @@ def repro_line(p: Planned, impl: Impl, dev: Device) -> str:
     return f"python -m harness repro '{p.full_id}' --impl {impl.name} --device {dev.kind}"
 
 
-def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov: Provenance) -> list[ParityRow]:
+def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov: Provenance,
+             ledger: tuple = ()) -> list[ParityRow]:
+    """The rows of one (implementation, case) run. With a ``ledger`` (harness.ledger), failing checks an
+    entry explains are ``known``, and an entry covering the case whose checks all passed adds a failing
+    ``ledger:<id>`` row (the known failure did not happen)."""
     common = dict(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display, fp8_policy=impl.fp8_policy,
                   precision=impl.precision, repro=repro_line(p, impl, dev), seconds=res.seconds, **prov.__dict__)
     if res.refused:
         return [ParityRow(check="can_handle", status="refused", err=float("nan"), ref_err=float("nan"),
                           allowed=float("nan"), max_abs=float("nan"), max_rel=float("nan"), mismatch_frac=float("nan"),
-                          nan_inf_mismatch=0, worst="", detail=res.refused, **common)]
-    return [ParityRow(check=r.check, status="pass" if r.passed else "fail", err=r.err, ref_err=r.ref_err,
-                      allowed=r.allowed, max_abs=r.max_abs, max_rel=r.max_rel, mismatch_frac=r.mismatch_frac,
-                      nan_inf_mismatch=r.nan_inf_mismatch, worst=r.worst, detail=r.detail, **common)
+                          nan_inf_mismatch=0, worst="", detail=res.refused, known="", **common)]
+    known, silent = ledger_verdicts(ledger, p.spec.name, impl.name, p.case,
+                                    [r.check for r in res.records if not r.passed])
+    rows = [ParityRow(check=r.check, status="pass" if r.passed else "known" if r.check in known else "fail",
+                      err=r.err, ref_err=r.ref_err, allowed=r.allowed, max_abs=r.max_abs, max_rel=r.max_rel,
+                      mismatch_frac=r.mismatch_frac, nan_inf_mismatch=r.nan_inf_mismatch, worst=r.worst,
+                      detail=r.detail, known=known.get(r.check, ""), **common)
             for r in res.records]
+    nan = float("nan")
+    rows += [ParityRow(check=f"ledger:{e.id}", status="fail", err=nan, ref_err=nan, allowed=nan, max_abs=nan,
+                       max_rel=nan, mismatch_frac=nan, nan_inf_mismatch=0, worst="",
+                       detail=f"known failure did not happen (none of {', '.join(e.checks)} failed): fixed? narrow "
+                              f"or remove the entry. Cause: {e.cause}. Upstream: {e.upstream}", known=e.id, **common)
+             for e in silent]
+    return rows
 
 
 _WORKER: tuple | None = None
@@ -160,7 +175,8 @@ def _results(work, dev: Device, jobs: int, plugin_specs: tuple[str, ...]):
 
 def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,
         shard_spec: str | None = None, generated: int | None = None, progress: bool = True,
-        case_filter: str | None = None, jobs: int = 1, plugin_specs: tuple[str, ...] = ()) -> list[ParityRow]:
+        case_filter: str | None = None, jobs: int = 1, plugin_specs: tuple[str, ...] = (),
+        ledger: tuple = ()) -> list[ParityRow]:
     prov = provenance(dev, profile, seed)
     work = []
     for op in ops:
@@ -178,7 +194,7 @@ def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: 
     try:
         for p, impl, res in _results(work, dev, jobs, plugin_specs):
             bar.update(1)
-            new = rows_for(p, impl, dev, res, prov)
+            new = rows_for(p, impl, dev, res, prov, ledger)
             n_fail += any(r.status == "fail" for r in new)
             bar.set_postfix_str(f"{impl.name} fail={n_fail}")
             rows += new
@@ -194,13 +210,15 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
         return frame
     keys = ["op", "impl", "kind", "case"]
     f = frame.assign(failed=frame["status"] == "fail", refused=frame["status"] == "refused",
-                     ratio=frame["err"] / frame["allowed"])
-    per_case = f.groupby(keys).agg(failed=("failed", "any"), refused=("refused", "all"), ratio=("ratio", "max"),
-                                   seconds=("seconds", "first"))
+                     known=frame["status"] == "known", ratio=frame["err"] / frame["allowed"])
+    per_case = f.groupby(keys).agg(failed=("failed", "any"), refused=("refused", "all"), known=("known", "any"),
+                                   ratio=("ratio", "max"), seconds=("seconds", "first"))
+    per_case["known"] &= ~per_case["failed"]  # a case with a failure the ledger does not explain counts as failed
     out = per_case.groupby(keys[:3]).agg(
         cases=("failed", "size"), passed=("failed", lambda x: int((~x).sum())), failed=("failed", "sum"),
-        refused=("refused", "sum"), worst_err_over_allowed=("ratio", "max"), seconds=("seconds", "sum"))
-    out["passed"] -= out["refused"]
+        known=("known", "sum"), refused=("refused", "sum"), worst_err_over_allowed=("ratio", "max"),
+        seconds=("seconds", "sum"))
+    out["passed"] -= out["refused"] + out["known"]
     out = out.reset_index()
     if "fp8_policy" in frame:  # each implementation's fp8 overflow policy, as its rows state it
         pol = frame.groupby(keys[:3])["fp8_policy"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))

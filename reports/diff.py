@@ -14,7 +14,7 @@ import pandas as pd
 PARITY_KEY = ["op", "impl", "case", "check"]
 PERF_KEY = ["op", "impl", "case"]
 COLUMNS = ["kind", "op", "impl", "case", "check", "change", "old", "new", "repro"]
-_RANK = {"pass": 0, "refused": 1, "fail": 2}
+_RANK = {"pass": 0, "refused": 1, "known": 2, "fail": 3}  # known: a ledger entry explains the failure
 
 
 def _status(frame: pd.DataFrame) -> pd.DataFrame:

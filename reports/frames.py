@@ -15,7 +15,7 @@ def _str_columns(row_type: type) -> list[str]:
 
 # Columns added after CSVs were first written, with the value every older row meant: a previous
 # nightly's CSV (the baseline of the next) still reads.
-ADDED_COLUMNS = {"precision": "exact-fp32"}
+ADDED_COLUMNS = {"precision": "exact-fp32", "known": ""}
 
 
 def read(paths: list[str | Path], row_type: type = ParityRow) -> pd.DataFrame:

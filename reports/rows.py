@@ -39,7 +39,7 @@ class ParityRow:
     kind: str
     case: str  # display id (catalog name or encoded id)
     check: str
-    status: str  # pass | fail | refused
+    status: str  # pass | fail | refused | known (a failure a ledger entry explains, harness.ledger)
     err: float  # scaled error (see harness.tolerance)
     ref_err: float
     allowed: float
@@ -52,6 +52,7 @@ class ParityRow:
     seconds: float
     fp8_policy: str
     precision: str  # the implementation's declared precision class (harness.tolerance)
+    known: str  # the ledger entry that explains this row ("" when none)
     repro: str
 
 

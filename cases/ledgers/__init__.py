@@ -1,0 +1,1 @@
+"""Known-failure ledgers of third-party kernels, one module per vendor (``LEDGER``); see harness/ledger.py."""

@@ -1,0 +1,226 @@
+"""SGLang 0.5.23's own Triton kernels behind the plugin API (``--impl harness.adapters.sglang:IMPLS``).
+
+  sglang-split-kv      verify_attention  ``verify_splitkv_fwd``  (verify_splitkv.py): per-head split-KV
+  sglang-shared-kv     verify_attention  ``verify_shared_kv_fwd`` (verify_mla.py): grouped shared-KV, MLA too
+  sglang-qk-norm-rope  qk_norm_rope      ``fused_qk_norm_rope_swa_store`` (fused_qk_norm_rope_store.py),
+                                         bf16 ring store in decode (``bf16_store=True``)
+
+Written as any user's adapter is (docs/plugins.md): it sees the op's keyword arguments and the case,
+calls the vendor's own entry point and the vendor's own ``can_handle``, and refuses, with the reason,
+what the kernel declines. Each declares the roundings of its design (``precision``):
+  split-KV   P rounded to the value dtype before P·V (bf16, or fp8 with fp8 KV), q cast to the fp8 KV
+             dtype: ``bf16-p+fp8-q``; its split partials are fp32;
+  shared-KV  the same plus split partials stored in bf16: ``bf16-p+bf16-partials+fp8-q``;
+  qk         norm and RoPE in fp32, one bf16 rounding: exact; it normalises ``kv`` in place (``may_write``).
+
+Importing the kernels without SGLang's serving stack: ``pip install --no-deps sglang==0.5.23`` puts the
+kernel files on disk, but ``import sglang`` runs ``sglang/__init__.py``, which imports the whole runtime
+(transformers patches, the frontend language, FlashInfer...). ``load()`` instead registers the packages
+on the path to the three files as empty packages (their ``__init__`` not run; ``__path__`` the real
+folders), so that the three kernel files — and ``dsv4/unified_kv_kernels/layout.py``, which
+fused_qk_norm_rope_store.py imports and which needs only torch — load unchanged from the installed
+wheel. Three host-side helpers they import from the runtime are given as one-line equivalents
+(``SHIMMED``: whether torch is a HIP build, and whether the GPU is a gfx95x / gfx94x part). When the
+real ``sglang`` package is already imported, it is used as it is.
+
+The kernels cache their scratch buffers per shape across calls (``_VK_CACHE``, ``_VMLA_CACHE``); the
+adapters empty those caches before each call, so that every call allocates its scratch and the
+harness's poisoned-allocator run sees what a kernel reads without writing it.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import sys
+import types
+
+import torch
+
+from harness.registry import Impl
+
+VERSION = "0.5.23"  # the release the adapters, their refusals and cases/ledgers/sglang.py were checked against
+_FILES = ("sglang.kernels.ops.attention.verify_splitkv", "sglang.kernels.ops.attention.verify_mla",
+          "sglang.kernels.ops.attention.fused_qk_norm_rope_store")
+_LAYOUT = "sglang.kernels.ops.attention.dsv4.unified_kv_kernels.layout"  # imported by the qk file; torch only
+
+
+def _is_hip() -> bool:
+    return torch.version.hip is not None
+
+
+def _gcn_arch() -> str:
+    return torch.cuda.get_device_properties(0).gcnArchName if _is_hip() else ""
+
+
+SHIMMED = {  # module -> {name: the host-side helper it stands for}
+    "sglang.srt.utils": {"is_hip": _is_hip, "is_gfx95_supported": lambda: "gfx95" in _gcn_arch()},
+    "sglang.kernels.ops.quantization.fp8_kernel": {"is_fp8_fnuz": lambda: "gfx94" in _gcn_arch()},
+}
+
+
+class SGLangUnavailable(ImportError):
+    """sglang is not installed (``pip install --no-deps sglang==0.5.23``)."""
+
+
+@functools.cache
+def load() -> dict[str, types.ModuleType]:
+    """The three kernel modules of the installed sglang, keyed by file stem."""
+    if "sglang" not in sys.modules:
+        spec = importlib.util.find_spec("sglang")
+        if spec is None or not spec.submodule_search_locations:
+            raise SGLangUnavailable(f"sglang is not installed: pip install --no-deps sglang=={VERSION}")
+        root = list(spec.submodule_search_locations)[0]
+        for mod, names in SHIMMED.items():
+            _package_path(mod.rsplit(".", 1)[0], root)
+            stub = types.ModuleType(mod, f"verify-parity stand-in for {mod} (harness.adapters.sglang.SHIMMED)")
+            stub.__dict__.update(names)
+            sys.modules[mod] = stub
+        for mod in (*_FILES, _LAYOUT):
+            _package_path(mod.rsplit(".", 1)[0], root)
+    return {m.rsplit(".", 1)[1]: importlib.import_module(m) for m in _FILES}
+
+
+def _package_path(pkg: str, root: str) -> None:
+    """Register ``pkg`` and its parents as packages whose ``__init__`` is not run."""
+    parts = pkg.split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        if name not in sys.modules:
+            m = types.ModuleType(name)
+            m.__path__ = ["/".join([root, *parts[1:i]])]
+            sys.modules[name] = m
+
+
+def installed_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+# ----------------------------------------------------------------------------- verify attention
+
+def _widths(qo_indptr: torch.Tensor) -> list[int]:
+    qo = qo_indptr.tolist()
+    return [b - a for a, b in zip(qo, qo[1:])]
+
+
+def _kv_dtype_refusal(k_buffer: torch.Tensor, device) -> str:
+    """fp8 flavours that do not compile on this arch (the interpreter converts both)."""
+    if device.interpreted or k_buffer.dtype == torch.bfloat16:
+        return ""
+    native = torch.float8_e4m3fnuz if device.fp8_format == "e4m3fnuz" else torch.float8_e4m3fn
+    return "" if k_buffer.dtype == native else f"{k_buffer.dtype} does not compile on {device.arch}"
+
+
+def _vendor_args(inputs: dict) -> dict:
+    """The op's keyword arguments as SGLang's extend_attention_fwd-style call takes them."""
+    return dict(q_extend=inputs["q"], k_extend=inputs["k"], v_extend=inputs["v"], k_buffer=inputs["k_buffer"],
+                v_buffer=inputs["v_buffer"], qo_indptr=inputs["qo_indptr"], kv_indptr=inputs["kv_indptr"],
+                kv_indices=inputs["kv_indices"], custom_mask=inputs["custom_mask"], is_causal=inputs["is_causal"],
+                mask_indptr=None, max_len_extend=max(_widths(inputs["qo_indptr"])))
+
+
+def _attention_can_handle(stem: str, why_not, declines_after=lambda inputs: ""):
+    """The vendor's ``can_handle`` on the very tensors, then what its entry point declines after it
+    (``declines_after``); ``why_not`` names the reason of a refusal (the vendor returns a bare False)."""
+    def can_handle(case, device, inputs) -> bool | str:
+        if inputs["topk"] != 1:
+            return (f"topk {inputs['topk']}: the kernel computes the causal chain and never reads the tree mask "
+                    f"(SGLang's backend gates it on topk == 1)")
+        refusal = _kv_dtype_refusal(inputs["k_buffer"], device)
+        if refusal:
+            return refusal
+        if not load()[stem].can_handle(**_vendor_args(inputs)):
+            return f"SGLang's can_handle declines: {why_not(inputs) or 'outside its verify contract'}"
+        return declines_after(inputs) or True
+    return can_handle
+
+
+def _ragged(inputs) -> str:
+    return "ragged verify widths" if len(set(_widths(inputs["qo_indptr"]))) > 1 else ""
+
+
+def _split_kv_why_not(inputs) -> str:
+    if not inputs["is_causal"]:
+        return "non-causal drafts (the split-KV kernel is causal only)"
+    if inputs["q"].shape[2] != inputs["v"].shape[2]:
+        return "MLA layout (head_dim != v_head_dim)"
+    return _ragged(inputs)
+
+
+def _shared_kv_why_not(inputs) -> str:
+    group = inputs["q"].shape[1] // inputs["k"].shape[1]
+    if inputs["k"].shape[1] > 1 and group & (group - 1):
+        return f"KV group {group} is not a power of two with several KV heads"
+    return _ragged(inputs)
+
+
+def _shared_kv_declines_after(inputs) -> str:
+    if inputs["q"].shape[2] < inputs["v"].shape[2]:
+        return "head_dim < v_head_dim"
+    return "empty kv_indices (verify_shared_kv_fwd returns False)" if inputs["kv_indices"].numel() == 0 else ""
+
+
+def _attention(stem: str, entry: str, cache: str):
+    def fn(**inputs):
+        mod = load()[stem]
+        getattr(mod, cache).clear()  # scratch allocated in this call (see the module docstring)
+        q = inputs["q"]
+        o = inputs["o"]
+        if o is None:
+            o = torch.empty(q.shape[0], q.shape[1], inputs["v"].shape[2], dtype=q.dtype, device=q.device)
+        ran = getattr(mod, entry)(o_extend=o, k_scale=inputs["k_scale"], v_scale=inputs["v_scale"],
+                                  sm_scale=inputs["sm_scale"], **_vendor_args(inputs))
+        if not ran:
+            raise RuntimeError(f"{entry} returned False (declined) on an input its can_handle accepted")
+        return {"o": o}
+    return fn
+
+
+# ----------------------------------------------------------------------------- qk norm + rope
+
+def _qk_can_handle(case, device, inputs) -> bool | str:
+    q, D, R = inputs["q"], inputs["q"].shape[2], inputs["rope_dim"]
+    if inputs["rope_style"] != "interleaved":
+        return f"rope style {inputs['rope_style']!r}: the kernel rotates GPT-J pairs only"
+    if D & (D - 1) or R & (R - 1):
+        return f"head_dim {D} / rope_dim {R} not powers of two (tl.arange)"
+    if q.stride(1) != D * q.stride(2):
+        return "q heads not packed (the kernel reads q as (T, H·D))"
+    if inputs["forward_mode"] == "decode" and bool((inputs["loc"] < 0).any()):
+        return "padding slots (loc < 0): the bf16 ring store writes every row it is given"
+    return True
+
+
+def _qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions, rope_style, ring,
+                  loc, forward_mode, q_out):
+    store = forward_mode == "decode"
+    mod = load()["fused_qk_norm_rope_store"]
+    T, H, D = q.shape
+    q_out = mod.fused_qk_norm_rope_swa_store(
+        q.reshape(T, H * D), kv, q_norm_weight, kv_norm_weight, eps, eps, rope_dim, cos, sin, positions,
+        swa_cache=ring if store else None, swa_loc=loc.to(torch.int32) if store else None, q_out=q_out,
+        dtype=q.dtype, bf16_store=True)
+    return {"q_out": q_out, "kv_out": kv}  # kv normalised and rotated in place
+
+
+def IMPLS() -> list[Impl]:
+    """The three adapters (a zero-argument callable: ``--impl`` imports no sglang until it runs)."""
+    load()
+    doc = f"SGLang {installed_version() or '?'} (checked against {VERSION}) "
+    return [
+        Impl("verify_attention", "sglang-split-kv", "external",
+             _attention("verify_splitkv", "verify_splitkv_fwd", "_VK_CACHE"),
+             can_handle=_attention_can_handle("verify_splitkv", _split_kv_why_not), precision="bf16-p+fp8-q",
+             doc=doc + "verify_splitkv_fwd: per-head split-KV, fp32 partials"),
+        Impl("verify_attention", "sglang-shared-kv", "external",
+             _attention("verify_mla", "verify_shared_kv_fwd", "_VMLA_CACHE"),
+             can_handle=_attention_can_handle("verify_mla", _shared_kv_why_not, _shared_kv_declines_after),
+             precision="bf16-p+bf16-partials+fp8-q", doc=doc + "verify_shared_kv_fwd: grouped heads, bf16 partials"),
+        Impl("qk_norm_rope", "sglang-qk-norm-rope", "external", _qk_norm_rope, can_handle=_qk_can_handle,
+             may_write=("kv",), doc=doc + "fused_qk_norm_rope_swa_store, bf16 ring store in decode"),
+    ]
