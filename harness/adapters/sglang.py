@@ -224,3 +224,23 @@ def IMPLS() -> list[Impl]:
         Impl("qk_norm_rope", "sglang-qk-norm-rope", "external", _qk_norm_rope, can_handle=_qk_can_handle,
              may_write=("kv",), doc=doc + "fused_qk_norm_rope_swa_store, bf16 ring store in decode"),
     ]
+
+
+def bench_calls(kw: dict) -> dict:
+    """Zero-argument callables running SGLang's two attention kernels as its backend does (scratch cached
+    across calls, the vendor's own split counts) on verify_attention keyword arguments ``kw``, for the
+    benchmark (harness/bench/verify_attention.py); {} when sglang is not installed."""
+    try:
+        mods = load()
+    except SGLangUnavailable:
+        return {}
+    q = kw["q"]
+    args = dict(**_vendor_args({**kw, "custom_mask": None}), k_scale=kw["k_scale"], v_scale=kw["v_scale"],
+                sm_scale=kw["sm_scale"])
+    o = torch.empty(q.shape[0], q.shape[1], kw["v"].shape[2], dtype=q.dtype, device=q.device)
+    out = {}
+    for name, stem, entry in (("sglang-split-kv", "verify_splitkv", "verify_splitkv_fwd"),
+                              ("sglang-shared-kv", "verify_mla", "verify_shared_kv_fwd")):
+        if mods[stem].can_handle(**_vendor_args({**kw, "custom_mask": None})):
+            out[name] = functools.partial(getattr(mods[stem], entry), o_extend=o, **args)
+    return out
