@@ -19,6 +19,7 @@ def test_list():
     r = _run("list")
     assert r.returncode == 0, r.stderr
     assert "qk_norm_rope" in r.stdout and "mutant-store-left-on-in-verify" in r.stdout and "shim=" in r.stdout
+    assert "precision=exact-fp32" in r.stdout  # each impl's declared class
 
 
 def test_run_writes_csv_with_provenance_and_prints_summary(tmp_path):
