@@ -45,7 +45,7 @@ def _passes(spec, impl, case, device, **kw):
 # ----------------------------------------------------------------------------- parity
 
 @pytest.mark.parametrize("name", sorted(CATALOG))
-@pytest.mark.parametrize("impl", ["reference", "sdpa", "fused-shared-kv", "fused"])
+@pytest.mark.parametrize("impl", ["reference", "sdpa", "fused-shared-kv", "fused-shared-kv-bf16p", "fused"])
 def test_catalog_parity(spec, registry, device, impl, name):
     verdict = _passes(spec, registry.impls[f"{OP}/{impl}"], CATALOG[name], device)
     if impl in ("reference", "sdpa", "fused"):
@@ -58,7 +58,8 @@ def test_catalog_parity_split_kv(spec, registry, device, name):
     _passes(spec, registry.impls[f"{OP}/fused-split-kv"], CATALOG[name], device, determinism=full, poisoned=full)
 
 
-@pytest.mark.parametrize("impl", ["reference", "sdpa", "fused-shared-kv", "fused-split-kv", "fused"])
+@pytest.mark.parametrize("impl", ["reference", "sdpa", "fused-shared-kv", "fused-shared-kv-bf16p", "fused-split-kv",
+                                  "fused"])
 @given(case=cases.cases(max_batch=2, max_heads=4, max_prefix=40, max_splits=2))
 def test_generated_parity(spec, registry, device, impl, case):
     _passes(spec, registry.impls[f"{OP}/{impl}"], case, device, determinism=False, poisoned=False)
@@ -687,6 +688,25 @@ def test_emulated_chain_runs_once_per_case_and_class(spec, device):
     res = runners.run_impls(counted, impls, CATALOG["minimax-h8-l5"], device, determinism=False, poisoned=False)
     assert all(r.records and all(x.passed for x in r.records) for r in res)
     assert calls == [(), ("bf16_p",)], calls
+
+
+@pytest.mark.parametrize("name", ["qwen35-tp-h4-l3", "peaky-softmax", "k3-mla-h4-l2-e4m3fnuz", "fp8-e4m3fn-gqa"])
+def test_single_dot_kernel_needs_its_class(spec, registry, device, name):
+    """fused-shared-kv-bf16p (one bf16(P)·V dot per tile) passes under bf16-p (test_catalog_parity:
+    every case it handles) and fails the strict class: the single dot is why the class exists."""
+    impl = registry.impls[f"{OP}/fused-shared-kv-bf16p"]
+    assert impl.precision == "bf16-p"
+    assert _numeric(spec, impl, CATALOG[name], device).passed
+    strict = _numeric(spec, dataclasses.replace(impl, precision="exact-fp32"), CATALOG[name], device)
+    assert not strict.passed, (strict.err, strict.allowed)
+
+
+def test_p_precision_is_validated(device):
+    kw = cases.build_inputs(CATALOG["qwen35-tp-h4-l1"], device)
+    for fn, bad in ((fused.verify_shared_kv, "fp8"), (fused.verify_split_kv, "bf16")):
+        with pytest.raises(checks.VerifyParityInputError) as info:
+            fn(**kw, p_precision=bad)
+        assert info.value.arg == "p_precision"
 
 
 def test_registry_refuses_unknown_or_undefined_precision(registry):
