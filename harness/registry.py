@@ -113,8 +113,8 @@ class Registry:
         undefined = sorted(tolerance.parse_precision(impl.precision) - set(spec.roundings))
         if undefined:
             raise ValueError(f"{impl.key}: precision {impl.precision!r} names rounding(s) {undefined} that op "
-                             f"{impl.op!r} does not emulate (its OpSpec.roundings: {sorted(spec.roundings) or 'none'}); "
-                             f"without an emulated chain there is no allowance to derive")
+                             f"{impl.op!r} does not emulate (its OpSpec.roundings: "
+                             f"{sorted(spec.roundings) or 'none'}); without an emulated chain there is no allowance")
         if self.impls.get(impl.key) is impl:  # same object via an entry point and --impl
             return
         if impl.key in self.impls:
