@@ -18,6 +18,7 @@ import triton
 
 from fused.kernels import verify_attention as kern
 from reference import verify_attention as ref
+from reference.checks import VerifyParityInputError
 
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 # fp8 flavours a compiled backend converts natively (the interpreter converts both through the shim)
@@ -132,15 +133,34 @@ def can_handle(kind: str, **inputs) -> bool | str:
 
 # ----------------------------------------------------------------------------- launches
 
+# p_precision -> SINGLE_P_DOT of the kernels: how P meets V in every P·V product
+P_PRECISIONS = {
+    "bf16x2": False,  # P = P_hi + P_lo, two bf16 dots (~16 mantissa bits): class exact-fp32
+    "bf16": True,  # one dot of bf16(P), as FlashAttention: class bf16-p (the shared-KV kernel only)
+}
+
+
+def _single_p_dot(kind: str, p_precision) -> bool:
+    if p_precision not in P_PRECISIONS:
+        raise VerifyParityInputError("p_precision", f"must be one of {sorted(P_PRECISIONS)}, got {p_precision!r}")
+    if kind != "shared_kv" and P_PRECISIONS[p_precision]:
+        raise VerifyParityInputError("p_precision", f"the {kind} kernel computes P·V as bf16x2 only, "
+                                                    f"got {p_precision!r}")
+    return P_PRECISIONS[p_precision]
+
+
 def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
             k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, combine_block_h=None, check=True,
-            validate=True, stages=("prefix", "combine"), **_routing):
+            validate=True, stages=("prefix", "combine"), p_precision="bf16x2", **_routing):
     """``check=False`` skips can_handle (mutants only); ``validate=False`` skips the host-syncing
     argument checks and ``stages`` leaves a launch out (the benchmark's time breakdown).
+    ``p_precision`` (``P_PRECISIONS``): "bf16x2", or "bf16" for the shared-KV kernel's single-dot
+    variant (precision class bf16-p: P rounded to bf16 before every P·V, prefix and drafts).
     ``combine_block_h``: query heads per combine program (default: ``combine_block_h_for``; a
     power of two dividing the group). The combine reads per-(token, head, split) partials, so its
     head blocking is free: the sweep's knob for its grid (B × H / BLOCK_H programs: 64 for
     B 64, H 16 at BLOCK_H 16, on a 132-SM GPU)."""
+    single_p_dot = _single_p_dot(kind, p_precision)
     if validate:
         ref.validate(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
                      kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
@@ -183,7 +203,7 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
         pass
     elif kind == "shared_kv":
         kern._verify_shared_kv_prefix_kernel[(B, triton.cdiv(H, block_h), S)](
-            HAS_KV_HEADS=Hkv > 1, BLOCK_H=block_h, L_PAD=l_pad, **common)
+            HAS_KV_HEADS=Hkv > 1, BLOCK_H=block_h, L_PAD=l_pad, SINGLE_P_DOT=single_p_dot, **common)
     else:
         kern._verify_split_kv_prefix_kernel[(B, H, S)](L_PAD=l_pad, **common)
     if "combine" not in stages:
@@ -193,7 +213,8 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
         sm_scale=sm_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_k_t=k.stride(0),
         stride_k_h=k.stride(1), stride_v_t=v.stride(0), stride_v_h=v.stride(1), KV_GROUP_NUM=group,
         HAS_KV_HEADS=(Hkv > 1) if kind == "shared_kv" else True, IS_CAUSAL=bool(is_causal), BLOCK_H=cbh,
-        L_PAD=l_pad_for(L, cbh), L_KEYS=max(16, triton.next_power_of_2(L)), num_warps=num_warps, **dims)
+        L_PAD=l_pad_for(L, cbh), L_KEYS=max(16, triton.next_power_of_2(L)), SINGLE_P_DOT=single_p_dot,
+        num_warps=num_warps, **dims)
     return {"o": o}
 
 
@@ -203,9 +224,11 @@ def verify_split_kv(**kw):
     return _launch("split_kv", **kw)
 
 
-def verify_shared_kv(**kw):
-    """Grouped shared-KV kernel; same contract, topk == 1 only (it ignores tree masks)."""
-    return _launch("shared_kv", **kw)
+def verify_shared_kv(*, p_precision="bf16x2", **kw):
+    """Grouped shared-KV kernel; same contract, topk == 1 only (it ignores tree masks).
+    ``p_precision="bf16"``: the single-dot variant, one bf16(P)·V product per tile instead of two
+    (precision class bf16-p); "bf16x2" (default): exact-fp32."""
+    return _launch("shared_kv", p_precision=p_precision, **kw)
 
 
 # ----------------------------------------------------------------------------- the gate
@@ -264,7 +287,8 @@ def verify_attention(*, gate_fn=gate, **kw):
 
 def compile_specs():
     """Signatures for ``python -m harness compile``: every constexpr variant the wrappers launch
-    on sm90, for GQA D 64/128/256 and MLA 576/512, bf16 and fp8 KV."""
+    on sm90, for GQA D 64/128/256 and MLA 576/512, bf16 and fp8 KV; the shared-KV prefix and the
+    combine also with SINGLE_P_DOT (``p_precision="bf16"``)."""
     specs = []
     for (D, Dv, hkv), kv in [((64, 64, 2), "bf16"), ((128, 128, 1), "bf16"), ((256, 256, 1), "bf16"),
                              ((256, 256, 1), "fp8e4nv"), ((576, 512, 1), "bf16"), ((576, 512, 1), "fp8e4nv")]:
@@ -282,16 +306,22 @@ def compile_specs():
         tag = f"D={D},Dv={Dv},hkv={hkv},kv={kv}"
         specs.append((f"_verify_split_kv_prefix_kernel[{tag}]", kern._verify_split_kv_prefix_kernel, pre_sig,
                       dict(KV_GROUP_NUM=group, L_PAD=l_pad_for(4, 1), BLOCK_N=block_n, **dims), warps))
-        specs.append((f"_verify_shared_kv_prefix_kernel[{tag}]", kern._verify_shared_kv_prefix_kernel, pre_sig,
-                      dict(KV_GROUP_NUM=group, HAS_KV_HEADS=hkv > 1, BLOCK_H=bh, L_PAD=l_pad_for(4, bh),
-                           BLOCK_N=block_n, **dims), warps))
+        for single in (False, True):  # p_precision bf16x2 / bf16
+            specs.append((f"_verify_shared_kv_prefix_kernel[{tag}{',single_p_dot' if single else ''}]",
+                          kern._verify_shared_kv_prefix_kernel, pre_sig,
+                          dict(KV_GROUP_NUM=group, HAS_KV_HEADS=hkv > 1, BLOCK_H=bh, L_PAD=l_pad_for(4, bh),
+                               BLOCK_N=block_n, SINGLE_P_DOT=single, **dims), warps))
         comb_sig = {"o_ptr": "*bf16", "mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16",
                     "k_ptr": "*bf16", "v_ptr": "*bf16", "L": "i32", "H": "i32", "num_kv_splits": "i32",
                     "sm_scale": "fp32",
                     **{s: "i32" for s in ("stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
                                           "stride_v_h")}}
-        for causal in (True, False):
-            specs.append((f"_verify_combine_kernel[{tag},causal={int(causal)}]", kern._verify_combine_kernel, comb_sig,
+        # the single-dot combine causal, and non-causal where its shared-KV user is (DSpark: several KV heads)
+        for causal, single in ((True, False), (False, False), (True, True), (False, True)):
+            if single and not causal and hkv == 1:
+                continue
+            specs.append((f"_verify_combine_kernel[{tag},causal={int(causal)}{',single_p_dot' if single else ''}]",
+                          kern._verify_combine_kernel, comb_sig,
                           dict(KV_GROUP_NUM=group, HAS_KV_HEADS=hkv > 1, IS_CAUSAL=causal, BLOCK_H=bh,
-                               L_PAD=l_pad_for(4, bh), L_KEYS=16, **dims), warps))
+                               L_PAD=l_pad_for(4, bh), L_KEYS=16, SINGLE_P_DOT=single, **dims), warps))
     return specs

@@ -74,7 +74,7 @@ def cmd_list(args) -> int:
               f"generated per run ({prof.name}): {prof.generated}")
         for impl in reg.for_op(name):
             pol = f" fp8_policy={impl.fp8_policy}" if impl.fp8_policy else ""
-            print(f"  - {impl.name:36s} {impl.kind:9s}{pol}  {impl.doc}")
+            print(f"  - {impl.name:36s} {impl.kind:9s}{pol} precision={impl.precision}  {impl.doc}")
     print(f"device: {dev.kind} {dev.name} arch={dev.arch} fp8={dev.fp8_format} shim={dev.shim or '-'}")
     return 0
 

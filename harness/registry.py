@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from harness import tolerance
+
 ENTRY_POINT_GROUP = "verify_parity.impls"
 KINDS = ("reference", "fused", "compiled", "external", "mutant")
 
@@ -57,6 +59,9 @@ class OpSpec:
     # Under the Triton interpreter a profile's generated-case count is capped here for ops whose
     # kernels cost seconds per launch there; compiled devices always run the full count.
     interpreter_generated: int | None = None
+    # precision class name (harness.tolerance.PRECISION_CLASSES) -> keyword arguments that make
+    # ``reference`` emulate that rounding; an Impl may declare only the roundings listed here
+    roundings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,10 @@ class Impl:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r}")
+        try:
+            tolerance.parse_precision(self.precision)
+        except ValueError as exc:
+            raise ValueError(f"{self.op}/{self.name}: {exc}") from None
 
     @property
     def key(self) -> str:
@@ -92,11 +101,20 @@ class Registry:
     def add_op(self, spec: OpSpec) -> None:
         if spec.name in self.ops:
             raise ValueError(f"op {spec.name!r} registered twice")
+        unknown = sorted(set(spec.roundings) - (set(tolerance.PRECISION_CLASSES) - {tolerance.EXACT}))
+        if unknown:
+            raise ValueError(f"op {spec.name!r}: roundings {unknown} are not precision classes of harness.tolerance")
         self.ops[spec.name] = spec
 
     def add(self, impl: Impl) -> None:
         if impl.op not in self.ops:
             raise ValueError(f"{impl.key}: unknown op {impl.op!r}; known: {sorted(self.ops)}")
+        spec = self.ops[impl.op]
+        undefined = sorted(tolerance.parse_precision(impl.precision) - set(spec.roundings))
+        if undefined:
+            raise ValueError(f"{impl.key}: precision {impl.precision!r} names rounding(s) {undefined} that op "
+                             f"{impl.op!r} does not emulate (its OpSpec.roundings: "
+                             f"{sorted(spec.roundings) or 'none'}); without an emulated chain there is no allowance")
         if self.impls.get(impl.key) is impl:  # same object via an entry point and --impl
             return
         if impl.key in self.impls:

@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,6 +30,14 @@ class CaseResult:
     refused: str = ""  # can_handle's reason, when it refused
 
 
+@dataclass(frozen=True)
+class Allowance:
+    """Outputs of the reference chain with a precision class's roundings emulated, and the label
+    its records carry (``detail``: which chain the allowance came from)."""
+    out: dict
+    label: str
+
+
 def _cpu(inputs: dict) -> dict:
     return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
@@ -40,7 +50,9 @@ def _call(impl_fn, inputs: dict, dev: Device) -> tuple[dict, float]:
 
 
 def _check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
-                   ref_inputs: dict, before: dict, suffix: str = "") -> list[compare.Record]:
+                   ref_inputs: dict, before: dict, suffix: str = "", allowance: Allowance | None = None
+                   ) -> list[compare.Record]:
+    """``allowance``: the chain the numeric outputs' allowance comes from (None: ``ref_out``, the exact chain)."""
     recs = []
     is_ref = impl.kind == "reference"
     for o in spec.outputs:
@@ -51,8 +63,12 @@ def _check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: d
             recs.append(compare.exact(f"exact:{o.name}{suffix}", got, ref_out[o.name]))
         else:
             tol = tolerance.lookup(spec.name, o.name, got.dtype if got is not None else ref_out[o.name].dtype)
-            recs.append(compare.numeric(f"numeric:{o.name}{suffix}", got, oracle[o.name], ref_out.get(o.name), tol,
-                                        is_reference=is_ref))
+            chain = ref_out if allowance is None else allowance.out
+            rec = compare.numeric(f"numeric:{o.name}{suffix}", got, oracle[o.name], chain.get(o.name), tol,
+                                  is_reference=is_ref)
+            if allowance is not None:
+                rec = dataclasses.replace(rec, detail="; ".join(x for x in (rec.detail, allowance.label) if x))
+            recs.append(rec)
     for eff in spec.effects(case, _cpu(inputs), oracle):
         buf, rbuf = inputs[eff.buffer].cpu(), ref_inputs[eff.buffer].cpu()
         rows = eff.rows.cpu().long()
@@ -93,15 +109,35 @@ class CaseSetup:
     than the kernels on a GPU: measured on the H200, 4 builds per run were 46 % of parity time."""
 
     def __init__(self, spec: OpSpec, case, dev: Device):
+        self.spec, self.dev = spec, dev
         self.pristine = spec.build_inputs(case, dev)
         ref_inputs = copy.deepcopy(self.pristine)
         ref_out, _ = _call(spec.reference, ref_inputs, dev)
         self.ref_out = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in ref_out.items()}
         self.ref_after = _cpu(ref_inputs)  # the reference's writes, for the effect checks
         self.oracle = spec.oracle(**_cpu(self.pristine))
+        self._emulated: dict[str, Allowance] = {}
 
     def fresh(self) -> dict:
         return copy.deepcopy(self.pristine)
+
+    def allowance(self, precision: str) -> Allowance | None:
+        """The chain a ``precision`` implementation's numeric allowance comes from: None for the
+        exact class (``ref_out``), else the reference run once per class, on fresh inputs, with
+        exactly the class's roundings emulated (``OpSpec.roundings``; ``harness.tolerance``)."""
+        key = tolerance.canonical_precision(precision)
+        if key == tolerance.EXACT:
+            return None
+        if key not in self._emulated:
+            flags: dict = {}
+            for name in key.split("+"):
+                if name not in self.spec.roundings:  # Registry.add refuses these; an Impl run unregistered may not
+                    raise ValueError(f"precision {precision!r}: op {self.spec.name!r} does not emulate {name!r}")
+                flags.update(self.spec.roundings[name])
+            out, _ = _call(functools.partial(self.spec.reference, **flags), self.fresh(), self.dev)
+            self._emulated[key] = Allowance({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                                             for k, v in out.items()}, f"allowance: chain with {key}")
+        return self._emulated[key]
 
 
 def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool = True,
@@ -115,10 +151,11 @@ def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool =
     try:
         st = setup() if setup is not None else CaseSetup(spec, case, dev)
         ref_out, oracle = st.ref_out, st.oracle
+        allow = st.allowance(impl.precision)
         inputs = st.fresh()
         before = {b: inputs[b].detach().cpu().clone() for b in spec.writable}
         out, seconds = _call(impl.fn, inputs, dev)
-        recs += _check_outputs(spec, impl, case, out, oracle, ref_out, inputs, st.ref_after, before)
+        recs += _check_outputs(spec, impl, case, out, oracle, ref_out, inputs, st.ref_after, before, allowance=allow)
         if determinism:
             again = st.fresh()
             out2, _ = _call(impl.fn, again, dev)
@@ -135,7 +172,7 @@ def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool =
                     recs.append(compare.Record(f"poisoned:{name}-aliased", False,
                                                detail=f"caller-provided {name} was not written in place"))
             recs += _check_outputs(spec, impl, case, p_out, oracle, ref_out, p, st.ref_after, p_before,
-                                   suffix="@poisoned")
+                                   suffix="@poisoned", allowance=allow)
     except Exception as exc:  # an implementation crash is a failure of that implementation, with its trace
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         recs.append(compare.Record("run", False, detail=tb))

@@ -205,7 +205,8 @@ def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: 
 
 
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (op, impl): cases, cases passing every check, failing, refused; worst err/allowed."""
+    """Per (op, impl): cases, cases passing every check, failing, refused; worst err/allowed; the
+    implementation's fp8_policy and precision class as its rows state them."""
     if frame.empty:
         return frame
     keys = ["op", "impl", "kind", "case"]
@@ -223,6 +224,9 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
     if "fp8_policy" in frame:  # each implementation's fp8 overflow policy, as its rows state it
         pol = frame.groupby(keys[:3])["fp8_policy"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))
         out.insert(3, "fp8_policy", out.set_index(keys[:3]).index.map(pol).fillna(""))
+    if "precision" in frame:  # each implementation's declared precision class (harness.tolerance), beside it
+        prec = frame.groupby(keys[:3])["precision"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))
+        out.insert(4 if "fp8_policy" in out else 3, "precision", out.set_index(keys[:3]).index.map(prec).fillna(""))
     return out
 
 

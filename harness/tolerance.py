@@ -12,6 +12,15 @@ relative: 2^-8 for bf16), so ``floor = 1`` means "correctly rounded"; the floor'
 1 is for fp32 noise that can flip a rounding near a midpoint. ``atol`` only covers values so
 close to zero that fp32 cancellation dominates. Truncating instead of rounding costs up to a
 whole ulp (e ≈ 2) and must fail, so no floor may approach 2 for single-rounding ops.
+
+Precision classes: a production kernel rounds on purpose (P to bf16 before P·V, bf16 split
+partials, q cast to the fp8 KV dtype) and the exact-fp32 chain cannot show how much that costs.
+An implementation declares the roundings of its design (``Impl.precision``, "+"-joined names of
+``PRECISION_CLASSES``); its op defines how the reference chain emulates each one
+(``OpSpec.roundings``: name -> keyword arguments of the chain), and ``e_ref`` becomes the error
+of the chain run with exactly those roundings (``harness.runners.CaseSetup``). The allowance is
+derived, never widened by hand, and a class that understates the kernel's rounding still fails.
+Undeclared means ``exact-fp32``: no rounding, the standard above.
 """
 from __future__ import annotations
 
@@ -55,6 +64,57 @@ OVERRIDES: dict[tuple[str, str], Tolerance] = {
     ("qk_norm_rope", "ring"): Tolerance(
         atol=1e-5, rtol=2.0 ** -8, floor=1.02, factor=1.0, rationale="ring rows are kv_out rows stored as bf16"),
 }
+
+
+EXACT = "exact-fp32"
+
+
+@dataclass(frozen=True)
+class Rounding:
+    rationale: str  # which kernels make it and why it is honest
+    emulation: str  # what the reference chain does instead (the op's OpSpec.roundings names the flag)
+
+
+# name -> the rounding; a declared precision is a "+"-joined set of these names (EXACT: none of them)
+PRECISION_CLASSES: dict[str, Rounding] = {
+    EXACT: Rounding("the standard: the reference chain's own fp32 math and one rounding of the output; a "
+                    "kernel that rounds intermediates more must declare it", emulation="none (the empty class)"),
+    "bf16-p": Rounding("FlashAttention-style kernels feed the softmax numerators P = exp(x - m) to the P·V "
+                       "tensor-core dot as bf16 (up to half a bf16 ulp per weight); the row sums use fp32 p",
+                       emulation="verify_attention: P rounded to bf16 before every P·V product (flag bf16_p)"),
+    "bf16-partials": Rounding("split-KV kernels store each split's normalised partial output acc/l in bf16 "
+                              "(the LSE stays fp32) before the combine",
+                              emulation="verify_attention: each prefix split's acc/l rounded to bf16 (flag "
+                                        "bf16_partials)"),
+    "fp8-q": Rounding("fp8-KV kernels (SGLang: q.to(K_Buffer.dtype), p.to(v.dtype)) run the prefix dots in "
+                      "the KV's fp8 dtype: q and P rounded to e4m3",
+                      emulation="verify_attention: q and the prefix P rounded to the KV fp8 dtype; bf16 KV "
+                                "unaffected (flag fp8_q)"),
+}
+
+
+def parse_precision(precision: str) -> frozenset[str]:
+    """A declared precision -> its set of rounding names: ``EXACT`` is the empty set, otherwise
+    "+"-joined names of ``PRECISION_CLASSES`` (each at most once, ``EXACT`` not among them).
+    ValueError naming what is unknown."""
+    if not isinstance(precision, str):
+        raise ValueError(f"precision: expected a '+'-joined string of {sorted(PRECISION_CLASSES)}, "
+                         f"got {precision!r}")
+    if precision == EXACT:
+        return frozenset()
+    names = precision.split("+")
+    unknown = [n for n in names if n not in PRECISION_CLASSES or n == EXACT]
+    if unknown:
+        raise ValueError(f"precision {precision!r}: unknown rounding name(s) {unknown}; known: "
+                         f"{sorted(set(PRECISION_CLASSES) - {EXACT})} ('+'-joined), or {EXACT!r} alone")
+    if len(set(names)) != len(names):
+        raise ValueError(f"precision {precision!r}: a rounding named twice")
+    return frozenset(names)
+
+
+def canonical_precision(precision: str) -> str:
+    """One spelling per class (sorted names; ``EXACT`` for none): the key of its emulated chain."""
+    return "+".join(sorted(parse_precision(precision))) or EXACT
 
 
 def lookup(op: str, output: str, dtype: torch.dtype) -> Tolerance:

@@ -13,6 +13,18 @@ Launches of the unfused chain, per query head h (the structure of the per-head k
 Split partition (shared with the kernels): split_len = cdiv(n, S); split s covers
 [s·split_len, min((s+1)·split_len, n)); a split may be empty (m = −inf, l = 0, acc = 0).
 
+Roundings (keyword flags, all off by default: the chain above, bitwise): the roundings real
+kernels make on purpose, emulated so that ``harness.tolerance.PRECISION_CLASSES`` can derive
+an allowance from them (``_Roundings``; the batched path and the per-request loop both apply them):
+  ``bf16_p``         P = exp(x − m) rounded to bf16 before every P·V product (prefix splits and
+                     the draft partial); the row sums l use the unrounded p, as kernels do.
+  ``bf16_partials``  each prefix split's normalised partial acc/l rounded to bf16 (a kernel
+                     storing bf16 split partials; m and l stay fp32): acc' = bf16(acc/l)·l.
+  ``fp8_q``          fp8 KV only: q rounded to the KV fp8 dtype before q·K over the prefix and P
+                     rounded to it before P·V over the prefix (SGLang's ``q.to(K_Buffer.dtype)``,
+                     ``p.to(v.dtype)``); drafts unaffected. No effect on bf16 KV.
+All casts are torch's round-to-nearest-even; q and P stay inside the fp8 range (0 ≤ P ≤ 1).
+
 Layouts: GQA (``D == Dv``, query head h reads KV head h // (H / Hkv)) and MLA (Hkv = 1,
 D = 576 = 512 + 64, Dv = 512, V = the first 512 dims of K, passed as a strided view).
 fp8 buffers are upcast exactly to fp32; k_scale / v_scale apply to the prefix only.
@@ -20,6 +32,7 @@ fp8 buffers are upcast exactly to fp32; k_scale / v_scale apply to the prefix on
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -145,26 +158,73 @@ def tree_masks(custom_mask, qo: list[int]) -> list[torch.Tensor | None]:
     return out
 
 
-def _partial(x: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None):
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def _rounded(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """fp32 ``t`` rounded to ``dtype`` (round to nearest even) and back to fp32; ``t`` itself for None."""
+    return t if dtype is None else t.to(dtype).float()
+
+
+@dataclass(frozen=True)
+class _Roundings:
+    """Where the chain rounds on purpose (None / False: it does not)."""
+    q_prefix: torch.dtype | None = None  # q before q·K over the prefix
+    p_prefix: torch.dtype | None = None  # P before P·V over the prefix
+    p_draft: torch.dtype | None = None  # P before P·V over the drafts
+    partials: bool = False  # each prefix split's acc/l to bf16
+
+    @staticmethod
+    def of(kv_dtype: torch.dtype, *, bf16_p: bool, bf16_partials: bool, fp8_q: bool) -> "_Roundings":
+        for arg, val in (("bf16_p", bf16_p), ("bf16_partials", bf16_partials), ("fp8_q", fp8_q)):
+            if not isinstance(val, bool):
+                raise VerifyParityInputError(arg, f"must be a bool, got {val!r}")
+        kv8 = kv_dtype if fp8_q and kv_dtype in FP8_KV_DTYPES else None
+        p16 = torch.bfloat16 if bf16_p else None
+        return _Roundings(q_prefix=kv8, p_prefix=kv8 or p16, p_draft=p16, partials=bf16_partials)
+
+    def prefix(self, parts: list) -> list:
+        """Split partials as a kernel storing them in bf16 would combine them: acc' = bf16(acc/l)·l
+        (empty splits, l = 0, unchanged)."""
+        if not self.partials:
+            return parts
+        out = []
+        for m, l, acc in parts:
+            den = l[..., None]  # (..., 1)
+            seen = den > 0
+            norm = acc / torch.where(seen, den, torch.ones_like(den))  # (..., Dv) fp32
+            out.append((m, l, torch.where(seen, _rounded(norm, torch.bfloat16) * den, acc)))
+        return out
+
+
+def _p_kw(dtype: torch.dtype | None) -> dict:
+    """The ``p_dtype`` keyword of a launch, only when it rounds (mutant stages do not take it)."""
+    return {} if dtype is None else {"p_dtype": dtype}
+
+
+def _partial(x: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None, p_dtype: torch.dtype | None = None):
     """x (..., H, L, N) fp32 scores, vals (..., H or Hkv, N, Dv) fp32, mask broadcastable to x, bool
     -> m (..., H, L), l (..., H, L), acc (..., H, L, Dv). With Hkv value heads, query heads
     h·g … h·g+g−1 read value head h (GQA groups are contiguous): their probabilities are stacked as
-    rows of one product, no per-head copy. A row that sees no key gives (−inf, 0, 0)."""
+    rows of one product, no per-head copy. A row that sees no key gives (−inf, 0, 0). ``p_dtype``:
+    P rounded to it before P·V (l sums the unrounded p)."""
     if mask is not None:
         x = x.masked_fill(~mask, float("-inf"))
     m = x.amax(dim=-1)  # (..., H, L)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(x - m_safe[..., None])  # (..., H, L, N)
     *lead, H, L, N = p.shape
-    acc = (p.reshape(*lead, vals.shape[-3], -1, N) @ vals).view(*lead, H, L, -1)  # (Hkv, g·L, N) @ (Hkv, N, Dv)
+    pv = _rounded(p, p_dtype)
+    acc = (pv.reshape(*lead, vals.shape[-3], -1, N) @ vals).view(*lead, H, L, -1)  # (Hkv, g·L, N) @ (Hkv, N, Dv)
     return m, p.sum(-1), acc
 
 
-def prefix_split_partials(qh, kp, vp, *, scale, v_scale, num_kv_splits, bounds=split_bounds):
+def prefix_split_partials(qh, kp, vp, *, scale, v_scale, num_kv_splits, bounds=split_bounds, p_dtype=None):
     """Launch 1. qh (H, L, D) fp32; kp (Hkv, n, D), vp (Hkv, n, Dv) fp32 (per KV head; query head h
     reads KV head h // (H / Hkv)) -> list over splits of (m, l, acc) per query head; empty splits
     give (−inf, 0, 0). Each score is its own fp32 dot product; a group's queries share one product
-    with their KV head instead of a per-head copy of the prefix (200K tokens × 128 heads would not fit)."""
+    with their KV head instead of a per-head copy of the prefix (200K tokens × 128 heads would not fit).
+    ``p_dtype``: P rounded to it before P·V."""
     H, L, D = qh.shape
     Hkv = kp.shape[0]
     out = []
@@ -174,15 +234,16 @@ def prefix_split_partials(qh, kp, vp, *, scale, v_scale, num_kv_splits, bounds=s
                         torch.zeros(H, L, vp.shape[-1], device=qh.device)))
             continue
         x = (qh.reshape(Hkv, -1, D) @ kp[:, start:end].transpose(1, 2)).view(H, L, -1) * scale  # (H, L, n_s)
-        m, l, acc = _partial(x, vp[:, start:end], None)
+        m, l, acc = _partial(x, vp[:, start:end], None, p_dtype)
         out.append((m, l, acc * v_scale))
     return out
 
 
-def draft_partial(qh, kd, vd, *, scale, mask):
-    """Launch 2. qh (H, L, D); kd (H, L, D); vd (H, L, Dv) fp32; mask (L, L) bool -> (m, l, acc)."""
+def draft_partial(qh, kd, vd, *, scale, mask, p_dtype=None):
+    """Launch 2. qh (H, L, D); kd (H, L, D); vd (H, L, Dv) fp32; mask (L, L) bool -> (m, l, acc).
+    ``p_dtype``: P rounded to it before P·V."""
     x = (qh @ kd.transpose(1, 2)) * scale  # (H, L, D) @ (H, D, L) -> (H, L, L)
-    return _partial(x, vd, mask)
+    return _partial(x, vd, mask, p_dtype)
 
 
 def combine(parts) -> torch.Tensor:
@@ -200,9 +261,12 @@ def _per_head(x: torch.Tensor, H: int) -> torch.Tensor:
 
 def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
                      k_scale=1.0, v_scale=1.0, num_kv_splits=1, custom_mask=None, o=None, topk=1,
-                     model_family="generic", splitkv_switch=True, _stages=None):
+                     model_family="generic", splitkv_switch=True, bf16_p=False, bf16_partials=False, fp8_q=False,
+                     _stages=None):
     """The reference chain. Returns {"o": (T, H, Dv) bf16} (written into ``o`` when given).
 
+    ``bf16_p``, ``bf16_partials``, ``fp8_q``: emulate a kernel's rounding (module docstring; the
+    precision classes of ``harness.tolerance``); off, the chain is bitwise the unrounded one.
     ``_stages`` (prefix, draft, combine) replaces the launches; only mutants pass it.
     """
     B, T, H, Hkv, D, Dv = validate(
@@ -210,11 +274,12 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
         kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
         num_kv_splits=num_kv_splits, custom_mask=custom_mask, o=o, topk=topk, model_family=model_family,
         splitkv_switch=splitkv_switch)
+    rnd = _Roundings.of(k_buffer.dtype, bf16_p=bf16_p, bf16_partials=bf16_partials, fp8_q=fp8_q)
     prefix_fn, draft_fn, combine_fn = _stages or (prefix_split_partials, draft_partial, combine)
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
     if _stages is None and custom_mask is None and _batchable(qo, kvp, H, Dv):
         res = _batched(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, scale=sm_scale, k_scale=k_scale,
-                       v_scale=v_scale, num_kv_splits=num_kv_splits, is_causal=is_causal)
+                       v_scale=v_scale, num_kv_splits=num_kv_splits, is_causal=is_causal, rnd=rnd)
         return _finish(res, q, o)
     trees = tree_masks(custom_mask, qo)
     res = torch.empty(T, H, Dv, dtype=torch.float32, device=q.device)
@@ -224,10 +289,11 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
         qh = q[t0:t1].float().transpose(0, 1)  # (H, L, D) bf16 -> fp32
         kp = k_buffer[idx].float().transpose(0, 1)  # (Hkv, n, D) bf16/fp8 -> fp32 (exact)
         vp = v_buffer[idx].float().transpose(0, 1)  # (Hkv, n, Dv)
-        parts = prefix_fn(qh, kp, vp, scale=sm_scale * k_scale, v_scale=v_scale, num_kv_splits=num_kv_splits)
+        parts = rnd.prefix(prefix_fn(_rounded(qh, rnd.q_prefix), kp, vp, scale=sm_scale * k_scale, v_scale=v_scale,
+                                     num_kv_splits=num_kv_splits, **_p_kw(rnd.p_prefix)))
         mask = draft_mask(t1 - t0, is_causal, trees[b], q.device)
         parts.append(draft_fn(qh, _per_head(k[t0:t1].float(), H), _per_head(v[t0:t1].float(), H),
-                              scale=sm_scale, mask=mask))
+                              scale=sm_scale, mask=mask, **_p_kw(rnd.p_draft)))
         res[t0:t1] = combine_fn(parts).transpose(0, 1)  # (H, L, Dv) -> (L, H, Dv)
     return _finish(res, q, o)
 
@@ -259,7 +325,7 @@ def _batchable(qo: list[int], kvp: list[int], H: int, Dv: int) -> bool:
 
 
 def _batched(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, *, scale, k_scale, v_scale, num_kv_splits,
-             is_causal) -> torch.Tensor:
+             is_causal, rnd: _Roundings = _Roundings()) -> torch.Tensor:
     """The chain over the whole batch -> (T, H, Dv) fp32: the same three launches as the loop, each
     over every request (``prefix_split_partials_batched``, ``draft_partial_batched``, ``combine``)."""
     dev = q.device
@@ -275,18 +341,21 @@ def _batched(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, *, scale, k_scale
     qh = q.float().view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
     kp = k_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, D), exact upcast
     vp = v_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, Dv)
-    parts = prefix_split_partials_batched(qh, kp, vp, lens, scale=scale * k_scale, v_scale=v_scale,
-                                          num_kv_splits=num_kv_splits)
+    parts = rnd.prefix(prefix_split_partials_batched(_rounded(qh, rnd.q_prefix), kp, vp, lens, scale=scale * k_scale,
+                                                     v_scale=v_scale, num_kv_splits=num_kv_splits,
+                                                     p_dtype=rnd.p_prefix))
     kd = k.float().view(B, L, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, D)
     vd = v.float().view(B, L, Hkv, -1).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, Dv)
-    parts.append(draft_partial_batched(qh, kd, vd, scale=scale, mask=draft_mask(L, is_causal, None, dev)))
+    parts.append(draft_partial_batched(qh, kd, vd, scale=scale, mask=draft_mask(L, is_causal, None, dev),
+                                       p_dtype=rnd.p_draft))
     return combine(parts).transpose(1, 2).reshape(T, H, -1)  # (B, H, L, Dv) -> (T, H, Dv)
 
 
-def prefix_split_partials_batched(qh, kp, vp, lens, *, scale, v_scale, num_kv_splits):
+def prefix_split_partials_batched(qh, kp, vp, lens, *, scale, v_scale, num_kv_splits, p_dtype=None):
     """Launch 1 over the batch. qh (B, H, L, D); kp (B, Hkv, N, D), vp (B, Hkv, N, Dv) fp32, each
     request's prefix padded to N; lens (B,) its true length -> per split, (m, l, acc) of every
-    request with the keys outside its split (the cdiv partition of ``split_bounds``) masked."""
+    request with the keys outside its split (the cdiv partition of ``split_bounds``) masked.
+    ``p_dtype``: P rounded to it before P·V."""
     B, H, L, D = qh.shape
     Hkv, n_max = kp.shape[1], kp.shape[2]
     if n_max == 0:
@@ -299,14 +368,15 @@ def prefix_split_partials_batched(qh, kp, vp, lens, *, scale, v_scale, num_kv_sp
         lo = torch.minimum(s * split_len, lens)[:, None]
         hi = torch.minimum(lo + split_len[:, None], lens[:, None])
         in_split = ((pos[None, :] >= lo) & (pos[None, :] < hi))[:, None, None, :]  # (B, 1, 1, N)
-        m, l_, acc = _partial(x, vp, in_split)
+        m, l_, acc = _partial(x, vp, in_split, p_dtype)
         out.append((m, l_, acc * v_scale))
     return out
 
 
-def draft_partial_batched(qh, kd, vd, *, scale, mask):
-    """Launch 2 over the batch. qh, kd (B, H, L, D); vd (B, H, L, Dv); mask (L, L) -> (m, l, acc)."""
-    return _partial((qh @ kd.transpose(-1, -2)) * scale, vd, mask)
+def draft_partial_batched(qh, kd, vd, *, scale, mask, p_dtype=None):
+    """Launch 2 over the batch. qh, kd (B, H, L, D); vd (B, H, L, Dv); mask (L, L) -> (m, l, acc).
+    ``p_dtype``: P rounded to it before P·V."""
+    return _partial((qh @ kd.transpose(-1, -2)) * scale, vd, mask, p_dtype)
 
 
 def dense_mask(n: int, L: int, is_causal: bool, tree: torch.Tensor | None, device) -> torch.Tensor:

@@ -205,9 +205,10 @@ def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path):
         assert (wide[["shared_prefix_ms", "shared_combine_ms", "shared_graph_ms"]] == 0.004).all(axis=None)
         kv = verify_attention.kv_bytes_read("gqa", 1, 40, 256, 256)
         assert wide["shared_graph_pct_copy"][0] == pytest.approx(100 * kv / 4e-6 / 1e9 / 100.0)
+        assert wide["shared_bf16p_ms"][0] == 0.002 and wide["shared_over_bf16p"][0] == 1.0  # its own column
     # the faked single launch is right for the one-launch kernels and wrong for verify's two
     bad = perf.launch_failures(rows, {mod.OP: mod.EXPECTED_LAUNCHES})
-    assert len(bad) == (2 if mod is verify_attention else 0)
+    assert len(bad) == (len(verify_attention.EXPECTED_LAUNCHES) if mod is verify_attention else 0)
 
 
 def test_block_config_sweep_candidates_and_no_gpu_path(tmp_path, capsys, monkeypatch):

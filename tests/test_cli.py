@@ -19,6 +19,8 @@ def test_list():
     r = _run("list")
     assert r.returncode == 0, r.stderr
     assert "qk_norm_rope" in r.stdout and "mutant-store-left-on-in-verify" in r.stdout and "shim=" in r.stdout
+    line = next(x for x in r.stdout.splitlines() if "fused-shared-kv-bf16p" in x)
+    assert "precision=bf16-p" in line and "precision=exact-fp32" in r.stdout  # each impl's declared class
 
 
 def test_run_writes_csv_with_provenance_and_prints_summary(tmp_path):

@@ -86,3 +86,25 @@ def test_every_override_has_a_rationale():
     for key, tol in tolerance.OVERRIDES.items():
         assert len(tol.rationale) > 20, key
         assert tol.floor < 2.0, f"{key}: a floor near 2 would let truncation through"
+
+
+def test_precision_classes_are_data_with_rationales():
+    """Every class says why it is honest and what the chain emulates; exact-fp32 is the empty set."""
+    assert tolerance.EXACT in tolerance.PRECISION_CLASSES
+    for name, cls in tolerance.PRECISION_CLASSES.items():
+        assert len(cls.rationale) > 20 and cls.emulation, name
+    assert tolerance.parse_precision("exact-fp32") == frozenset()
+    assert tolerance.parse_precision("bf16-p+fp8-q") == {"bf16-p", "fp8-q"}
+    assert tolerance.canonical_precision("fp8-q+bf16-p") == tolerance.canonical_precision("bf16-p+fp8-q") == \
+        "bf16-p+fp8-q"
+    assert tolerance.canonical_precision("exact-fp32") == "exact-fp32"
+
+
+def test_unknown_precision_names_are_named():
+    import pytest
+
+    for bad, words in (("bf16-p+bf16-v", "['bf16-v']"), ("", "['']"), ("bf16-p+exact-fp32", "['exact-fp32']"),
+                       ("fp8-q+fp8-q", "named twice")):
+        with pytest.raises(ValueError) as info:
+            tolerance.parse_precision(bad)
+        assert words in str(info.value), (bad, str(info.value))

@@ -200,6 +200,23 @@ def test_summary_and_html_show_each_implementations_fp8_policy(runs):
     assert "<th>fp8_policy</th>" in table and "<td class=\"\">saturate</td>" in table.replace("<td>", '<td class="">')
 
 
+def test_summary_and_html_show_each_implementations_precision(runs):
+    """The declared precision class per implementation, beside its fp8_policy, as its rows say
+    (harness.tolerance): the summary column and the HTML summary table. Planted: a summary
+    without the column fails."""
+    from harness.suite import summary
+
+    _, clean, _ = runs
+    f = clean.assign(fp8_policy="", precision=clean["impl"].map({"reference": "exact-fp32", "fused": "bf16-p"}))
+    s = summary(f)
+    assert list(s.columns).index("precision") == list(s.columns).index("fp8_policy") + 1
+    s = s.set_index("impl")
+    assert s.loc["fused", "precision"] == "bf16-p" and s.loc["reference", "precision"] == "exact-fp32"
+    text = html.render(f)
+    table = text[text.index('id="summary-table"'):text.index("</table>", text.index('id="summary-table"'))]
+    assert "<th>precision</th>" in table and ">bf16-p</td>" in table
+
+
 def test_html_shows_the_targeted_kill_matrix_with_survivors_marked(runs):
     from harness import killmatrix
 

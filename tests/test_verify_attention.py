@@ -45,7 +45,7 @@ def _passes(spec, impl, case, device, **kw):
 # ----------------------------------------------------------------------------- parity
 
 @pytest.mark.parametrize("name", sorted(CATALOG))
-@pytest.mark.parametrize("impl", ["reference", "sdpa", "fused-shared-kv", "fused"])
+@pytest.mark.parametrize("impl", ["reference", "sdpa", "fused-shared-kv", "fused-shared-kv-bf16p", "fused"])
 def test_catalog_parity(spec, registry, device, impl, name):
     verdict = _passes(spec, registry.impls[f"{OP}/{impl}"], CATALOG[name], device)
     if impl in ("reference", "sdpa", "fused"):
@@ -58,7 +58,8 @@ def test_catalog_parity_split_kv(spec, registry, device, name):
     _passes(spec, registry.impls[f"{OP}/fused-split-kv"], CATALOG[name], device, determinism=full, poisoned=full)
 
 
-@pytest.mark.parametrize("impl", ["reference", "sdpa", "fused-shared-kv", "fused-split-kv", "fused"])
+@pytest.mark.parametrize("impl", ["reference", "sdpa", "fused-shared-kv", "fused-shared-kv-bf16p", "fused-split-kv",
+                                  "fused"])
 @given(case=cases.cases(max_batch=2, max_heads=4, max_prefix=40, max_splits=2))
 def test_generated_parity(spec, registry, device, impl, case):
     _passes(spec, registry.impls[f"{OP}/{impl}"], case, device, determinism=False, poisoned=False)
@@ -557,3 +558,173 @@ def test_combine_block_h_default_fills_sixteen_rows_on_sm90_only():
         for bh in (1, 2, 4, 8, 16):
             c = f(L, bh, "sm90")
             assert bh % c == 0 and c * fused.l_pad_for(L, c) >= 16
+
+
+# ----------------------------------------------------------------------------- precision classes
+
+ROUNDING_FLAGS = ("bf16_p", "bf16_partials", "fp8_q")
+# per flag: catalog cases where it must round (fp8_q needs fp8 KV; several splits for bf16_partials)
+ROUNDS_ON = {"bf16_p": ("qwen35-tp-h4-l3", "k3-mla-h4-l2-e4m3fnuz", "peaky-softmax"),
+             "bf16_partials": ("qwen35-tp-h4-l3", "tile-boundary-split2", "peaky-softmax"),
+             "fp8_q": ("k3-mla-h4-l2-e4m3fnuz", "fp8-e4m3fn-gqa")}
+STANDARD_DESIGN_CASES = ("qwen35-tp-h4-l3", "minimax-h8-l5", "peaky-softmax", "k3-mla-h4-l2-e4m3fnuz",
+                         "fp8-e4m3fn-gqa", "fp8-e4m3fnuz-gqa-hkv2")
+
+
+def _paths(monkeypatch):
+    """The chain's two forms: batched (where the case allows it), then the per-request loop (for
+    the rest of the test)."""
+    yield "batched"
+    monkeypatch.setattr(ref, "BATCHED_SCORE_BYTES", 0)
+    yield "loop"
+    monkeypatch.undo()
+
+
+@pytest.mark.parametrize("name", ["qwen35-tp-h4-l3", "k3-mla-h4-l2-e4m3fnuz", "batch24-mixed", "tile-boundary-split2",
+                                  "fp8-e4m3fnuz-gqa-hkv2", "tree-topk2-qwen35"])
+def test_rounding_flags_off_leave_the_chain_unrounded(device, monkeypatch, name):
+    """Flags off (default or explicit False), in the batched form and the loop: the same bytes, and
+    no rounding cast is ever made. Checked once against the chain of 4ee5340 (before the flags):
+    all 43 catalog cases, both forms, bitwise equal. Planted: ``bf16_p=True`` as the default fails."""
+    kw = cases.build_inputs(CATALOG[name], device)
+    casts = []
+    rounded = ref._rounded
+    monkeypatch.setattr(ref, "_rounded",
+                        lambda t, dtype: (dtype is not None and casts.append(dtype), rounded(t, dtype))[1])
+    for path in _paths(monkeypatch):
+        a = ref.verify_attention(**kw)["o"]
+        b = ref.verify_attention(**kw, **{f: False for f in ROUNDING_FLAGS})["o"]
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), path
+        assert casts == [], (path, casts)
+
+
+@pytest.mark.parametrize("flag", ROUNDING_FLAGS)
+def test_each_rounding_flag_rounds(device, monkeypatch, flag):
+    """Each flag changes the output and takes the chain further from the oracle, in both forms
+    (so it really rounds, where its kernel does); fp8_q leaves bf16 KV alone. Planted: a flag the
+    batched form ignores fails."""
+    tol = tolerance.lookup(OP, "o", torch.bfloat16)
+    for name in ROUNDS_ON[flag]:
+        kw = cases.build_inputs(CATALOG[name], device)
+        oracle = ref.verify_attention_oracle(**kw)["o"]
+        for path in _paths(monkeypatch):
+            exact = ref.verify_attention(**kw)["o"]
+            got = ref.verify_attention(**kw, **{flag: True})["o"]
+            e_exact = compare.numeric("o", exact, oracle, None, tol, is_reference=True).err
+            e_flag = compare.numeric("o", got, oracle, None, tol, is_reference=True).err
+            assert not torch.equal(got, exact), (flag, name, path)
+            assert e_flag > e_exact, (flag, name, path, e_flag, e_exact)
+    kw = cases.build_inputs(CATALOG["qwen35-tp-h4-l3"], device)  # bf16 KV
+    assert torch.equal(ref.verify_attention(**kw, fp8_q=True)["o"], ref.verify_attention(**kw)["o"])
+    with pytest.raises(checks.VerifyParityInputError) as info:
+        ref.verify_attention(**kw, **{flag: 1})
+    assert info.value.arg == flag
+
+
+def _p_rounded_chain(p_dtype):
+    """A kernel of the standard design: the chain's launches run per request (``_stages``: the
+    loop, not the batched form the allowance chain takes) with P rounded to ``p_dtype`` before
+    every P·V product, prefix and drafts."""
+    def prefix(qh, kp, vp, **a):
+        return ref.prefix_split_partials(qh, kp, vp, p_dtype=p_dtype, **a)
+
+    def draft(qh, kd, vd, **a):
+        return ref.draft_partial(qh, kd, vd, p_dtype=p_dtype, **a)
+
+    def fn(**kw):
+        return ref.verify_attention(_stages=(prefix, draft, ref.combine), **kw)
+    return fn
+
+
+def _numeric(spec, impl, case, device):
+    res = runners.run_case(spec, impl, case, device, determinism=False, poisoned=False)
+    assert not res.refused, res.refused
+    return next(r for r in res.records if r.check == "numeric:o")
+
+
+def test_standard_design_passes_under_bf16_p_and_fails_strict(spec, device):
+    """P rounded to bf16 before P·V, declared bf16-p: every check passes on bf16 and fp8 KV cases,
+    the allowance coming from the chain with bf16-p; the same function undeclared (exact-fp32)
+    fails numeric:o on each (the strict class still rejects it)."""
+    from harness.registry import Impl
+
+    fn = _p_rounded_chain(torch.bfloat16)
+    declared = Impl(OP, "standard-bf16p", "external", fn, precision="bf16-p")
+    strict = Impl(OP, "standard-bf16p-undeclared", "external", fn)
+    for name in STANDARD_DESIGN_CASES:
+        case = CATALOG[name]
+        assert _passes(spec, declared, case, device) is True, name
+        rec = _numeric(spec, declared, case, device)
+        floor = tolerance.lookup(OP, "o", torch.bfloat16).floor
+        assert rec.detail == "allowance: chain with bf16-p" and rec.ref_err > 2 * floor, (name, rec.ref_err)
+        bad = _numeric(spec, strict, case, device)
+        assert not bad.passed and bad.detail == "", (name, bad.err, bad.allowed)
+
+
+@pytest.mark.parametrize("name", ["qwen35-tp-h4-l3", "minimax-h8-l5", "k3-mla-h4-l2-e4m3fnuz"])
+def test_understated_class_fails(spec, device, name):
+    """PLANT: declares bf16-p but rounds P to fp8 e4m3 (as an fp8-q kernel does): numeric:o fails,
+    the bf16-p chain does not cover a coarser rounding."""
+    from harness.registry import Impl
+
+    impl = Impl(OP, "plant-fp8-p-as-bf16-p", "external", _p_rounded_chain(torch.float8_e4m3fn), precision="bf16-p")
+    rec = _numeric(spec, impl, CATALOG[name], device)
+    assert not rec.passed and rec.err > rec.allowed, (rec.err, rec.allowed)
+
+
+def test_emulated_chain_runs_once_per_case_and_class(spec, device):
+    """Impls of one class share one emulated chain per case (on fresh inputs); the exact class
+    adds none. Planted: a setup that reruns the chain per implementation fails the count."""
+    from harness.registry import Impl
+
+    calls = []
+
+    def counting(**kw):
+        calls.append(tuple(sorted(k for k in ROUNDING_FLAGS if kw.get(k))))
+        return ref.verify_attention(**kw)
+
+    counted = dataclasses.replace(spec, reference=counting)
+    fn = _p_rounded_chain(torch.bfloat16)
+    impls = [Impl(OP, "a", "external", fn, precision="bf16-p"), Impl(OP, "b", "external", fn, precision="bf16-p"),
+             Impl(OP, "c", "external", ref.verify_attention)]
+    res = runners.run_impls(counted, impls, CATALOG["minimax-h8-l5"], device, determinism=False, poisoned=False)
+    assert all(r.records and all(x.passed for x in r.records) for r in res)
+    assert calls == [(), ("bf16_p",)], calls
+
+
+@pytest.mark.parametrize("name", ["qwen35-tp-h4-l3", "peaky-softmax", "k3-mla-h4-l2-e4m3fnuz", "fp8-e4m3fn-gqa"])
+def test_single_dot_kernel_needs_its_class(spec, registry, device, name):
+    """fused-shared-kv-bf16p (one bf16(P)·V dot per tile) passes under bf16-p (test_catalog_parity:
+    every case it handles) and fails the strict class: the single dot is why the class exists."""
+    impl = registry.impls[f"{OP}/fused-shared-kv-bf16p"]
+    assert impl.precision == "bf16-p"
+    assert _numeric(spec, impl, CATALOG[name], device).passed
+    strict = _numeric(spec, dataclasses.replace(impl, precision="exact-fp32"), CATALOG[name], device)
+    assert not strict.passed, (strict.err, strict.allowed)
+
+
+def test_p_precision_is_validated(device):
+    kw = cases.build_inputs(CATALOG["qwen35-tp-h4-l1"], device)
+    for fn, bad in ((fused.verify_shared_kv, "fp8"), (fused.verify_split_kv, "bf16")):
+        with pytest.raises(checks.VerifyParityInputError) as info:
+            fn(**kw, p_precision=bad)
+        assert info.value.arg == "p_precision"
+
+
+def test_registry_refuses_unknown_or_undefined_precision(registry):
+    """Unknown names fail at Impl(); a class the op does not emulate fails Registry.add; an op
+    may only define precision classes of harness.tolerance."""
+    from harness.registry import Impl, Registry
+
+    with pytest.raises(ValueError, match=r"unknown rounding name\(s\) \['bf16-q'\]"):
+        Impl(OP, "x", "external", ref.verify_attention, precision="bf16-p+bf16-q")
+    with pytest.raises(ValueError, match="exact-fp32"):
+        Impl(OP, "x", "external", ref.verify_attention, precision="exact-fp32+bf16-p")
+    reg = Registry()
+    reg.add_op(registry.ops[OP])
+    reg.add_op(registry.ops["qk_norm_rope"])
+    reg.add(Impl(OP, "ok", "external", ref.verify_attention, precision="fp8-q+bf16-p+bf16-partials"))
+    with pytest.raises(ValueError, match="does not emulate"):
+        reg.add(Impl("qk_norm_rope", "x", "external", ref.verify_attention, precision="bf16-p"))
+    with pytest.raises(ValueError, match="not precision classes"):
+        Registry().add_op(dataclasses.replace(registry.ops[OP], name="y", roundings={"bf16-v": {}}))

@@ -14,7 +14,9 @@ Rows are head-major: row r is head ``head_start + r // L_PAD``, draft ``r % L_PA
 draft index ≥ L are padding (q = 0, never stored). Loaded bf16/fp8 values go to the dots as
 bf16 (fp8 e4m3 converts exactly); everything else is fp32. P·V uses P = P_hi + P_lo, two bf16
 dots with fp32 accumulation, i.e. ~16 mantissa bits of P (a single bf16 P would cost up to
-half a bf16 ulp per weight — more than the output tolerance).
+half a bf16 ulp per weight — more than the exact-fp32 tolerance). ``SINGLE_P_DOT`` (the shared-KV
+prefix and the combine kernel) makes that one dot with P rounded to bf16, the FlashAttention
+design: precision class ``bf16-p`` (harness.tolerance), one tensor-core product instead of two.
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ def _attend_tile(
     m, l, acc,  # running max [R], sum [R], accumulator [R, BLOCK_DV] (fp32)
     offs_dn, offs_dp, offs_dv,
     NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr,
+    SINGLE_P_DOT: tl.constexpr,  # P·V as one dot of bf16(P) (class bf16-p), else P_hi + P_lo
 ):
     k_nope = tl.load(k_ptr + k_off[None, :] + offs_dn[:, None],
                      mask=(offs_dn[:, None] < NOPE_DIM) & key_mask[None, :], other=0.0).to(tl.bfloat16)
@@ -74,9 +77,12 @@ def _attend_tile(
     v = tl.load(v_ptr + v_off[:, None] + offs_dv[None, :],
                 mask=key_mask[:, None] & (offs_dv[None, :] < DV), other=0.0).to(tl.bfloat16)
     p_hi = p.to(tl.bfloat16)
-    p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
-    acc = acc * alpha[:, None] + tl.dot(p_hi, v) + tl.dot(p_lo, v)
-    l = l * alpha + tl.sum(p, 1)
+    if SINGLE_P_DOT:
+        acc = acc * alpha[:, None] + tl.dot(p_hi, v)
+    else:
+        p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
+        acc = acc * alpha[:, None] + tl.dot(p_hi, v) + tl.dot(p_lo, v)
+    l = l * alpha + tl.sum(p, 1)  # the unrounded p either way
     return m_new, l, acc
 
 
@@ -91,7 +97,7 @@ def _prefix_partial(
     scale, v_scale,
     offs_dn, offs_dp, offs_dv,
     R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
-    NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr,
+    NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr, SINGLE_P_DOT: tl.constexpr,
 ):
     m = tl.full([R], float("-inf"), dtype=tl.float32)
     l = tl.zeros([R], dtype=tl.float32)
@@ -104,7 +110,7 @@ def _prefix_partial(
         m, l, acc = _attend_tile(q_nope, q_pe, k_buffer_ptr, v_buffer_ptr,
                                  slot * stride_kb_s + k_head_off, slot * stride_vb_s + v_head_off,
                                  key_mask, all_rows, scale, m, l, acc, offs_dn, offs_dp, offs_dv,
-                                 NOPE_DIM=NOPE_DIM, PE_DIM=PE_DIM, DV=DV)
+                                 NOPE_DIM=NOPE_DIM, PE_DIM=PE_DIM, DV=DV, SINGLE_P_DOT=SINGLE_P_DOT)
     return m, l, acc * v_scale
 
 
@@ -168,7 +174,8 @@ def _verify_split_kv_prefix_kernel(
     m, l, acc = _prefix_partial(q_nope, q_pe, k_buffer_ptr, v_buffer_ptr, kv_indices_ptr, kv_start, lo, hi,
                                 kv_head * stride_kb_h, kv_head * stride_vb_h, stride_kb_s, stride_vb_s,
                                 scale, v_scale, offs_dn, offs_dp, offs_dv,
-                                R=L_PAD, BLOCK_N=BLOCK_N, BLOCK_DV=BLOCK_DV, NOPE_DIM=NOPE_DIM, PE_DIM=PE_DIM, DV=DV)
+                                R=L_PAD, BLOCK_N=BLOCK_N, BLOCK_DV=BLOCK_DV, NOPE_DIM=NOPE_DIM, PE_DIM=PE_DIM, DV=DV,
+                                SINGLE_P_DOT=False)
     _store_partial(mid_acc_ptr, mid_ml_ptr, row_tok, row_head, row_mask, split, H, num_kv_splits, m, l, acc,
                    offs_dv, DV=DV)
 
@@ -187,6 +194,7 @@ def _verify_shared_kv_prefix_kernel(
     BLOCK_N: tl.constexpr,
     NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr,
     BLOCK_DN: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SINGLE_P_DOT: tl.constexpr,  # P·V as one bf16 dot (class bf16-p) instead of P_hi + P_lo
 ):
     b = tl.program_id(0).to(tl.int64)
     head_start = tl.program_id(1) * BLOCK_H
@@ -210,7 +218,7 @@ def _verify_shared_kv_prefix_kernel(
                                 kv_head * stride_kb_h, kv_head * stride_vb_h, stride_kb_s, stride_vb_s,
                                 scale, v_scale, offs_dn, offs_dp, offs_dv,
                                 R=BLOCK_H * L_PAD, BLOCK_N=BLOCK_N, BLOCK_DV=BLOCK_DV, NOPE_DIM=NOPE_DIM,
-                                PE_DIM=PE_DIM, DV=DV)
+                                PE_DIM=PE_DIM, DV=DV, SINGLE_P_DOT=SINGLE_P_DOT)
     _store_partial(mid_acc_ptr, mid_ml_ptr, row_tok, row_head, row_mask, split, H, num_kv_splits, m, l, acc,
                    offs_dv, DV=DV)
 
@@ -230,6 +238,7 @@ def _verify_combine_kernel(
     L_KEYS: tl.constexpr,  # draft key tile: next_power_of_2(L), at least 16
     NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr,
     BLOCK_DN: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SINGLE_P_DOT: tl.constexpr,  # the draft triangle's P·V as one bf16 dot (class bf16-p)
 ):
     b = tl.program_id(0).to(tl.int64)
     head_start = tl.program_id(1) * BLOCK_H
@@ -260,7 +269,7 @@ def _verify_combine_kernel(
     m, l, acc = _attend_tile(q_nope, q_pe, k_ptr, v_ptr,
                              key_tok * stride_k_t + kv_head * stride_k_h, key_tok * stride_v_t + kv_head * stride_v_h,
                              key_mask, score_mask, sm_scale, m, l, acc, offs_dn, offs_dp, offs_dv,
-                             NOPE_DIM=NOPE_DIM, PE_DIM=PE_DIM, DV=DV)
+                             NOPE_DIM=NOPE_DIM, PE_DIM=PE_DIM, DV=DV, SINGLE_P_DOT=SINGLE_P_DOT)
     cell0 = (row_tok * H + row_head) * num_kv_splits  # [R] int64
     for s in range(0, num_kv_splits):
         m_s = tl.load(mid_ml_ptr + (cell0 + s) * 2, mask=row_mask, other=float("-inf"))

@@ -6,7 +6,9 @@ reference chain vs a torch.compile'd dense reference vs SDPA, side by side in on
 Shapes: GQA (H 16, one KV head, D 256 — Qwen3.5 TP2) and Kimi-K3 MLA (H 16, D 576 / Dv 512,
 V = latent), L 4 drafts, prefix 1K / 4K / 16K / 64K, B 1 / 8 / 64, bf16 KV in random
 page-size-1 slots. Implementations (PerfRow ``impl``): ``fused-shared-kv`` and ``fused-split-kv``
-(the two Triton kernels, prefix + combine: 2 launches each, else exit 1), ``reference`` (the
+(the two Triton kernels, prefix + combine: 2 launches each, else exit 1), ``fused-shared-kv-bf16p``
+(the shared-KV kernel with one bf16(P)·V dot per tile instead of two: precision class bf16-p,
+beside the exact one so that what the class buys is measured), ``reference`` (the
 unfused per-head chain of ``reference.verify_attention``, with its host-side loop over requests),
 ``compiled`` (torch.compile of a dense masked formulation of the reference: gather the prefix,
 append the drafts, fp32 softmax — what compile can make fast; the chain's per-request loop is
@@ -33,8 +35,8 @@ from harness.bench import perf
 from reports.rows import PerfRow
 
 OP = "verify_attention"
-IMPLS = ("fused-shared-kv", "fused-split-kv", "reference", "compiled", "sdpa")
-EXPECTED_LAUNCHES = {"fused-shared-kv": 2, "fused-split-kv": 2}  # prefix kernel + combine kernel
+IMPLS = ("fused-shared-kv", "fused-shared-kv-bf16p", "fused-split-kv", "reference", "compiled", "sdpa")
+EXPECTED_LAUNCHES = {"fused-shared-kv": 2, "fused-shared-kv-bf16p": 2, "fused-split-kv": 2}  # prefix + combine
 WARMUP_MS, REP_MS = 5, 50
 EXTRA_TIMINGS = 3  # the shared-KV op, its prefix and its combine kernel replayed from a graph
 LAYOUTS = ("gqa", "mla")
@@ -72,6 +74,7 @@ class BenchRow:
     splits: int
     kv_gb: float  # KV bytes one pass must read
     shared_ms: float  # p50
+    shared_bf16p_ms: float  # the single-dot variant (p_precision "bf16", class bf16-p)
     split_ms: float
     reference_ms: float
     compiled_ms: float
@@ -80,6 +83,7 @@ class BenchRow:
     reference_over_shared: float
     compiled_over_shared: float
     sdpa_over_shared: float
+    shared_over_bf16p: float  # > 1: the single P·V dot is faster
     shared_tb_s: float
     shared_pct_copy: float  # of the measured copy bandwidth
     split_pct_copy: float
@@ -162,6 +166,8 @@ def _implementations(kw: dict, B: int, n: int, D: int, Dv: int, s_shared: int, s
 
     return {
         "fused-shared-kv": lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, **fast),
+        "fused-shared-kv-bf16p": lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, p_precision="bf16",
+                                                   **fast),
         "fused-split-kv": lambda: f._launch("split_kv", **kw, num_kv_splits=s_split, **fast),
         "reference": lambda: r.verify_attention(**kw, num_kv_splits=s_split),
         "compiled": lambda: compiled(q4, k4, v4, kw["k_buffer"], kw["v_buffer"], idx, mask, kw["sm_scale"]),
@@ -198,13 +204,15 @@ def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
         ms = {k: v.p50_us / 1e3 for k, v in t.items()}
         rows += new
         row = BenchRow(s.layout, B, n, s.H, D, Dv, L, s_shared, kv_bytes / 1e9, ms["fused-shared-kv"],
-                       ms["fused-split-kv"], ms["reference"], ms["compiled"], ms["sdpa"],
+                       ms["fused-shared-kv-bf16p"], ms["fused-split-kv"], ms["reference"], ms["compiled"], ms["sdpa"],
                        *(perf.ratio(ms[k], ms["fused-shared-kv"]) for k in ("fused-split-kv", "reference", "compiled",
                                                                              "sdpa")),
+                       perf.ratio(ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"]),
                        sh.gbps / 1e3, 100 * sh.frac_of_copy, 100 * sp.frac_of_copy, diff, t_prefix / 1e3,
                        t_combine / 1e3, t_graph / 1e3, 100 * perf.bandwidth(kv_bytes, t_graph, ctx.copy_gbps)[1])
         wide.append(row)
         print(f"  {s.case}: shared {row.shared_ms:8.3f} ms ({row.shared_pct_copy:5.1f}% copy) | "
+              f"bf16p {row.shared_bf16p_ms:8.3f} ms ({row.shared_over_bf16p:5.2f}x) | "
               f"split {row.split_ms:8.3f} ms ({row.split_over_shared:5.2f}x) | reference {row.reference_ms:8.3f} ms | "
               f"compiled {row.compiled_ms:8.3f} ms | sdpa {row.sdpa_ms:8.3f} ms | "
               f"graph {row.shared_graph_ms:.3f} ms ({row.shared_graph_pct_copy:.1f}%), prefix/combine "

@@ -3,6 +3,7 @@
   reference         the per-head split-KV chain (torch, fp32, one bf16 rounding)
   fused-split-kv    per-head split-KV Triton kernel, grid (B, H, S) + combine
   fused-shared-kv   grouped shared-KV Triton kernel, grid (B, H/BLOCK_H, S) + combine
+  fused-shared-kv-bf16p  the same kernel with one bf16(P)·V dot per tile (precision bf16-p)
   fused             the backend: gate, then shared-KV → split-KV → reference by can_handle
   compiled          torch.compile of the reference chain's per-request math (GPU only)
   sdpa              torch SDPA on dense K/V with the explicit verify mask (external)
@@ -44,6 +45,12 @@ def _shared_kv(**kw):
     from fused import verify_attention as f
 
     return f.verify_shared_kv(**kw)
+
+
+def _shared_kv_bf16p(**kw):
+    from fused import verify_attention as f
+
+    return f.verify_shared_kv(p_precision="bf16", **kw)
 
 
 def _dispatch(**kw):
@@ -95,6 +102,8 @@ def _spec() -> OpSpec:
         # the per-head kernel costs 15-25 ms per program under the interpreter (~30 min for 300
         # cases on 2 cores): the CPU run draws 40, the GPU runs the profile's full count
         interpreter_generated=40,
+        # the reference chain's flags emulating each rounding a kernel may declare (harness.tolerance)
+        roundings={"bf16-p": {"bf16_p": True}, "bf16-partials": {"bf16_partials": True}, "fp8-q": {"fp8_q": True}},
     )
 
 
@@ -109,6 +118,9 @@ def register(reg: Registry) -> None:
     reg.add(Impl("verify_attention", "fused-shared-kv", "fused", _shared_kv,
                  can_handle=_kernel_can_handle("shared_kv"),
                  doc="grouped shared-KV Triton kernel, grid (B, H/BLOCK_H, S) + combine"))
+    reg.add(Impl("verify_attention", "fused-shared-kv-bf16p", "fused", _shared_kv_bf16p,
+                 can_handle=_kernel_can_handle("shared_kv"), precision="bf16-p",
+                 doc="the shared-KV kernel with P·V as one bf16(P) dot per tile (FlashAttention's rounding)"))
     reg.add(Impl("verify_attention", "fused", "fused", _dispatch,
                  doc="backend: gate, then shared-KV -> split-KV -> reference by can_handle"))
     reg.add(Impl("verify_attention", "compiled", "compiled", _compiled, can_handle=_compiled_can_handle,
