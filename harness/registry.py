@@ -62,6 +62,10 @@ class OpSpec:
     # precision class name (harness.tolerance.PRECISION_CLASSES) -> keyword arguments that make
     # ``reference`` emulate that rounding; an Impl may declare only the roundings listed here
     roundings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # free choices of the chain (its split partition) that change how much an emulated rounding
+    # costs: the rounded chain runs once per entry (keyword overrides; {} = the case as built) and
+    # the allowance is the largest of their errors, since a kernel's own choice is not known
+    rounding_variants: tuple[Mapping[str, Any], ...] = ({},)
 
 
 @dataclass(frozen=True)

@@ -689,7 +689,25 @@ def test_emulated_chain_runs_once_per_case_and_class(spec, device):
              Impl(OP, "c", "external", ref.verify_attention)]
     res = runners.run_impls(counted, impls, CATALOG["minimax-h8-l5"], device, determinism=False, poisoned=False)
     assert all(r.records and all(x.passed for x in r.records) for r in res)
-    assert calls == [(), ("bf16_p",)], calls
+    assert calls == [()] + [("bf16_p",)] * len(spec.rounding_variants), calls
+
+
+def test_allowance_is_the_largest_over_the_chains_partitions(spec, device):
+    """'many-splits-short-prefix' (5 keys, 8 splits): with the case's splits every p is its split's max
+    (1, exact in bf16), so the rounded chain rounds nothing there; a kernel keeping the 5 keys in one
+    split (SGLang's split-KV and shared-KV both do) rounds 4 of them. Declared bf16-p it passes, its
+    allowance from the one-split variant; PLANT: the variants left out (the case's partition only) fail."""
+    from harness.registry import Impl
+
+    rounded = _p_rounded_chain(torch.bfloat16)
+    impl = Impl(OP, "one-split-bf16p", "external", lambda **kw: rounded(**{**kw, "num_kv_splits": 1}),
+                precision="bf16-p")
+    case = CATALOG["many-splits-short-prefix"]
+    assert case.splits == 8
+    rec = _numeric(spec, impl, case, device)
+    assert rec.passed, (rec.err, rec.allowed)
+    only_case = _numeric(dataclasses.replace(spec, rounding_variants=({},)), impl, case, device)
+    assert not only_case.passed and only_case.err > 2 * only_case.allowed, (only_case.err, only_case.allowed)
 
 
 @pytest.mark.parametrize("name", ["qwen35-tp-h4-l3", "peaky-softmax", "k3-mla-h4-l2-e4m3fnuz", "fp8-e4m3fn-gqa"])
