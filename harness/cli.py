@@ -11,15 +11,41 @@ import pandas as pd
 MAX_REPRO_LINES = 40
 
 
+def _registry():
+    """Built-ins, mutants and entry points; one warning line on stderr per broken entry point."""
+    from harness.registry import default_registry
+
+    reg = default_registry()
+    for err in reg.load_errors:
+        print(f"warning: {err} (skipped)", file=sys.stderr)
+    return reg
+
+
+def _load_specs(reg, specs) -> list:
+    """Register every ``--impl module:attr[names]``; one that fails is a clear exit naming the spec."""
+    loaded = []
+    for spec in specs:
+        try:
+            loaded += reg.load_spec(spec)
+        except Exception as exc:  # the user asked for this one: no traceback, the spec and the error
+            msg = str(exc)
+            raise SystemExit(msg if msg.startswith("--impl") else
+                             f"--impl {spec}: cannot load it: {type(exc).__name__}: {exc}") from None
+    return loaded
+
+
+def _plugin_specs(args) -> tuple[str, ...]:
+    return tuple(s for s in getattr(args, "impl", None) or () if ":" in s)
+
+
 def _setup(args):
     from cases import profiles
     from harness import devices
-    from harness.registry import default_registry
 
     dev = devices.select(args.device, fp8_format=getattr(args, "fp8_format", None))
     prof = profiles.current(getattr(args, "profile", None))
-    reg = default_registry()
-    args.loaded = [i for spec in getattr(args, "impl", None) or () if ":" in spec for i in reg.load_spec(spec)]
+    reg = _registry()
+    args.loaded = _load_specs(reg, _plugin_specs(args))
     return dev, prof, reg
 
 
@@ -74,7 +100,12 @@ def cmd_list(args) -> int:
               f"generated per run ({prof.name}): {prof.generated}")
         for impl in reg.for_op(name):
             pol = f" fp8_policy={impl.fp8_policy}" if impl.fp8_policy else ""
-            print(f"  - {impl.name:36s} {impl.kind:9s}{pol} precision={impl.precision}  {impl.doc}")
+            pol += f" precision={impl.precision}"
+            pol += f" may_write={','.join(impl.may_write)}" if impl.may_write else ""
+            src = f"  [{impl.source}]" if impl.source else ""
+            print(f"  - {impl.name:36s} {impl.kind:9s}{pol}  {impl.doc}{src}")
+    for err in reg.load_errors:
+        print(f"broken entry point (not loaded): {err}")
     print(f"device: {dev.kind} {dev.name} arch={dev.arch} fp8={dev.fp8_format} shim={dev.shim or '-'}")
     return 0
 
@@ -114,7 +145,7 @@ def cmd_run(args) -> int:
         print(f"ledger: {len(known)} known failures ({', '.join(e.id for e in known)})", flush=True)
     rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
                      generated=args.generated, progress=not args.quiet, case_filter=args.case, jobs=args.jobs,
-                     plugin_specs=tuple(s for s in args.impl or () if ":" in s), ledger=known)
+                     plugin_specs=_plugin_specs(args), ledger=known)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
     path = write_csv(rows, args.csv)
     print(f"rows: {len(rows)} -> {path}")
@@ -214,7 +245,8 @@ def cmd_timelines(args) -> int:
                 path = _timeline_path(reg, t.family, sp)
                 yield t, sp, path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
             return
-        for (t, sp), (name, recs) in zip(tasks, suite.spawn_map(_timeline_task, tasks, args.jobs, dev)):
+        for (t, sp), (name, recs) in zip(tasks, suite.spawn_map(_timeline_task, tasks, args.jobs, dev,
+                                                                 _plugin_specs(args))):
             yield t, sp, name, recs
 
     prov = suite.provenance(dev, prof, args.seed)
@@ -223,7 +255,9 @@ def cmd_timelines(args) -> int:
                dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 15.0)
     try:
         for t, sp, name, recs in results():
-            repro = timeline_rows.repro_line(dev.kind, t, sp)
+            path = _timeline_path(reg, t.family, sp)
+            plugins = tuple(i.impl_arg for i in (path.prepare, path.attn) if i is not None and i.impl_arg != i.name)
+            repro = timeline_rows.repro_line(dev.kind, t, sp, plugins)
             run_rows = timeline_rows.rows_for(name, t, recs, repro, prov)
             rows += run_rows
             bad = [r for r in run_rows if r.status == "fail"]
@@ -311,6 +345,8 @@ def cmd_repro(args) -> int:
         case = named[fields]
     chosen = [(n, reg.impls.get(f"{op}/{n}")) for n in args.impl or ["fused"] if ":" not in n]
     chosen += [(i.name, i) for i in args.loaded if i.op == op]
+    if not chosen:
+        raise SystemExit(f"--impl: {', '.join(args.impl)} provides no implementation of {op}")
     rows = []
     for name, impl in chosen:
         if impl is None:
@@ -356,7 +392,6 @@ def cmd_gate(args) -> int:
     from cases import e2e_gate
     from harness import devices
     from harness.e2e import gate
-    from harness.registry import default_registry
     from reports.rows import write_csv
 
     dev = devices.select(args.device)
@@ -373,7 +408,7 @@ def cmd_gate(args) -> int:
                   f"same-text {r.exact_agreement:.3f} p {r.p_value:.2g} -> {r.verdict} {r.detail}")
         print(f"gate rows: {len(rows)} -> {write_csv(rows, args.csv)}")
         return 1 if any(r.verdict != r.expect for r in rows) else 0
-    rows = gate.run(default_registry(), dev, prof, layouts=args.layout or gate.M.LAYOUTS, models_dir=args.models,
+    rows = gate.run(_registry(), dev, prof, layouts=args.layout or gate.M.LAYOUTS, models_dir=args.models,
                     problems=args.problems, seed=args.seed, progress=None if args.quiet else lambda m: print(m, flush=True),
                     jobs=args.jobs)
     print(f"gate rows: {len(rows)} -> {write_csv(rows, args.csv)}")
@@ -390,16 +425,23 @@ def cmd_serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m harness`` and the ``verify-parity`` console script (pyproject [project.scripts])."""
+    from harness.registry import cwd_on_path
+
+    cwd_on_path()  # --impl module:attr finds modules in the current directory from both
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in _DELEGATED:
         return _DELEGATED[argv[0]](argv[1:])
-    ap = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
+    prog = "verify-parity" if Path(sys.argv[0]).name == "verify-parity" else "python -m harness"
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def common(p):
         p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
         p.add_argument("--fp8-format", default=None, choices=("e4m3fn", "e4m3fnuz"), help="CPU only")
-        p.add_argument("--impl", action="append", help="implementation name, or module:attr to load one (repeatable)")
+        p.add_argument("--impl", action="append",
+                       help="implementation name, or module:attr to load one (an Impl, a list or a callable "
+                            "returning either), module:attr[name,name] to load only those (repeatable)")
 
     p = sub.add_parser("list", help="ops, implementations, catalogs")
     common(p)

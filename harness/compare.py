@@ -2,7 +2,8 @@
 
 ``numeric`` measures an output against the fp64 oracle and the reference chain's own error;
 ``exact`` compares bytes (uint8 views); ``untouched`` checks that rows nobody should write
-kept their bytes. None of them raises on a mismatch: ``Record.passed`` says.
+kept their bytes; ``unchanged`` that a whole input kept its bytes (on its device). None of
+them raises on a mismatch: ``Record.passed`` says.
 """
 from __future__ import annotations
 
@@ -118,6 +119,23 @@ def untouched(check: str, after: torch.Tensor, before: torch.Tensor, written_row
     return Record(check, n == 0, mismatch_frac=n / max(1, int(keep.sum())),
                   worst="" if n == 0 else f"rows {rows} changed",
                   detail="" if n == 0 else f"{n} rows outside the write set changed")
+
+
+def _device_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t``'s elements in logical order, on its device (a copy only for a non-contiguous view)."""
+    t = t.detach()
+    return (t.reshape(1) if t.dim() == 0 else t).contiguous().view(torch.uint8)
+
+
+def unchanged(check: str, after: torch.Tensor, before: torch.Tensor, *, hint: str = "") -> Record:
+    """Every byte of ``after`` equals ``before`` (an input a call may not write, against its
+    pristine copy). Compared on the tensors' device; only a failure is described on the host."""
+    if tuple(after.shape) == tuple(before.shape) and after.dtype == before.dtype and \
+            torch.equal(_device_bytes(after), _device_bytes(before)):
+        return Record(check, True)
+    r = exact(check, after, before)
+    return Record(check, False, mismatch_frac=r.mismatch_frac, worst=r.worst,
+                  detail=f"{r.detail or 'changed'} from the caller's: written in place{hint}")
 
 
 def bitwise_equal(check: str, a: dict, b: dict) -> Record:

@@ -67,6 +67,16 @@ def _safely(fn, check_names: tuple[str, ...]) -> list[Outcome]:
         return [Outcome(c, "runs", "raised", False, msg) for c in check_names]
 
 
+def _refused(impl, case, dev, inputs, check_names) -> list[Outcome]:
+    """Outcomes when ``impl`` refuses ``case`` (skipped) or its can_handle raises (failed); [] when it runs it."""
+    try:
+        refusal = impl.handles(case, dev, lambda: inputs(case))
+    except Exception as exc:
+        msg = traceback.format_exception_only(type(exc), exc)[-1].strip()[:400]
+        return [Outcome(c, "can_handle", "raised", False, msg) for c in check_names]
+    return [] if refusal is True else [Outcome(c, "-", "-", None, f"refused: {refusal}") for c in check_names]
+
+
 def run(reg, dev, prov, *, ops, impls, checks, seed: int, progress=print) -> list[GpuCheckRow]:
     from cases.base import display_id
 
@@ -83,15 +93,10 @@ def run(reg, dev, prov, *, ops, impls, checks, seed: int, progress=print) -> lis
                 if chk == "determinism" and impl.kind == "reference":
                     continue  # the fused op is the subject; the chain is torch's
                 t0 = time.perf_counter()
-                refusal = impl.can_handle(case, dev)
-                if refusal is not True:
-                    outs = [Outcome(c, "-", "-", None, f"refused: {refusal}") for c in ROW_CHECK[chk]]
-                elif chk == "launches":
-                    outs = _safely(lambda: check_launches(spec, impl, case, dev, inputs=inputs), ROW_CHECK[chk])
-                elif chk == "graph":
-                    outs = _safely(lambda: check_graph(spec, impl, case, dev, seed, inputs=inputs), ROW_CHECK[chk])
-                else:
-                    outs = _safely(lambda: check_determinism(spec, impl, case, dev, inputs=inputs), ROW_CHECK[chk])
+                check = {"launches": lambda: check_launches(spec, impl, case, dev, inputs=inputs),
+                         "graph": lambda: check_graph(spec, impl, case, dev, seed, inputs=inputs),
+                         "determinism": lambda: check_determinism(spec, impl, case, dev, inputs=inputs)}[chk]
+                outs = _refused(impl, case, dev, inputs, ROW_CHECK[chk]) or _safely(check, ROW_CHECK[chk])
                 secs = round(time.perf_counter() - t0, 2)
                 for o in outs:
                     rows.append(GpuCheckRow(o.check, op, impl.name, impl.kind, display_id(op, case), o.expected,

@@ -6,24 +6,54 @@ Implementations come from four places, checked by the same suite:
   * the entry-point group ``verify_parity.impls`` of any installed distribution;
   * ``--impl module:attr`` on the command line.
 An entry point or ``module:attr`` names an ``Impl``, a list of them, or a zero-argument
-callable returning either.
+callable returning either; ``module:attr[name,name]`` registers only the named ones of that list.
+A loaded implementation keeps where it came from in ``Impl.source`` (its repro line loads it
+again from there); a broken entry point is recorded in ``Registry.load_errors``, not raised.
+The contract an implementation meets per op: docs/plugins.md.
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
+import os
+import re
+import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any
 
 from harness import tolerance
 
 ENTRY_POINT_GROUP = "verify_parity.impls"
+ENTRY_POINT_SOURCE = "entry point "  # Impl.source of an entry point's impls starts so
 KINDS = ("reference", "fused", "compiled", "external", "mutant")
+_SPEC = re.compile(r"^(?P<module>[\w.]+):(?P<attr>[\w.]+)(?:\[(?P<names>[^\]]*)\])?$")
 
 
 def always(case, device) -> bool | str:
     return True
+
+
+@functools.cache
+def _takes_inputs(fn) -> bool:
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except TypeError:  # (case, device) only
+        return False
+    except ValueError:  # no signature to inspect (a builtin): the two-argument form
+        return False
+    return True
+
+
+def can_handle_takes_inputs(fn) -> bool:
+    """Whether ``fn`` is the three-argument form ``can_handle(case, device, inputs)`` (its signature
+    binds three positional arguments); decided once per function."""
+    try:
+        return _takes_inputs(fn)
+    except TypeError:  # an unhashable callable object: inspect it every time
+        return _takes_inputs.__wrapped__(fn)
 
 
 @dataclass(frozen=True)
@@ -55,6 +85,7 @@ class OpSpec:
     effects: Callable[[Any, dict, Mapping], list[Effect]]  # (case, inputs, oracle) -> buffers written
     writable: tuple[str, ...] = ()  # input buffers an implementation may write (canary-checked)
     out_args: tuple[str, ...] = ()  # caller-provided output arguments (poisoned with NaN in one run)
+    inputs: tuple[str, ...] = ()  # every keyword build_inputs gives (Impl.may_write is checked against it)
     doc: str = ""
     # Under the Triton interpreter a profile's generated-case count is capped here for ops whose
     # kernels cost seconds per launch there; compiled devices always run the full count.
@@ -74,7 +105,9 @@ class Impl:
     name: str
     kind: str
     fn: Callable[..., Mapping]  # kwargs from OpSpec.build_inputs -> {output name: tensor or None}
-    can_handle: Callable[[Any, Any], bool | str] = always  # True, or the reason it refuses
+    # True, or the reason it refuses: can_handle(case, device), or can_handle(case, device, inputs)
+    # with a copy of the exact inputs fn will get (a vendor's own check on the real tensors)
+    can_handle: Callable[..., bool | str] = always
     fp8_policy: str = ""  # declared fp8 overflow policy, shown in reports
     doc: str = ""
     catches: tuple[str, ...] = field(default=())  # mutants: checks expected to flag it
@@ -96,11 +129,31 @@ class Impl:
     def key(self) -> str:
         return f"{self.op}/{self.name}"
 
+    def handles(self, case, device, inputs: Callable[[], dict] | None = None) -> bool | str:
+        """``can_handle`` in whichever form it takes; ``inputs()`` builds a fresh copy of the case's
+        inputs, called only for the three-argument form (None there: the two-argument call is an error)."""
+        if not can_handle_takes_inputs(self.can_handle):
+            return self.can_handle(case, device)
+        if inputs is None:
+            raise TypeError(f"{self.key}: can_handle takes the inputs; the caller gave none")
+        return self.can_handle(case, device, inputs())
+
+    @property
+    def impl_arg(self) -> str:
+        """The ``--impl`` value that selects this implementation in a fresh process: its name for
+        built-ins, mutants and entry points (loaded by default), ``module:attr[name]`` for one
+        loaded by ``--impl module:attr``."""
+        if self.source and not self.source.startswith(ENTRY_POINT_SOURCE):
+            return f"{self.source}[{self.name}]"
+        return self.name
+
 
 class Registry:
     def __init__(self):
         self.ops: dict[str, OpSpec] = {}
         self.impls: dict[str, Impl] = {}
+        self.load_errors: list[str] = []  # one line per entry point that failed to load
+        self._origin: dict[str, Impl] = {}  # key -> the object as loaded (before source was set)
 
     def add_op(self, spec: OpSpec) -> None:
         if spec.name in self.ops:
@@ -110,7 +163,9 @@ class Registry:
             raise ValueError(f"op {spec.name!r}: roundings {unknown} are not precision classes of harness.tolerance")
         self.ops[spec.name] = spec
 
-    def add(self, impl: Impl) -> None:
+    def validate(self, impl: Impl) -> None:
+        """What can be checked of an implementation before it runs: its op, a name a repro line
+        can select (no ``,[]``), ``may_write`` a tuple of input names of the op."""
         if impl.op not in self.ops:
             raise ValueError(f"{impl.key}: unknown op {impl.op!r}; known: {sorted(self.ops)}")
         spec = self.ops[impl.op]
@@ -119,41 +174,107 @@ class Registry:
             raise ValueError(f"{impl.key}: precision {impl.precision!r} names rounding(s) {undefined} that op "
                              f"{impl.op!r} does not emulate (its OpSpec.roundings: "
                              f"{sorted(spec.roundings) or 'none'}); without an emulated chain there is no allowance")
-        if self.impls.get(impl.key) is impl:  # same object via an entry point and --impl
-            return
-        if impl.key in self.impls:
-            raise ValueError(f"implementation {impl.key} registered twice")
-        self.impls[impl.key] = impl
+        if not impl.name or any(c in impl.name for c in ",[]"):
+            raise ValueError(f"{impl.key}: name must be non-empty, without ',', '[' or ']' "
+                             f"(--impl module:attr[name,...] selects by it)")
+        mw = impl.may_write
+        if isinstance(mw, str) or not all(isinstance(n, str) and n for n in mw):
+            raise ValueError(f"{impl.key}: may_write must be a tuple of input names, e.g. ('kv',); got {mw!r}")
+        known = spec.inputs
+        unknown = [n for n in mw if known and n not in known]
+        if unknown:
+            raise ValueError(f"{impl.key}: may_write names {unknown}, not inputs of {impl.op}; inputs: {list(known)}")
 
-    def add_any(self, obj: Any, *, source: str) -> list[Impl]:
-        """Register an Impl, a list of them, or a zero-argument callable returning either."""
+    def add(self, impl: Impl, *, source: str = "") -> Impl:
+        """Register ``impl`` (with ``source`` recorded in ``Impl.source`` when given) and return the
+        registered object. The same implementation loaded twice (equal fields, e.g. an entry point
+        and ``--impl`` naming one module, or a factory called again) is registered once."""
+        self.validate(impl)
+        held = self.impls.get(impl.key)
+        if held is not None and (self._origin.get(impl.key) is impl or replace(held, source=impl.source) == impl):
+            return held
+        if held is not None:
+            raise ValueError(f"implementation {impl.key} registered twice"
+                             + (f" ({held.source} and {source})" if source or held.source else ""))
+        self.impls[impl.key] = replace(impl, source=source) if source else impl
+        self._origin[impl.key] = impl
+        return self.impls[impl.key]
+
+    @staticmethod
+    def resolve(obj: Any, *, source: str) -> list[Impl]:
+        """An Impl, a list of them, or a zero-argument callable returning either -> the list."""
         if callable(obj) and not isinstance(obj, Impl):
             obj = obj()
-        items = [obj] if isinstance(obj, Impl) else list(obj)
+        if isinstance(obj, Impl):
+            return [obj]
+        if isinstance(obj, (str, bytes, Mapping)) or not hasattr(obj, "__iter__"):
+            raise TypeError(f"{source}: expected harness.registry.Impl, a list of them or a callable returning "
+                            f"either; got {type(obj).__name__}")
+        items = list(obj)
         for it in items:
             if not isinstance(it, Impl):
                 raise TypeError(f"{source}: expected harness.registry.Impl, got {type(it).__name__}")
-            self.add(it)
         return items
+
+    def add_any(self, obj: Any, *, source: str, select: tuple[str, ...] = (), record: str = "") -> list[Impl]:
+        """Register what ``obj`` provides (see ``resolve``); ``select``: only the implementations
+        with these names (``name`` or ``op/name``), each of which must exist. ``record``: the
+        ``Impl.source`` to set. All are checked before any is registered."""
+        items = self.resolve(obj, source=source)
+        if select:
+            unknown = [n for n in select if not any(n in (i.name, i.key) for i in items)]
+            if unknown:
+                raise ValueError(f"{source}: no implementation named {', '.join(map(repr, unknown))}; "
+                                 f"it provides: {', '.join(i.key for i in items) or 'nothing'}")
+            items = [i for i in items if i.name in select or i.key in select]
+        for it in items:
+            self.validate(it)
+        return [self.add(it, source=record) for it in items]
 
     def for_op(self, op: str, kinds: tuple[str, ...] = KINDS) -> list[Impl]:
         return [i for i in self.impls.values() if i.op == op and i.kind in kinds]
 
     def load_entry_points(self) -> list[Impl]:
+        """Every entry point of the group; one that fails to load (import error, a bad object, a
+        clash) is recorded in ``load_errors``, naming its distribution, and skipped."""
         out = []
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            out += self.add_any(ep.load(), source=f"entry point {ep.name} = {ep.value}")
+            dist = getattr(ep, "dist", None)
+            dist = f"{dist.metadata['Name']} {dist.version}" if dist is not None else "unknown distribution"
+            where = f"{ENTRY_POINT_SOURCE}{ep.name} = {ep.value} ({dist})"
+            try:
+                out += self.add_any(ep.load(), source=where, record=where)
+            except Exception as exc:  # a vendor's broken package must not break the other commands
+                self.load_errors.append(f"{where}: {type(exc).__name__}: {exc}")
         return out
 
     def load_spec(self, spec: str) -> list[Impl]:
-        """``module:attr`` from the command line."""
-        if ":" not in spec:
-            raise ValueError(f"--impl: expected module:attr, got {spec!r}")
-        mod, attr = spec.split(":", 1)
-        obj = importlib.import_module(mod)
+        """``module:attr`` or ``module:attr[name,name]`` from the command line. Import errors propagate."""
+        module, attr, names = parse_spec(spec)
+        obj = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
-        return self.add_any(obj, source=f"--impl {spec}")
+        return self.add_any(obj, source=f"--impl {spec}", select=names, record=f"{module}:{attr}")
+
+
+def parse_spec(spec: str) -> tuple[str, str, tuple[str, ...]]:
+    """``module:attr[name,name]`` -> (module, attr, names); no brackets: no selection."""
+    m = _SPEC.match(spec.strip())
+    if not m:
+        raise ValueError(f"--impl: expected module:attr or module:attr[name,...], got {spec!r}")
+    names = tuple(n.strip() for n in (m["names"] or "").split(",") if n.strip())
+    if m["names"] is not None and not names:
+        raise ValueError(f"--impl {spec}: empty selection []; name the implementations, "
+                         f"e.g. {m['module']}:{m['attr']}[mine]")
+    return m["module"], m["attr"], names
+
+
+def cwd_on_path() -> None:
+    """``--impl module:attr`` finds modules in the current directory, as under ``python -m harness``:
+    also from the ``verify-parity`` console script (its sys.path[0] is its bin directory) and in
+    spawned workers."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def default_registry(*, with_mutants: bool = True, with_plugins: bool = True, extra: tuple[str, ...] = ()) -> Registry:

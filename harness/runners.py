@@ -2,7 +2,9 @@
 
   numeric/exact  every output of the contract against the fp64 oracle (or reference bytes)
   effect         rows an op must write (ring, KV pool) hold the right values
-  untouched      every other row of every writable buffer kept its bytes (canary contents)
+  untouched      every other row of every writable buffer kept its bytes (canary contents);
+                 ``untouched:<input>``: every other input tensor kept all its bytes (save the
+                 op's caller-provided outputs and what the implementation declares in ``may_write``)
   determinism    a second run on fresh identical inputs is bitwise identical
   poisoned       caller-provided outputs pre-filled with NaN and writable buffers poisoned
                  with 0xFF bytes: every element must still be written, nothing else touched
@@ -20,7 +22,7 @@ import torch
 
 from harness import compare, tolerance
 from harness.devices import Device, synchronize
-from harness.registry import Impl, OpSpec
+from harness.registry import Impl, OpSpec, can_handle_takes_inputs
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,27 @@ def _check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: d
     return recs
 
 
+def _untouched_inputs(spec: OpSpec, impl: Impl, inputs: dict, pristine: dict, suffix: str = "") -> list[compare.Record]:
+    """``untouched:<input>`` for every input tensor the call may not write: not the op's writable
+    buffers or caller-provided outputs, not ``impl.may_write``, and not a view sharing storage with
+    one of those (MLA's v is a view of k: a declared write to k shows through v). Each named input
+    is compared whole with its pristine copy (the run's inputs are copies of it), on the device."""
+    allowed = set(spec.writable) | set(spec.out_args) | set(impl.may_write)
+    storages = {t.untyped_storage().data_ptr() for n in allowed if isinstance(t := inputs.get(n), torch.Tensor)} - {0}
+    recs = []
+    for name, t in inputs.items():
+        if name in allowed or not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in storages:
+            continue
+        recs.append(compare.unchanged(f"untouched:{name}{suffix}", t, pristine[name],
+                                      hint=f" (not writable in {spec.name}; a kernel that writes it on purpose "
+                                           f"declares Impl(may_write=({name!r},)))"))
+    return recs
+
+
+def _crash(check: str, exc: BaseException) -> compare.Record:
+    return compare.Record(check, False, detail=traceback.format_exception_only(type(exc), exc)[-1].strip())
+
+
 def _poison(spec: OpSpec, inputs: dict) -> None:
     for name in spec.out_args:
         ref = inputs.get(name)
@@ -147,19 +170,37 @@ class CaseSetup:
 def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool = True,
              poisoned: bool = True, setup=None) -> CaseResult:
     """The checks of one implementation on one case. ``setup``: a callable returning the case's
-    ``CaseSetup`` (shared by the implementations of one case, ``run_impls``); None builds one."""
-    verdict = impl.can_handle(case, dev)
+    ``CaseSetup`` (shared by the implementations of one case, ``run_impls``); None builds one.
+    A ``can_handle(case, device, inputs)`` gets a fresh copy of the inputs (the setup is built
+    first); one that raises is a failed ``can_handle`` check of the implementation."""
+    held: list[CaseSetup] = []
+
+    def case_setup() -> CaseSetup:
+        if not held:
+            held.append(setup() if setup is not None else CaseSetup(spec, case, dev))
+        return held[0]
+
+    try:
+        wants_inputs = can_handle_takes_inputs(impl.can_handle)
+        check_inputs = case_setup().fresh() if wants_inputs else None
+    except Exception as exc:  # building the case failed: as a crash of the run below would say
+        return CaseResult((_crash("run", exc),), float("nan"))
+    try:
+        verdict = impl.can_handle(case, dev, check_inputs) if wants_inputs else impl.can_handle(case, dev)
+    except Exception as exc:
+        return CaseResult((_crash("can_handle", exc),), float("nan"))
     if verdict is not True:
         return CaseResult((), 0.0, refused=str(verdict) or "refused")
     recs: list[compare.Record] = []
     try:
-        st = setup() if setup is not None else CaseSetup(spec, case, dev)
+        st = case_setup()
         ref_out, oracle = st.ref_out, st.oracle
         allow = st.allowance(impl.precision)
         inputs = st.fresh()
         before = {b: inputs[b].detach().cpu().clone() for b in spec.writable}
         out, seconds = _call(impl.fn, inputs, dev)
         recs += _check_outputs(spec, impl, case, out, oracle, ref_out, inputs, st.ref_after, before, allowance=allow)
+        recs += _untouched_inputs(spec, impl, inputs, st.pristine)
         if determinism:
             again = st.fresh()
             out2, _ = _call(impl.fn, again, dev)
@@ -177,9 +218,9 @@ def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool =
                                                detail=f"caller-provided {name} was not written in place"))
             recs += _check_outputs(spec, impl, case, p_out, oracle, ref_out, p, st.ref_after, p_before,
                                    suffix="@poisoned", allowance=allow)
+            recs += _untouched_inputs(spec, impl, p, st.pristine, suffix="@poisoned")
     except Exception as exc:  # an implementation crash is a failure of that implementation, with its trace
-        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        recs.append(compare.Record("run", False, detail=tb))
+        recs.append(_crash("run", exc))
         seconds = float("nan")
     return CaseResult(tuple(recs), seconds)
 

@@ -5,6 +5,7 @@ Cases per op: the whole catalog (``big`` entries only in profiles that ask for t
 """
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import dataclass
 
@@ -68,7 +69,9 @@ def provenance(dev: Device, profile: Profile, seed: int) -> Provenance:
 
 
 def repro_line(p: Planned, impl: Impl, dev: Device) -> str:
-    return f"python -m harness repro '{p.full_id}' --impl {impl.name} --device {dev.kind}"
+    """The command that reruns one (case, implementation) as printed, in a fresh process: a plugin
+    loaded by ``--impl module:attr`` is loaded again (``Impl.impl_arg``), from the current directory too."""
+    return f"python -m harness repro '{p.full_id}' --impl {shlex.quote(impl.impl_arg)} --device {dev.kind}"
 
 
 def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov: Provenance,
@@ -103,8 +106,9 @@ _WORKER: tuple | None = None
 
 def _worker_init(device_kind: str, fp8_format: str, plugin_specs: tuple[str, ...]) -> None:
     global _WORKER
-    from harness.registry import default_registry
+    from harness.registry import cwd_on_path, default_registry
 
+    cwd_on_path()
     dev = devices.select(device_kind, fp8_format=fp8_format if device_kind == "cpu" else None)
     _WORKER = (dev, default_registry(extra=plugin_specs))
 

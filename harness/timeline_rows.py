@@ -4,6 +4,8 @@ rows, the per-(model family, path) summary and each failing run's first failing 
 """
 from __future__ import annotations
 
+import shlex
+
 import pandas as pd
 
 from cases import base
@@ -14,10 +16,12 @@ RUN_KEY = ["model_family", "path", "timeline"]  # one timeline through one path
 SUMMARY_COLS = SUMMARY_KEY + ["runs", "passed", "failed", "checks", "failed_checks"]
 
 
-def repro_line(device_kind: str, t, spec: tuple) -> str:
+def repro_line(device_kind: str, t, spec: tuple, plugins: tuple[str, ...] = ()) -> str:
     """The command that reruns timeline ``t`` on one path; ``spec`` is the CLI's path spec:
-    ("clean", prepare, attn) or ("mutant", name)."""
+    ("clean", prepare, attn) or ("mutant", name); ``plugins``: the ``--impl module:attr[name]``
+    values that load the path's plugged-in implementations again (``Impl.impl_arg``)."""
     cmd = f"python -m harness timelines --device {device_kind} --timeline '{base.case_id('timeline', t)}'"
+    cmd += "".join(f" --impl {shlex.quote(a)}" for a in plugins)
     if spec[0] == "mutant":
         return f"{cmd} --path-mutant {spec[1]}"
     return cmd if tuple(spec[1:]) == ("fused", "fused") else f"{cmd} --path {spec[1]}+{spec[2]}"

@@ -107,6 +107,8 @@ def _spec() -> OpSpec:
         outputs=(OutputSpec("q8", "exact"), OutputSpec("kv_writes", "exact")),
         effects=_effects,
         writable=("kv_buffer",),
+        inputs=("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "out_cache_loc", "slot_map", "decode_kernel_loc",
+                "save_kv_cache", "fused_switch", "kv_descale", "fp8_policy"),
         doc="fp8 KV/Q prepare for Kimi-K3 absorbed MLA: byte-identical q8 and KV rows, each row written "
             "exactly once at the physical slot (seed 001)",
     )

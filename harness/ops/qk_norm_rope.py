@@ -63,6 +63,8 @@ def _qk_spec() -> OpSpec:
         effects=_qk_effects,
         writable=("ring",),
         out_args=("q_out",),
+        inputs=("q", "kv", "kv_norm_weight", "q_norm_weight", "eps", "rope_dim", "cos", "sin", "positions",
+                "rope_style", "ring", "loc", "forward_mode", "q_out"),
         doc="qk RMSNorm + RoPE (DeepSeek-V4 MQA); the verify step must not store into the ring (seed 000)",
     )
 

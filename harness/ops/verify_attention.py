@@ -97,6 +97,8 @@ def _spec() -> OpSpec:
         effects=lambda case, inputs, oracle: [],
         writable=(),
         out_args=("o",),
+        inputs=("q", "k", "v", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr", "kv_indices", "sm_scale", "is_causal",
+                "k_scale", "v_scale", "num_kv_splits", "custom_mask", "o", "topk", "model_family", "splitkv_switch"),
         doc="target-verify attention over a paged prefix + drafts (GQA / MLA, fp8 KV); shared-KV vs per-head "
             "split-KV (seeds 002, 003)",
         # the per-head kernel costs 15-25 ms per program under the interpreter (~30 min for 300
