@@ -243,3 +243,24 @@ def test_device_timers_refuse_a_machine_without_a_gpu(monkeypatch):
         with pytest.raises(RuntimeError, match="needs a GPU"):
             timer(lambda: calls.append(1))
     assert calls == []
+
+
+def test_verify_attention_peers_are_measured_beside_ours(device, fake_measurement, tmp_path, monkeypatch):
+    """SGLang's kernels (when installed, on a GPU) are timed in the same loop: their own PerfRows and wide
+    columns, and the ratio against our kernel of the same class. Planted: peers dropped from the timing
+    fails the rows and leaves the column NaN."""
+    from harness.suite import provenance
+
+    monkeypatch.setattr(verify_attention, "_peers", lambda kw, dev: {"sglang-shared-kv": lambda: None})
+    ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
+    rows = verify_attention.run([verify_attention.Shape("gqa", B=1, prefix=40, H=4)], ctx, tmp_path)
+    assert [r.impl for r in rows] == list(verify_attention.IMPLS) + ["sglang-shared-kv"]
+    wide = pd.read_csv(tmp_path / "verify_attention_bench.csv")
+    assert wide["sglang_shared_ms"][0] == 0.002 and wide["sglang_shared_over_bf16p"][0] == 1.0
+    assert wide["sglang_split_ms"].isna().all()  # not measured: NaN, never a made-up number
+
+
+def test_no_peers_under_the_interpreter(device):
+    if not device.interpreted:
+        pytest.skip("the interpreter's rule")
+    assert verify_attention._peers({}, device) == {}

@@ -10,7 +10,9 @@ page-size-1 slots. Implementations (PerfRow ``impl``): ``fused-shared-kv`` and `
 (the shared-KV kernel with one bf16(P)·V dot per tile instead of two: precision class bf16-p,
 beside the exact one so that what the class buys is measured), ``reference`` (the
 unfused per-head chain of ``reference.verify_attention``, with its host-side loop over requests),
-``compiled`` (torch.compile of a dense masked formulation of the reference: gather the prefix,
+``sglang-shared-kv`` / ``sglang-split-kv`` (peers: SGLang's own kernels as its backend calls them,
+scratch cached across calls, its own split counts; measured on a GPU when sglang is installed,
+``harness.adapters.sglang.bench_calls``), ``compiled`` (torch.compile of a dense masked formulation of the reference: gather the prefix,
 append the drafts, fp32 softmax — what compile can make fast; the chain's per-request loop is
 not), ``sdpa`` (SDPA on K/V already gathered dense, explicit mask). Times are p20/p50/p80 of
 ``harness.profiling.time_quantiles_us``; bandwidth counts the KV bytes a single pass must read
@@ -84,6 +86,9 @@ class BenchRow:
     compiled_over_shared: float
     sdpa_over_shared: float
     shared_over_bf16p: float  # > 1: the single P·V dot is faster
+    sglang_shared_ms: float  # SGLang's verify_shared_kv_fwd (NaN: not installed, or it declines the shape)
+    sglang_split_ms: float  # SGLang's verify_splitkv_fwd
+    sglang_shared_over_bf16p: float  # > 1: ours (single dot, the same class as SGLang's) is faster
     shared_tb_s: float
     shared_pct_copy: float  # of the measured copy bandwidth
     split_pct_copy: float
@@ -175,6 +180,18 @@ def _implementations(kw: dict, B: int, n: int, D: int, Dv: int, s_shared: int, s
     }
 
 
+PEERS = ("sglang-shared-kv", "sglang-split-kv")  # measured beside IMPLS where they run (not in IMPLS)
+
+
+def _peers(kw: dict, dev) -> dict:
+    """Peers' kernels on the same inputs (compiled devices only: the interpreter times nothing real)."""
+    if dev.interpreted:
+        return {}
+    from harness.adapters import sglang
+
+    return sglang.bench_calls(kw)
+
+
 def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
     import pandas as pd
 
@@ -193,6 +210,7 @@ def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
         del a, b
         t = perf.measure(_implementations(kw, B, n, D, Dv, s_shared, s_split, compiled), ctx.dev,
                          warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+        t.update(perf.measure(_peers(kw, ctx.dev), ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS))
         fast = dict(num_kv_splits=s_shared, check=False, validate=False)
         # replayed from a graph: a launch alone is shorter than its host-side launch path, so its eager time is the host's
         t_prefix, t_combine, t_graph = (profiling.graph_time_us(lambda st=st: f._launch("shared_kv", **kw, stages=st, **fast))
@@ -202,17 +220,21 @@ def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
         by = {r.impl: r for r in new}
         sh, sp = by["fused-shared-kv"], by["fused-split-kv"]
         ms = {k: v.p50_us / 1e3 for k, v in t.items()}
+        peer = {k: ms.get(k, float("nan")) for k in PEERS}
         rows += new
         row = BenchRow(s.layout, B, n, s.H, D, Dv, L, s_shared, kv_bytes / 1e9, ms["fused-shared-kv"],
                        ms["fused-shared-kv-bf16p"], ms["fused-split-kv"], ms["reference"], ms["compiled"], ms["sdpa"],
                        *(perf.ratio(ms[k], ms["fused-shared-kv"]) for k in ("fused-split-kv", "reference", "compiled",
                                                                              "sdpa")),
-                       perf.ratio(ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"]),
+                       perf.ratio(ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"]), peer["sglang-shared-kv"],
+                       peer["sglang-split-kv"], perf.ratio(peer["sglang-shared-kv"], ms["fused-shared-kv-bf16p"]),
                        sh.gbps / 1e3, 100 * sh.frac_of_copy, 100 * sp.frac_of_copy, diff, t_prefix / 1e3,
                        t_combine / 1e3, t_graph / 1e3, 100 * perf.bandwidth(kv_bytes, t_graph, ctx.copy_gbps)[1])
         wide.append(row)
         print(f"  {s.case}: shared {row.shared_ms:8.3f} ms ({row.shared_pct_copy:5.1f}% copy) | "
               f"bf16p {row.shared_bf16p_ms:8.3f} ms ({row.shared_over_bf16p:5.2f}x) | "
+              f"sglang shared {row.sglang_shared_ms:8.3f} ms ({row.sglang_shared_over_bf16p:5.2f}x bf16p) "
+              f"split {row.sglang_split_ms:8.3f} ms | "
               f"split {row.split_ms:8.3f} ms ({row.split_over_shared:5.2f}x) | reference {row.reference_ms:8.3f} ms | "
               f"compiled {row.compiled_ms:8.3f} ms | sdpa {row.sdpa_ms:8.3f} ms | "
               f"graph {row.shared_graph_ms:.3f} ms ({row.shared_graph_pct_copy:.1f}%), prefix/combine "
