@@ -264,3 +264,13 @@ def test_no_peers_under_the_interpreter(device):
     if not device.interpreted:
         pytest.skip("the interpreter's rule")
     assert verify_attention._peers({}, device) == {}
+
+
+def test_verify_attention_shape_filter(capsys):
+    """--prefix / --batch pick shapes of the full set (the plan says how many); none matching is an error."""
+    if devices.gpu_present():
+        pytest.skip("prints the plan only without a GPU")
+    assert verify_attention.main(["--out", "unused", "--prefix", "16384", "--batch", "64"]) == 0
+    assert "verify_attention: 2 shapes" in capsys.readouterr().out  # GQA and MLA
+    with pytest.raises(SystemExit):
+        verify_attention.main(["--out", "unused", "--prefix", "7"])

@@ -254,8 +254,15 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="directory for verify_attention_bench.csv and perf.csv")
     ap.add_argument("--quick", action="store_true", help=f"prefix {PREFIX_QUICK} x B {B_QUICK} only")
+    ap.add_argument("--prefix", type=int, action="append", help="only these prefix lengths (repeatable)")
+    ap.add_argument("--batch", type=int, action="append", help="only these batch sizes (repeatable)")
     args = ap.parse_args(argv)
-    return perf.run_ops([sys.modules[__name__]], out=args.out, quick=args.quick, nested=False, prog=ap.prog)
+    picked = [s for s in shapes(args.quick) if (not args.prefix or s.prefix in args.prefix)
+              and (not args.batch or s.B in args.batch)]
+    if not picked:
+        ap.error(f"no shape has prefix in {args.prefix} and B in {args.batch}")
+    return perf.run_ops([sys.modules[__name__]], out=args.out, quick=args.quick, nested=False, prog=ap.prog,
+                        shapes={OP: picked})
 
 
 if __name__ == "__main__":
