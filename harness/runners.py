@@ -1,5 +1,7 @@
 """Runners: the checks made on one (implementation, case) pair.
 
+  finite         every numeric output (and numeric effect rows) has the oracle's NaN/±Inf
+                 placement — before its numeric check, which measures the finite elements only
   numeric/exact  every output of the contract against the fp64 oracle (or reference bytes)
   effect         rows an op must write (ring, KV pool) hold the right values
   untouched      every other row of every writable buffer kept its bytes (canary contents)
@@ -51,6 +53,7 @@ def _check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: d
             recs.append(compare.exact(f"exact:{o.name}{suffix}", got, ref_out[o.name]))
         else:
             tol = tolerance.lookup(spec.name, o.name, got.dtype if got is not None else ref_out[o.name].dtype)
+            recs.append(compare.finite(f"finite:{o.name}{suffix}", got, oracle[o.name]))
             recs.append(compare.numeric(f"numeric:{o.name}{suffix}", got, oracle[o.name], ref_out.get(o.name), tol,
                                         is_reference=is_ref))
     for eff in spec.effects(case, _cpu(inputs), oracle):
@@ -61,6 +64,7 @@ def _check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: d
                 recs.append(compare.exact(f"effect:{eff.buffer}{suffix}", buf[rows], rbuf[rows]))
             else:
                 tol = tolerance.lookup(spec.name, eff.buffer, buf.dtype)
+                recs.append(compare.finite(f"finite:{eff.buffer}{suffix}", buf[rows], eff.oracle_rows))
                 recs.append(compare.numeric(f"effect:{eff.buffer}{suffix}", buf[rows], eff.oracle_rows, rbuf[rows], tol,
                                             is_reference=is_ref))
         recs.append(compare.untouched(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer], rows))
