@@ -6,11 +6,16 @@
   effect         rows an op must write (ring, KV pool) hold the right values
   untouched      every other row of every writable buffer kept its bytes (canary contents)
   determinism    a second run on fresh identical inputs is bitwise identical
+  poisoned-alloc that second run with every fresh allocation during the call pre-filled with NaN
+                 (``harness.poison``): scratch read before it is written shows as a NaN. One
+                 rerun serves both (the first run got whatever the allocator held, so an output
+                 that depends on it is a bug either way); without determinism it is a run of its own
   poisoned       caller-provided outputs pre-filled with NaN and writable buffers poisoned
                  with 0xFF bytes: every element must still be written, nothing else touched
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 import traceback
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness import compare, tolerance
+from harness import compare, poison, tolerance
 from harness.devices import Device, synchronize
 from harness.registry import Impl, OpSpec
 
@@ -108,10 +113,21 @@ class CaseSetup:
         return copy.deepcopy(self.pristine)
 
 
+# Kinds the poisoned-allocator run skips. ``compiled`` (torch.compile of the reference chain):
+# dynamo traces the mode into the graph and guards on it, so every run under a fresh mode
+# recompiles (measured with torch 2.13: 8 compiles in 9 calls of a small function) until the
+# recompile limit makes the frame run eagerly for every later call, normal runs included — the
+# parity run would silently stop testing compiled code.
+POISONED_ALLOC_SKIPS = ("compiled",)
+
+
 def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool = True,
-             poisoned: bool = True, setup=None) -> CaseResult:
-    """The checks of one implementation on one case. ``setup``: a callable returning the case's
-    ``CaseSetup`` (shared by the implementations of one case, ``run_impls``); None builds one."""
+             poisoned: bool = True, poisoned_alloc: bool = True, setup=None) -> CaseResult:
+    """The checks of one implementation on one case: the first run's, then (each optional) the
+    rerun for ``determinism`` and ``poisoned_alloc`` (``@poisoned-alloc``; not for the kinds in
+    ``POISONED_ALLOC_SKIPS``) and the poisoned-output run (``@poisoned``). ``setup``: a callable
+    returning the case's ``CaseSetup`` (shared by the implementations of one case, ``run_impls``);
+    None builds one."""
     verdict = impl.can_handle(case, dev)
     if verdict is not True:
         return CaseResult((), 0.0, refused=str(verdict) or "refused")
@@ -123,12 +139,19 @@ def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool =
         before = {b: inputs[b].detach().cpu().clone() for b in spec.writable}
         out, seconds = _call(impl.fn, inputs, dev)
         recs += _check_outputs(spec, impl, case, out, oracle, ref_out, inputs, st.ref_after, before)
-        if determinism:
+        alloc = poisoned_alloc and impl.kind not in POISONED_ALLOC_SKIPS
+        if determinism or alloc:  # one rerun serves both: a clean run cannot depend on the poison
             again = st.fresh()
-            out2, _ = _call(impl.fn, again, dev)
-            recs.append(compare.bitwise_equal(
-                "determinism", {**out, **{b: inputs[b] for b in spec.writable}},
-                {**out2, **{b: again[b] for b in spec.writable}}))
+            again_before = {b: again[b].detach().cpu().clone() for b in spec.writable}
+            with poison.allocations(device=dev.torch_device) if alloc else contextlib.nullcontext():
+                out2, _ = _call(impl.fn, again, dev)
+            if determinism:
+                recs.append(compare.bitwise_equal(
+                    "determinism", {**out, **{b: inputs[b] for b in spec.writable}},
+                    {**out2, **{b: again[b] for b in spec.writable}}))
+            if alloc:
+                recs += _check_outputs(spec, impl, case, out2, oracle, ref_out, again, st.ref_after, again_before,
+                                       suffix="@poisoned-alloc")
         if poisoned:
             p = provide_outputs(spec, st.fresh(), ref_out, dev)
             _poison(spec, p)

@@ -1,6 +1,7 @@
 """The runner's per-case setup: fresh inputs are exact copies (bytes, strides, offsets, shared
 storages), and running the implementations of a case together gives what separate runs give;
-a NaN is a ``finite:`` failure, never a ``numeric:`` one."""
+a NaN is a ``finite:`` failure, never a ``numeric:`` one; the poisoned-allocator run sees an
+element the implementation never wrote."""
 from __future__ import annotations
 
 import copy
@@ -55,7 +56,7 @@ def test_impls_of_a_case_together_equal_separate_runs(registry, device, op, case
     assert all(all(x.passed for x in r.records) for i, r in zip(impls, together) if i is not mutant and not r.refused)
 
 
-# ----------------------------------------------------------------------------- finite:
+# ----------------------------------------------------------------------------- finite: and the poisoned allocator
 
 def _one_nan(**kw):
     """The reference chain with one planted NaN at o[1, 2, 3]."""
@@ -72,7 +73,7 @@ def test_a_planted_nan_fails_finite_not_numeric(registry, device):
     res = runners.run_case(spec, Impl("verify_attention", "plant-one-nan", "external", _one_nan), case, device,
                            determinism=False)
     by = {r.check: r for r in res.records}
-    for suffix in ("", "@poisoned"):
+    for suffix in ("", "@poisoned", "@poisoned-alloc"):
         f, n = by[f"finite:o{suffix}"], by[f"numeric:o{suffix}"]
         assert not f.passed and f.nan_inf_mismatch == 1 and f.worst.startswith("(1, 2, 3): nan/"), f
         assert n.passed and n.nan_inf_mismatch == 1, n
@@ -97,8 +98,56 @@ class _Toy:
         torch.reciprocal(x, out=y)
         return {"y": y}
 
+    @staticmethod
+    def last_unwritten(x):
+        """Writes every element but the last of its torch.empty output."""
+        y = torch.empty_like(x)
+        y[:-1] = 1 / x[:-1]
+        return {"y": y}
+
 
 def test_the_oracles_own_infinities_pass(device):
     res = runners.run_case(_Toy.spec(), Impl("toy", "right", "external", _Toy.right), None, device)
     assert res.records and all(r.passed for r in res.records), [r for r in res.records if not r.passed]
-    assert {"finite:y", "numeric:y", "finite:y@poisoned"} <= {r.check for r in res.records}
+    assert {"finite:y", "finite:y@poisoned-alloc", "numeric:y@poisoned-alloc"} <= {r.check for r in res.records}
+
+
+@pytest.mark.parametrize("determinism", [False, True])  # its own run / the determinism rerun
+def test_poisoned_alloc_run_flags_an_unwritten_element(device, determinism):
+    spec = _Toy.spec()
+    impl = Impl("toy", "last-unwritten", "external", _Toy.last_unwritten)
+    res = runners.run_case(spec, impl, None, device, determinism=determinism, poisoned=False)
+    f = {r.check: r for r in res.records}["finite:y@poisoned-alloc"]
+    assert not f.passed and f.worst.startswith("(31,): nan/0.125"), f
+    off = runners.run_case(spec, impl, None, device, determinism=determinism, poisoned=False, poisoned_alloc=False)
+    assert not any(r.check.endswith("@poisoned-alloc") for r in off.records)
+
+
+def test_the_determinism_rerun_is_the_poisoned_alloc_run(device):
+    """Runs per case: first + one rerun (determinism and poisoned-alloc) + poisoned outputs; a
+    planted nondeterministic implementation still fails determinism."""
+    calls = []
+
+    def counted(x):
+        calls.append(1)
+        return _Toy.right(x)
+
+    impl = Impl("toy", "counted", "external", counted)
+    for kw, n in (({}, 3), ({"poisoned": False}, 2), ({"determinism": False, "poisoned": False}, 2),
+                  ({"poisoned_alloc": False, "poisoned": False}, 2),
+                  ({"determinism": False, "poisoned_alloc": False, "poisoned": False}, 1)):
+        calls.clear()
+        res = runners.run_case(_Toy.spec(), impl, None, device, **kw)
+        assert len(calls) == n and all(r.passed for r in res.records), (kw, len(calls))
+
+    def noisy(x):
+        return {"y": 1 / x + torch.randn(x.shape) * 1e-3}
+
+    res = runners.run_case(_Toy.spec(), Impl("toy", "noisy", "external", noisy), None, device, poisoned=False)
+    assert not {r.check: r for r in res.records}["determinism"].passed
+
+
+def test_compiled_impls_skip_the_poisoned_alloc_run(device):
+    """torch.compile would recompile under every fresh mode (runners.POISONED_ALLOC_SKIPS)."""
+    res = runners.run_case(_Toy.spec(), Impl("toy", "compiled", "compiled", _Toy.right), None, device)
+    assert res.records and not any(r.check.endswith("@poisoned-alloc") for r in res.records)
