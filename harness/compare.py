@@ -1,9 +1,10 @@
 """Comparisons return records; the policy (``harness.tolerance``) decides afterwards.
 
-``numeric`` measures an output against the fp64 oracle and the reference chain's own error;
-``exact`` compares bytes (uint8 views); ``untouched`` checks that rows nobody should write
-kept their bytes; ``unchanged`` that a whole input kept its bytes (on its device). None of
-them raises on a mismatch: ``Record.passed`` says.
+``finite`` checks that an output's NaN/±Inf placement is the oracle's; ``numeric`` measures it
+against the fp64 oracle and the reference chain's own error on the elements both hold finite
+(a NaN is never a precision failure: ``finite`` owns it); ``exact`` compares bytes (uint8 views);
+``untouched`` checks that rows nobody should write kept their bytes; ``unchanged`` that a whole
+input kept its bytes (on its device). None of them raises on a mismatch: ``Record.passed`` says.
 """
 from __future__ import annotations
 
@@ -48,9 +49,40 @@ def _special_mismatch(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         (torch.isneginf(x) != torch.isneginf(o))
 
 
+def _idx(i: int, shape) -> tuple[int, ...]:
+    return tuple(int(v) for v in torch.unravel_index(torch.tensor(i), shape))
+
+
+def finite(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> Record:
+    """NaN/±Inf placement: every element of ``got`` is NaN, +Inf, -Inf or finite exactly where
+    the fp64 ``oracle`` is. Fails with the count (how many are non-finite where the oracle is
+    finite, and the reverse) and the first ``WORST_K`` positions in row-major order."""
+    if got is None:
+        return Record(check, False, detail="output missing (None)")
+    if tuple(got.shape) != tuple(oracle.shape):
+        return Record(check, False, detail=f"shape {tuple(got.shape)} != oracle {tuple(oracle.shape)}")
+    o = oracle.detach().cpu().double()
+    x = got.detach().cpu().double()
+    if o.numel() == 0:
+        return Record(check, True, detail="empty")
+    bad = _special_mismatch(x, o).flatten()
+    n = int(bad.sum())
+    if not n:
+        return Record(check, True, mismatch_frac=0.0)
+    fo, fx = torch.isfinite(o).flatten(), torch.isfinite(x).flatten()
+    first = torch.nonzero(bad).flatten()[:WORST_K].tolist()
+    worst = "; ".join(f"{_idx(i, o.shape)}: {float(x.flatten()[i]):.6g}/{float(o.flatten()[i]):.6g}" for i in first)
+    return Record(check, False, mismatch_frac=n / o.numel(), nan_inf_mismatch=n, worst=worst + "  (got/oracle)",
+                  detail=f"{n} of {o.numel()} elements: {int((bad & fo).sum())} non-finite where the oracle is "
+                         f"finite, {int((bad & ~fo & fx).sum())} finite where it is not, "
+                         f"{int((bad & ~fo & ~fx).sum())} the wrong non-finite value (NaN for ±Inf, or the sign)")
+
+
 def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: torch.Tensor | None, tol: Tolerance,
             *, is_reference: bool = False) -> Record:
-    """Scaled error of ``got`` (and ``ref``) against the fp64 ``oracle``; see harness.tolerance."""
+    """Scaled error of ``got`` (and ``ref``) against the fp64 ``oracle`` on the elements where
+    both are finite; see harness.tolerance. NaN/±Inf placement does not fail it (``finite``
+    does): ``nan_inf_mismatch`` counts those elements for information."""
     if got is None:
         return Record(check, False, detail="output missing (None)")
     if tuple(got.shape) != tuple(oracle.shape):
@@ -71,21 +103,23 @@ def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: tor
         r = ref.detach().cpu().double()
         ref_err = float(_scaled(r, o, tol).max()) if r.shape == o.shape else float("nan")
     allowed = tol.allowed(ref_err, is_reference=is_reference)
-    special = _special_mismatch(x, o)
-    n_special = int(special.sum())
-    diff = torch.where(torch.isfinite(o) & torch.isfinite(x), (x - o).abs(), torch.zeros_like(o))
+    n_special = int(_special_mismatch(x, o).sum())
+    both = torch.isfinite(o) & torch.isfinite(x)  # the elements measured
+    n_both = int(both.sum())
+    diff = torch.where(both, (x - o).abs(), torch.zeros_like(o))
     rel = diff / o.abs().clamp_min(tol.atol)
-    flat = torch.where(special, torch.full_like(e, float("inf")), e).flatten()
+    flat = torch.where(both, e, torch.full_like(e, -1.0)).flatten()
     worst = []
-    for i in torch.topk(flat, min(WORST_K, flat.numel())).indices.tolist():
-        idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), o.shape))
+    for i in torch.topk(flat, min(WORST_K, n_both)).indices.tolist():
         rv = f"/{float(r.flatten()[i]):.6g}" if r is not None and r.shape == o.shape else ""
-        worst.append(f"{idx}: {float(x.flatten()[i]):.6g}/{float(o.flatten()[i]):.6g}{rv}")
+        worst.append(f"{_idx(i, o.shape)}: {float(x.flatten()[i]):.6g}/{float(o.flatten()[i]):.6g}{rv}")
     return Record(
-        check, passed=err <= allowed and n_special == 0,
+        check, passed=err <= allowed,
         max_abs=float(diff.max()), max_rel=float(rel.max()), err=err, ref_err=ref_err, allowed=allowed,
-        mismatch_frac=float((e > allowed).double().mean()), nan_inf_mismatch=n_special,
-        worst="; ".join(worst) + "  (got/oracle/ref)",
+        mismatch_frac=float((e > allowed).double().sum()) / max(1, n_both), nan_inf_mismatch=n_special,
+        worst="; ".join(worst) + "  (got/oracle/ref)" if worst else "",
+        detail=f"{n_special} elements with NaN/Inf placement unlike the oracle's are left out (see finite:)"
+        if n_special else "",
     )
 
 

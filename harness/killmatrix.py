@@ -1,9 +1,10 @@
 """The mutant kill matrix: every mutant × check family (parity, timeline, gate), and the same
 targeted runs for the clean implementations, which must pass all of them.
 
-  parity    the op suite (``harness.runners.run_case``) on a fixed targeted catalog subset per op
-            (``cases.mutants.timelines.PARITY_CASES``); for a path mutant, the registered kernels
-            it runs — which are clean, so parity is *expected* to let it through;
+  parity    the op suite (``harness.runners.run_case``: the first run and the poisoned-allocator
+            run, which sees scratch read before it is written) on a fixed targeted catalog subset
+            per op (``cases.mutants.timelines.PARITY_CASES``); for a path mutant, the registered
+            kernels it runs — which are clean, so parity is *expected* to let it through;
   timeline  ``harness.timeline`` checks (prepare, visible_kv, attn, state) on the op's targeted
             timelines, the op implementation plugged into each family's clean fused path; a path
             mutant runs its own families;
@@ -59,7 +60,7 @@ def _parity(reg: Registry, impl: Impl, dev) -> tuple[str, set, str]:
     spec = reg.ops[impl.op]
     bad, ran, first = set(), 0, ""
     for case in _catalog(spec, mt.PARITY_CASES[impl.op]):
-        res = runners.run_case(spec, impl, case, dev, determinism=False, poisoned=False)
+        res = runners.run_case(spec, impl, case, dev, determinism=False, poisoned=False, poisoned_alloc=True)
         if res.refused:
             continue
         ran += 1

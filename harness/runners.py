@@ -1,16 +1,23 @@
 """Runners: the checks made on one (implementation, case) pair.
 
+  finite         every numeric output (and numeric effect rows) has the oracle's NaN/±Inf
+                 placement — before its numeric check, which measures the finite elements only
   numeric/exact  every output of the contract against the fp64 oracle (or reference bytes)
   effect         rows an op must write (ring, KV pool) hold the right values
   untouched      every other row of every writable buffer kept its bytes (canary contents);
                  ``untouched:<input>``: every other input tensor kept all its bytes (save the
                  op's caller-provided outputs and what the implementation declares in ``may_write``)
   determinism    a second run on fresh identical inputs is bitwise identical
+  poisoned-alloc that second run with every fresh allocation during the call pre-filled with NaN
+                 (``harness.poison``): scratch read before it is written shows as a NaN. One
+                 rerun serves both (the first run got whatever the allocator held, so an output
+                 that depends on it is a bug either way); without determinism it is a run of its own
   poisoned       caller-provided outputs pre-filled with NaN and writable buffers poisoned
                  with 0xFF bytes: every element must still be written, nothing else touched
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -20,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness import compare, tolerance
+from harness import compare, poison, tolerance
 from harness.devices import Device, synchronize
 from harness.registry import Impl, OpSpec, can_handle_takes_inputs
 
@@ -66,6 +73,7 @@ def _check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: d
             recs.append(compare.exact(f"exact:{o.name}{suffix}", got, ref_out[o.name]))
         else:
             tol = tolerance.lookup(spec.name, o.name, got.dtype if got is not None else ref_out[o.name].dtype)
+            recs.append(compare.finite(f"finite:{o.name}{suffix}", got, oracle[o.name]))
             chains = (ref_out,) if allowance is None else allowance.outs
             rec = max((compare.numeric(f"numeric:{o.name}{suffix}", got, oracle[o.name], chain.get(o.name), tol,
                                        is_reference=is_ref) for chain in chains),
@@ -81,6 +89,7 @@ def _check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: d
                 recs.append(compare.exact(f"effect:{eff.buffer}{suffix}", buf[rows], rbuf[rows]))
             else:
                 tol = tolerance.lookup(spec.name, eff.buffer, buf.dtype)
+                recs.append(compare.finite(f"finite:{eff.buffer}{suffix}", buf[rows], eff.oracle_rows))
                 recs.append(compare.numeric(f"effect:{eff.buffer}{suffix}", buf[rows], eff.oracle_rows, rbuf[rows], tol,
                                             is_reference=is_ref))
         recs.append(compare.untouched(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer], rows))
@@ -167,12 +176,22 @@ class CaseSetup:
         return self._emulated[key]
 
 
+# Kinds the poisoned-allocator run skips. ``compiled`` (torch.compile of the reference chain):
+# dynamo traces the mode into the graph and guards on it, so every run under a fresh mode
+# recompiles (measured with torch 2.13: 8 compiles in 9 calls of a small function) until the
+# recompile limit makes the frame run eagerly for every later call, normal runs included — the
+# parity run would silently stop testing compiled code.
+POISONED_ALLOC_SKIPS = ("compiled",)
+
+
 def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool = True,
-             poisoned: bool = True, setup=None) -> CaseResult:
-    """The checks of one implementation on one case. ``setup``: a callable returning the case's
-    ``CaseSetup`` (shared by the implementations of one case, ``run_impls``); None builds one.
-    A ``can_handle(case, device, inputs)`` gets a fresh copy of the inputs (the setup is built
-    first); one that raises is a failed ``can_handle`` check of the implementation."""
+             poisoned: bool = True, poisoned_alloc: bool = True, setup=None) -> CaseResult:
+    """The checks of one implementation on one case: the first run's, then (each optional) the
+    rerun for ``determinism`` and ``poisoned_alloc`` (``@poisoned-alloc``; not for the kinds in
+    ``POISONED_ALLOC_SKIPS``) and the poisoned-output run (``@poisoned``). ``setup``: a callable
+    returning the case's ``CaseSetup`` (shared by the implementations of one case, ``run_impls``);
+    None builds one. A ``can_handle(case, device, inputs)`` gets a fresh copy of the inputs (the
+    setup is built first); one that raises is a failed ``can_handle`` check of the implementation."""
     held: list[CaseSetup] = []
 
     def case_setup() -> CaseSetup:
@@ -201,12 +220,20 @@ def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool =
         out, seconds = _call(impl.fn, inputs, dev)
         recs += _check_outputs(spec, impl, case, out, oracle, ref_out, inputs, st.ref_after, before, allowance=allow)
         recs += _untouched_inputs(spec, impl, inputs, st.pristine)
-        if determinism:
+        alloc = poisoned_alloc and impl.kind not in POISONED_ALLOC_SKIPS
+        if determinism or alloc:  # one rerun serves both: a clean run cannot depend on the poison
             again = st.fresh()
-            out2, _ = _call(impl.fn, again, dev)
-            recs.append(compare.bitwise_equal(
-                "determinism", {**out, **{b: inputs[b] for b in spec.writable}},
-                {**out2, **{b: again[b] for b in spec.writable}}))
+            again_before = {b: again[b].detach().cpu().clone() for b in spec.writable}
+            with poison.allocations(device=dev.torch_device) if alloc else contextlib.nullcontext():
+                out2, _ = _call(impl.fn, again, dev)
+            if determinism:
+                recs.append(compare.bitwise_equal(
+                    "determinism", {**out, **{b: inputs[b] for b in spec.writable}},
+                    {**out2, **{b: again[b] for b in spec.writable}}))
+            if alloc:
+                recs += _check_outputs(spec, impl, case, out2, oracle, ref_out, again, st.ref_after, again_before,
+                                       suffix="@poisoned-alloc", allowance=allow)
+                recs += _untouched_inputs(spec, impl, again, st.pristine, suffix="@poisoned-alloc")
         if poisoned:
             p = provide_outputs(spec, st.fresh(), ref_out, dev)
             _poison(spec, p)

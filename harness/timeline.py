@@ -15,6 +15,7 @@ exactly the seed's failure mode, so the runner follows it (and the gate check sa
 
 Checks per (step, layer), each a ``harness.compare.Record`` tagged with its family:
   timeline  prepare:*  the prepare op's outputs against its fp64 oracle (exact bytes for fp8);
+            finite:*   before each numeric check (prepare:*, attn): the oracle's NaN/±Inf placement;
             visible_kv every row attention read from the pool equals the logical history, row
                        count included (rejected drafts, stale or mistranslated slots show here);
             attn       the attention output against the fp64 oracle over the *logical* history +
@@ -169,6 +170,11 @@ class TimelineRun:
     def _rec(self, step, mode, layer, family, r: compare.Record):
         self.records.append(StepRecord(step, mode, layer, family, r))
 
+    def _rec_numeric(self, step, mode, layer, check, got, oracle, ref, tol):
+        """``finite:<check>`` (NaN/±Inf placement), then ``<check>`` on the finite elements."""
+        self._rec(step, mode, layer, "timeline", compare.finite(f"finite:{check}", got, oracle))
+        self._rec(step, mode, layer, "timeline", compare.numeric(check, got, oracle, ref, tol))
+
     def _phys(self, logical: torch.Tensor) -> torch.Tensor:
         return self.kv.physical(logical)
 
@@ -287,10 +293,9 @@ class TimelineRun:
         valid = loc >= 0
         kv_val = kv_out if kv_out is not None else buf[loc.clamp(min=0)]  # stored by the kernel: read it back
         tq, tkv = tolerance.lookup("qk_norm_rope", "q_out", torch.bfloat16), tolerance.lookup("qk_norm_rope", "kv_out", torch.bfloat16)
-        self._rec(step, mode, layer, "timeline", compare.numeric("prepare:q_out", q_out[:T], oracle["q_out"][:T], ref_q[:T], tq))
-        self._rec(step, mode, layer, "timeline",
-                  compare.numeric("prepare:kv", kv_val[:T][valid[:T]], oracle["kv_out"][:T][valid[:T]],
-                                  ref_kv[:T][valid[:T]], tkv))
+        self._rec_numeric(step, mode, layer, "prepare:q_out", q_out[:T], oracle["q_out"][:T], ref_q[:T], tq)
+        self._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][valid[:T]], oracle["kv_out"][:T][valid[:T]],
+                          ref_kv[:T][valid[:T]], tkv)
         # gate: extend/verify store nothing and hand kv back; decode writes exactly the valid rows
         expect_store = mode == "decode"
         rows = loc[valid] if expect_store else torch.empty(0, dtype=torch.long)
@@ -376,7 +381,7 @@ class TimelineRun:
         oracle = va_ref.verify_attention_oracle(**largs)["o"]
         ref = va_ref.verify_attention(**largs)["o"]
         tol = tolerance.lookup("verify_attention", "o", torch.bfloat16)
-        self._rec(step, mode, layer, "timeline", compare.numeric("attn:o", o, oracle, ref, tol))
+        self._rec_numeric(step, mode, layer, "attn:o", o, oracle, ref, tol)
         return o
 
 

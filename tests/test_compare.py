@@ -28,15 +28,59 @@ def test_two_ulps_off_fails_with_worst_index():
     assert not r.passed and r.worst.startswith("(123,)")
 
 
-def test_nan_placement_is_checked():
+def test_nan_is_a_finite_failure_never_a_precision_failure():
+    """A planted NaN: ``finite`` fails naming its position; ``numeric`` measures the finite rest
+    (and passes: the other elements are correctly rounded), counting the NaN for information."""
     o = _oracle()
     x = o.to(torch.bfloat16)
     x[7] = float("nan")
-    r = compare.numeric("numeric:x", x, o, None, TOL)
-    assert not r.passed and r.nan_inf_mismatch == 1
+    f = compare.finite("finite:x", x, o)
+    assert not f.passed and f.nan_inf_mismatch == 1 and f.worst.startswith("(7,): nan/")
+    assert "1 of 1000 elements: 1 non-finite where the oracle is finite" in f.detail
+    r = compare.numeric("numeric:x", x, o, o.to(torch.bfloat16), TOL)
+    assert r.passed and r.nan_inf_mismatch == 1 and "(7,)" not in r.worst and "finite:" in r.detail
+    x.view(torch.int16)[123] += 2  # a precision bug beside the NaN is still a numeric failure
+    r = compare.numeric("numeric:x", x, o, o.to(torch.bfloat16), TOL)
+    assert not r.passed and r.worst.startswith("(123,)")
     o2 = o.clone()
     o2[7] = float("nan")
-    assert compare.numeric("numeric:x", x, o2, None, TOL).passed
+    assert compare.finite("finite:x", x, o2).passed
+
+
+def test_all_nan_output_fails_finite_only():
+    o = _oracle()
+    x = torch.full((1000,), float("nan"))
+    f = compare.finite("finite:x", x, o)
+    assert not f.passed and f.nan_inf_mismatch == 1000 and f.worst.count(": nan/") == compare.WORST_K
+    r = compare.numeric("numeric:x", x, o, None, TOL)
+    assert r.passed and r.nan_inf_mismatch == 1000 and r.worst == ""  # nothing finite to measure
+
+
+def test_infinities_where_the_oracle_has_them_pass():
+    o = _oracle()
+    o[3], o[5] = float("inf"), float("-inf")
+    x = o.to(torch.bfloat16)  # keeps both infinities
+    assert compare.finite("finite:x", x, o).passed
+    assert compare.numeric("numeric:x", x, o, None, TOL).passed
+    y = x.clone()
+    y[3] = 1.0  # finite where the oracle is +inf
+    f = compare.finite("finite:x", y, o)
+    assert not f.passed and f.worst.startswith("(3,): 1/inf") and "1 finite where it is not" in f.detail
+    y = x.clone()
+    y[5] = float("inf")  # the wrong infinity
+    f = compare.finite("finite:x", y, o)
+    assert not f.passed and f.worst.startswith("(5,): inf/-inf") and "1 the wrong non-finite value" in f.detail
+    assert not compare.finite("finite:x", None, o).passed and not compare.finite("finite:x", x[:-1], o).passed
+
+
+def test_finite_lists_the_first_positions_in_order():
+    o = _oracle(24).reshape(2, 3, 4)
+    x = o.clone()
+    for i in ((1, 2, 3), (0, 1, 2), (1, 0, 0), (0, 0, 1)):
+        x[i] = float("nan")
+    f = compare.finite("finite:x", x, o)
+    assert f.nan_inf_mismatch == 4 and f.worst.startswith("(0, 0, 1): nan/")
+    assert [p.split(":")[0] for p in f.worst.split("  (")[0].split("; ")] == ["(0, 0, 1)", "(0, 1, 2)", "(1, 0, 0)"]
 
 
 def test_zeros_fail_and_degenerate_oracles_are_refused():

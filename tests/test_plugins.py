@@ -230,7 +230,8 @@ def test_printed_repro_line_reproduces_the_failing_check(cwd_plugin, tmp_path):
     assert "--impl 'vp_cwd_plugin:ALL[vendor-writes-q]'" in repro
     frame = pd.read_csv(csv)
     bad = frame[frame["status"] == "fail"]
-    assert set(bad["check"]) == {"untouched:q", "untouched:q@poisoned"} and set(bad["repro"]) == {repro}
+    assert set(bad["check"]) == {"untouched:q", "untouched:q@poisoned", "untouched:q@poisoned-alloc"}
+    assert set(bad["repro"]) == {repro}
     from reports.build import build
 
     build([csv], tmp_path / "report")
@@ -371,7 +372,7 @@ def _writes(ref_fn, name: str):
     ("verify_attention", None, "k", ("v",)),  # MLA: v is a view of k
 ])
 def test_impl_writing_an_input_fails_untouched_unless_declared(registry, device, op, case_name, target, views):
-    """PLANT: a write into a non-writable input fails untouched:<input> (and @poisoned); declaring it in
+    """PLANT: a write into a non-writable input fails untouched:<input> (and in the reruns); declaring it in
     may_write passes (a view of the declared input, MLA's v of k, is skipped with it)."""
     spec = registry.ops[op]
     cat = spec.catalog()
@@ -380,7 +381,7 @@ def test_impl_writing_an_input_fails_untouched_unless_declared(registry, device,
     ref = registry.impls[f"{op}/reference"]
     impl = Impl(op, "vendor-writes", "external", _writes(ref.fn, target))
     bad = {r.check: r for r in runners.run_case(spec, impl, case, device).records if not r.passed}
-    want = {f"untouched:{n}{s}" for n in (target, *views) for s in ("", "@poisoned")}
+    want = {f"untouched:{n}{s}" for n in (target, *views) for s in ("", "@poisoned", "@poisoned-alloc")}
     assert set(bad) == want, {k: v.detail for k, v in bad.items()}
     assert "written in place" in bad[f"untouched:{target}"].detail
     assert f"may_write=({target!r},)" in bad[f"untouched:{target}"].detail

@@ -1,5 +1,7 @@
 """The runner's per-case setup: fresh inputs are exact copies (bytes, strides, offsets, shared
-storages), and running the implementations of a case together gives what separate runs give."""
+storages), and running the implementations of a case together gives what separate runs give;
+a NaN is a ``finite:`` failure, never a ``numeric:`` one; the poisoned-allocator run sees an
+element the implementation never wrote."""
 from __future__ import annotations
 
 import copy
@@ -10,6 +12,7 @@ import torch
 from cases import mla_fp8_prepare as mla_cases
 from cases import verify_attention as va_cases
 from harness import runners
+from harness.registry import Impl, OpSpec, OutputSpec
 
 
 def test_fresh_copies_keep_layout_bytes_and_aliasing():
@@ -51,3 +54,100 @@ def test_impls_of_a_case_together_equal_separate_runs(registry, device, op, case
     assert [view(r) for r in together] == [view(r) for r in apart]
     assert not all(x.passed for x in together[1].records)
     assert all(all(x.passed for x in r.records) for i, r in zip(impls, together) if i is not mutant and not r.refused)
+
+
+# ----------------------------------------------------------------------------- finite: and the poisoned allocator
+
+def _one_nan(**kw):
+    """The reference chain with one planted NaN at o[1, 2, 3]."""
+    from reference import verify_attention as r
+
+    o = r.verify_attention(**kw)["o"].clone()
+    o[1, 2, 3] = float("nan")
+    return {"o": o}
+
+
+def test_a_planted_nan_fails_finite_not_numeric(registry, device):
+    spec = registry.ops["verify_attention"]
+    case = {c.name: c for c in va_cases.catalog()}["width-2"]
+    res = runners.run_case(spec, Impl("verify_attention", "plant-one-nan", "external", _one_nan), case, device,
+                           determinism=False)
+    by = {r.check: r for r in res.records}
+    for suffix in ("", "@poisoned", "@poisoned-alloc"):
+        f, n = by[f"finite:o{suffix}"], by[f"numeric:o{suffix}"]
+        assert not f.passed and f.nan_inf_mismatch == 1 and f.worst.startswith("(1, 2, 3): nan/"), f
+        assert n.passed and n.nan_inf_mismatch == 1, n
+    checks = [r.check for r in res.records]
+    assert checks.index("finite:o") < checks.index("numeric:o")
+
+
+class _Toy:
+    """A toy op y = 1 / x whose oracle has +Inf, -Inf (x = ±0) and NaN (x = NaN)."""
+    X = torch.tensor([1.0, 0.0, -0.0, 2.0, float("nan"), -4.0, 0.5, 8.0] * 4)
+
+    @staticmethod
+    def spec() -> OpSpec:
+        return OpSpec(name="toy", case_type=object, catalog=lambda **_: [], strategy=lambda: None,
+                      build_inputs=lambda case, dev: {"x": _Toy.X.clone()},
+                      reference=lambda x: {"y": 1 / x}, oracle=lambda x: {"y": 1 / x.double()},
+                      outputs=(OutputSpec("y", "numeric"),), effects=lambda case, inputs, oracle: [])
+
+    @staticmethod
+    def right(x):
+        y = torch.empty_like(x)
+        torch.reciprocal(x, out=y)
+        return {"y": y}
+
+    @staticmethod
+    def last_unwritten(x):
+        """Writes every element but the last of its torch.empty output."""
+        y = torch.empty_like(x)
+        y[:-1] = 1 / x[:-1]
+        return {"y": y}
+
+
+def test_the_oracles_own_infinities_pass(device):
+    res = runners.run_case(_Toy.spec(), Impl("toy", "right", "external", _Toy.right), None, device)
+    assert res.records and all(r.passed for r in res.records), [r for r in res.records if not r.passed]
+    assert {"finite:y", "finite:y@poisoned-alloc", "numeric:y@poisoned-alloc"} <= {r.check for r in res.records}
+
+
+@pytest.mark.parametrize("determinism", [False, True])  # its own run / the determinism rerun
+def test_poisoned_alloc_run_flags_an_unwritten_element(device, determinism):
+    spec = _Toy.spec()
+    impl = Impl("toy", "last-unwritten", "external", _Toy.last_unwritten)
+    res = runners.run_case(spec, impl, None, device, determinism=determinism, poisoned=False)
+    f = {r.check: r for r in res.records}["finite:y@poisoned-alloc"]
+    assert not f.passed and f.worst.startswith("(31,): nan/0.125"), f
+    off = runners.run_case(spec, impl, None, device, determinism=determinism, poisoned=False, poisoned_alloc=False)
+    assert not any(r.check.endswith("@poisoned-alloc") for r in off.records)
+
+
+def test_the_determinism_rerun_is_the_poisoned_alloc_run(device):
+    """Runs per case: first + one rerun (determinism and poisoned-alloc) + poisoned outputs; a
+    planted nondeterministic implementation still fails determinism."""
+    calls = []
+
+    def counted(x):
+        calls.append(1)
+        return _Toy.right(x)
+
+    impl = Impl("toy", "counted", "external", counted)
+    for kw, n in (({}, 3), ({"poisoned": False}, 2), ({"determinism": False, "poisoned": False}, 2),
+                  ({"poisoned_alloc": False, "poisoned": False}, 2),
+                  ({"determinism": False, "poisoned_alloc": False, "poisoned": False}, 1)):
+        calls.clear()
+        res = runners.run_case(_Toy.spec(), impl, None, device, **kw)
+        assert len(calls) == n and all(r.passed for r in res.records), (kw, len(calls))
+
+    def noisy(x):
+        return {"y": 1 / x + torch.randn(x.shape) * 1e-3}
+
+    res = runners.run_case(_Toy.spec(), Impl("toy", "noisy", "external", noisy), None, device, poisoned=False)
+    assert not {r.check: r for r in res.records}["determinism"].passed
+
+
+def test_compiled_impls_skip_the_poisoned_alloc_run(device):
+    """torch.compile would recompile under every fresh mode (runners.POISONED_ALLOC_SKIPS)."""
+    res = runners.run_case(_Toy.spec(), Impl("toy", "compiled", "compiled", _Toy.right), None, device)
+    assert res.records and not any(r.check.endswith("@poisoned-alloc") for r in res.records)

@@ -212,3 +212,21 @@ def test_kill_matrix_e2e_column_killed_invisible_and_not_applicable(registry, de
     assert got["verify_attention/mutant-k-scale-on-drafts"].e2e == "invisible"
     assert got["mla_fp8_prepare/mutant-descale-multiplied"].e2e == "n/a"
     assert got["verify_attention/reference"].e2e == "not run"  # clean rows are not judged here
+
+
+def test_a_nan_in_attention_is_a_finite_failure_not_a_numeric_one(registry, device):
+    """Planted: the clean attention with one NaN at the first output element of each call."""
+    t = CATALOG["qwen35-gqa/width-1"]
+    path = timeline.clean_path(registry, t.family, attn="reference")
+
+    def one_nan(**kw):
+        o = path.attn.fn(**kw)["o"].clone()
+        o.view(-1)[0] = float("nan")
+        return {"o": o}
+
+    planted = dataclasses.replace(path, attn=dataclasses.replace(path.attn, name="plant-one-nan", fn=one_nan))
+    recs = _run(planted, t, device)
+    bad = {s.record.check for s in timeline.failures(recs)}
+    assert "finite:attn:o" in bad and "attn:o" not in bad, _explain(timeline.failures(recs))
+    first = next(s.record for s in recs if s.record.check == "finite:attn:o" and s.mode != "extend")
+    assert not first.passed and first.worst.startswith("(0, 0, 0): nan/"), first

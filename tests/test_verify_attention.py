@@ -3,8 +3,8 @@ SDPA, the backend gate's truth table, can_handle refusals and fallbacks, typed e
 one test per planted bug.
 
 Budget (2-core CPU, interpreter): the per-head split-KV kernel runs B·H·S + B·H programs, so
-its catalog parity is one run per case (determinism and poisoned-output runs on a subset);
-the shared-KV kernel and the dispatcher get all three runs on every catalog case."""
+its catalog parity is one run per case (determinism, poisoned-output and poisoned-allocator
+runs on a subset); the shared-KV kernel and the dispatcher get all four runs on every catalog case."""
 from __future__ import annotations
 
 import dataclasses
@@ -55,14 +55,16 @@ def test_catalog_parity(spec, registry, device, impl, name):
 @pytest.mark.parametrize("name", sorted(CATALOG))
 def test_catalog_parity_split_kv(spec, registry, device, name):
     full = name in FULL_CHECK_SPLIT
-    _passes(spec, registry.impls[f"{OP}/fused-split-kv"], CATALOG[name], device, determinism=full, poisoned=full)
+    _passes(spec, registry.impls[f"{OP}/fused-split-kv"], CATALOG[name], device, determinism=full, poisoned=full,
+            poisoned_alloc=full)
 
 
 @pytest.mark.parametrize("impl", ["reference", "sdpa", "fused-shared-kv", "fused-shared-kv-bf16p", "fused-split-kv",
                                   "fused"])
 @given(case=cases.cases(max_batch=2, max_heads=4, max_prefix=40, max_splits=2))
 def test_generated_parity(spec, registry, device, impl, case):
-    _passes(spec, registry.impls[f"{OP}/{impl}"], case, device, determinism=False, poisoned=False)
+    _passes(spec, registry.impls[f"{OP}/{impl}"], case, device, determinism=False, poisoned=False,
+            poisoned_alloc=False)
 
 
 def test_every_catalog_case_ran_on_a_kernel(registry, device):
@@ -479,7 +481,8 @@ MUTANT_PROOF = {
 def test_mutant_is_flagged(spec, registry, device, mutant):
     impl = registry.impls[f"{OP}/{mutant}"]
     assert impl.catches == ("numeric:o",)
-    res = runners.run_case(spec, impl, CATALOG[MUTANT_PROOF[mutant]], device, determinism=False, poisoned=False)
+    res = runners.run_case(spec, impl, CATALOG[MUTANT_PROOF[mutant]], device, determinism=False, poisoned=False,
+                           poisoned_alloc=False)
     assert not res.refused, res.refused
     bad = [r.check for r in res.records if not r.passed]
     assert "numeric:o" in bad, f"{mutant} survived {MUTANT_PROOF[mutant]}"
