@@ -134,9 +134,10 @@ def can_handle(kind: str, **inputs) -> bool | str:
 
 def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
             k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, combine_block_h=None, check=True,
-            validate=True, stages=("prefix", "combine"), **_routing):
-    """``check=False`` skips can_handle (mutants only); ``validate=False`` skips the host-syncing
-    argument checks and ``stages`` leaves a launch out (the benchmark's time breakdown).
+            validate=True, stages=("prefix", "combine"), prefix_splits=None, **_routing):
+    """``check=False`` skips can_handle and ``prefix_splits`` launches the prefix kernel over that
+    many splits instead of ``num_kv_splits`` (mutants only); ``validate=False`` skips the
+    host-syncing argument checks and ``stages`` leaves a launch out (the benchmark's time breakdown).
     ``combine_block_h``: query heads per combine program (default: ``combine_block_h_for``; a
     power of two dividing the group). The combine reads per-(token, head, split) partials, so its
     head blocking is free: the sweep's knob for its grid (B × H / BLOCK_H programs: 64 for
@@ -182,10 +183,10 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
     if "prefix" not in stages:
         pass
     elif kind == "shared_kv":
-        kern._verify_shared_kv_prefix_kernel[(B, triton.cdiv(H, block_h), S)](
+        kern._verify_shared_kv_prefix_kernel[(B, triton.cdiv(H, block_h), prefix_splits or S)](
             HAS_KV_HEADS=Hkv > 1, BLOCK_H=block_h, L_PAD=l_pad, **common)
     else:
-        kern._verify_split_kv_prefix_kernel[(B, H, S)](L_PAD=l_pad, **common)
+        kern._verify_split_kv_prefix_kernel[(B, H, prefix_splits or S)](L_PAD=l_pad, **common)
     if "combine" not in stages:
         return {"o": o}
     kern._verify_combine_kernel[(B, triton.cdiv(H, cbh))](
