@@ -151,9 +151,10 @@ def _single_p_dot(kind: str, p_precision) -> bool:
 
 def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
             k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, combine_block_h=None, check=True,
-            validate=True, stages=("prefix", "combine"), p_precision="bf16x2", **_routing):
-    """``check=False`` skips can_handle (mutants only); ``validate=False`` skips the host-syncing
-    argument checks and ``stages`` leaves a launch out (the benchmark's time breakdown).
+            validate=True, stages=("prefix", "combine"), p_precision="bf16x2", prefix_splits=None, **_routing):
+    """``check=False`` skips can_handle and ``prefix_splits`` launches the prefix kernel over that
+    many splits instead of ``num_kv_splits`` (mutants only); ``validate=False`` skips the
+    host-syncing argument checks and ``stages`` leaves a launch out (the benchmark's time breakdown).
     ``p_precision`` (``P_PRECISIONS``): "bf16x2", or "bf16" for the shared-KV kernel's single-dot
     variant (precision class bf16-p: P rounded to bf16 before every P·V, prefix and drafts).
     ``combine_block_h``: query heads per combine program (default: ``combine_block_h_for``; a
@@ -202,10 +203,10 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
     if "prefix" not in stages:
         pass
     elif kind == "shared_kv":
-        kern._verify_shared_kv_prefix_kernel[(B, triton.cdiv(H, block_h), S)](
+        kern._verify_shared_kv_prefix_kernel[(B, triton.cdiv(H, block_h), prefix_splits or S)](
             HAS_KV_HEADS=Hkv > 1, BLOCK_H=block_h, L_PAD=l_pad, SINGLE_P_DOT=single_p_dot, **common)
     else:
-        kern._verify_split_kv_prefix_kernel[(B, H, S)](L_PAD=l_pad, **common)
+        kern._verify_split_kv_prefix_kernel[(B, H, prefix_splits or S)](L_PAD=l_pad, **common)
     if "combine" not in stages:
         return {"o": o}
     kern._verify_combine_kernel[(B, triton.cdiv(H, cbh))](

@@ -160,6 +160,8 @@ def test_kill_matrix_has_no_survivors_and_clean_paths_pass(registry, device, tmp
     assert sba.parity == "passed" and sba.timeline == "killed", sba
     assert by["qk_norm_rope/mutant-store-left-on-in-verify"].parity == "killed"
     assert by["qk_norm_rope/mutant-store-left-on-in-verify"].timeline == "killed"
+    scratch = by["verify_attention/mutant-unwritten-split-scratch"]  # only the poisoned allocator sees it for sure
+    assert scratch.parity == "killed" and "finite:o@poisoned-alloc" in scratch.parity_checks.split(","), scratch
     n_mut = sum(r.kind != "clean" for r in rows)
     assert n_mut >= 15
     killmatrix.frame(rows).to_csv(tmp_path / "kill_matrix.csv", index=False)

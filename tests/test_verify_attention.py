@@ -16,7 +16,8 @@ from hypothesis import given
 from cases import base
 from cases import verify_attention as cases
 from fused import verify_attention as fused
-from harness import compare, runners, tolerance
+from cases.mutants import verify_attention as va_mutants
+from harness import compare, poison, runners, tolerance
 from reference import checks
 from reference import verify_attention as ref
 from tests.helpers import assert_passes, failed_checks
@@ -24,7 +25,10 @@ from tests.helpers import assert_passes, failed_checks
 OP = "verify_attention"
 CATALOG = {c.name: c for c in cases.catalog()}
 FULL_CHECK_SPLIT = ("qwen35-tp-h4-l3", "k3-mla-h4-l2-e4m3fnuz", "dspark-hkv2-h8-noncausal", "tile-boundary-split2",
-                    "empty-prefix-one-request", "width-5")
+                    "empty-prefix-one-request", "width-5", "many-splits-short-prefix", "prefix-one")
+# some split holds no key of any request (prefix 5 over 8 splits, 1 over 3): its partials are
+# written as empty (m = -inf, l = 0, acc = 0) or, by the unwritten-scratch mutant, not at all
+UNWRITTEN_SPLIT_CASES = ("many-splits-short-prefix", "prefix-one")
 
 
 @pytest.fixture(scope="module")
@@ -465,27 +469,74 @@ def test_catalog_covers_the_issue():
 # ----------------------------------------------------------------------------- the harness bites
 
 MUTANT_PROOF = {
-    # mutant: a catalog case it must fail on (the check is numeric:o for all of them)
-    "mutant-drafts-not-causal": "qwen35-tp-h4-l2",
-    "mutant-is-causal-ignored": "dspark-hkv2-h8-noncausal",
-    "mutant-k-scale-on-drafts": "k3-mla-h4-l2-e4m3fnuz",
-    "mutant-kv-head-offset-straddling": "gqa-hkv2-h4-d128",
-    "mutant-last-partial-tile-dropped": "tile-boundary-pm1",
-    "mutant-split-boundary-overlap": "tile-boundary-split2",
-    "mutant-padded-draft-keys-unmasked": "dspark-hkv4-h8-l7-noncausal",
-    "mutant-shared-kv-at-topk-gt-1": "tree-topk2-qwen35",
+    # mutant: (a catalog case it must fail on, the check that must flag it there)
+    "mutant-drafts-not-causal": ("qwen35-tp-h4-l2", "numeric:o"),
+    "mutant-is-causal-ignored": ("dspark-hkv2-h8-noncausal", "numeric:o"),
+    "mutant-k-scale-on-drafts": ("k3-mla-h4-l2-e4m3fnuz", "numeric:o"),
+    "mutant-kv-head-offset-straddling": ("gqa-hkv2-h4-d128", "numeric:o"),
+    "mutant-last-partial-tile-dropped": ("tile-boundary-pm1", "numeric:o"),
+    "mutant-split-boundary-overlap": ("tile-boundary-split2", "numeric:o"),
+    "mutant-padded-draft-keys-unmasked": ("dspark-hkv4-h8-l7-noncausal", "numeric:o"),
+    "mutant-shared-kv-at-topk-gt-1": ("tree-topk2-qwen35", "numeric:o"),
+    "mutant-unwritten-split-scratch": ("many-splits-short-prefix", "finite:o@poisoned-alloc"),
 }
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANT_PROOF))
 def test_mutant_is_flagged(spec, registry, device, mutant):
     impl = registry.impls[f"{OP}/{mutant}"]
-    assert impl.catches == ("numeric:o",)
-    res = runners.run_case(spec, impl, CATALOG[MUTANT_PROOF[mutant]], device, determinism=False, poisoned=False,
-                           poisoned_alloc=False)
+    case_name, check = MUTANT_PROOF[mutant]
+    assert impl.catches == (check,)
+    res = runners.run_case(spec, impl, CATALOG[case_name], device, determinism=False, poisoned=False,
+                           poisoned_alloc=check.endswith("@poisoned-alloc"))
     assert not res.refused, res.refused
     bad = [r.check for r in res.records if not r.passed]
-    assert "numeric:o" in bad, f"{mutant} survived {MUTANT_PROOF[mutant]}"
+    assert check in bad, f"{mutant} survived {case_name}: failing checks {bad}"
+
+
+def test_active_splits_follows_the_cdiv_partition():
+    for lengths, S in (([5], 8), ([1], 3), ([0, 17, 1], 2), ([1023, 1024, 1025], 2), ([0], 4), ([7, 2], 4), ([9], 4)):
+        want = max(sum(hi > lo for lo, hi in ref.split_bounds(n, S)) for n in lengths)
+        assert va_mutants.active_splits(lengths, S) == want, (lengths, S)
+
+
+@pytest.mark.parametrize("name", UNWRITTEN_SPLIT_CASES)
+def test_unwritten_split_scratch_shows_only_through_the_poisoned_allocator(spec, registry, device, name):
+    """The control: under a zero-filled allocator the mutant's stale partials (m = l = acc = 0)
+    contribute nothing and it passes every check; the poisoned-allocator run inside the same
+    control is the one check that fails, with every output element NaN."""
+    impl = registry.impls[f"{OP}/mutant-unwritten-split-scratch"]
+    with poison.allocations(fill=0.0):
+        control = runners.run_case(spec, impl, CATALOG[name], device, poisoned_alloc=False)
+        # (with determinism on, the rerun is the poisoned one and determinism fails too)
+        res = runners.run_case(spec, impl, CATALOG[name], device, determinism=False)
+    checks = {r.check for r in control.records}
+    assert not control.refused and {"finite:o", "numeric:o", "determinism", "finite:o@poisoned"} <= checks, checks
+    assert not any(c.endswith("@poisoned-alloc") for c in checks), checks
+    bad = [(r.check, r.detail, r.worst) for r in control.records if not r.passed]
+    assert not bad, bad
+    bad = [r for r in res.records if not r.passed]
+    assert [r.check for r in bad] == ["finite:o@poisoned-alloc"] and bad[0].mismatch_frac == 1.0, bad
+
+
+@pytest.mark.parametrize("name", ["tile-boundary-split2", "peaky-softmax", "empty-prefix-all", "tree-topk2-qwen35"])
+def test_unwritten_split_mutant_refuses_where_every_split_is_written(registry, device, name):
+    assert registry.impls[f"{OP}/mutant-unwritten-split-scratch"].can_handle(CATALOG[name], device) is not True
+
+
+@pytest.mark.parametrize("impl", ["fused-shared-kv", "fused-split-kv"])
+@pytest.mark.parametrize("name", UNWRITTEN_SPLIT_CASES)
+def test_clean_kernels_read_only_partials_they_wrote(spec, registry, device, impl, name):
+    """The kernels' own scratch goes through the poison (o, mid_acc, mid_ml) and every
+    partial the combine reads was written: the poisoned-allocator run passes."""
+    kernel = registry.impls[f"{OP}/{impl}"]
+    inputs = spec.build_inputs(CATALOG[name], device)
+    with poison.allocations(device=device.torch_device) as mode:
+        kernel.fn(**inputs)
+    assert mode.count >= 2, "the scratch was not allocated through torch.empty"
+    res = runners.run_case(spec, kernel, CATALOG[name], device, determinism=False, poisoned=False)
+    assert {"finite:o@poisoned-alloc", "numeric:o@poisoned-alloc"} <= {r.check for r in res.records}
+    assert all(r.passed for r in res.records), [(r.check, r.detail, r.worst) for r in res.records if not r.passed]
 
 
 def test_every_mutant_has_a_proof(registry):

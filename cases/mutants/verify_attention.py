@@ -112,8 +112,43 @@ def _shared_kv_at_topk_gt_1(**kw):
     return f.verify_attention(gate_fn=bad_gate, **kw)
 
 
-def _m(name, fn, doc, **extra):
-    return Impl("verify_attention", name, "mutant", fn, doc=doc, catches=("numeric:o",), **extra)
+def active_splits(lengths: list[int], splits: int) -> int:
+    """Splits holding a key of some request: max over requests of cdiv(n, cdiv(n, S)), 0 for
+    n = 0 (the cdiv partition of ``reference.verify_attention.split_bounds``)."""
+    return max((-(-n // -(-n // splits)) if n else 0 for n in lengths), default=0)
+
+
+def _unwritten_split_scratch(**kw):
+    """The real kernels (shared-KV where it runs, else split-KV) with the prefix launch's grid cut
+    to the splits some request fills (``active_splits``) while the combine is told
+    num_kv_splits = S: nobody writes the partials of splits >= that count, and the combine
+    merges their m/l/acc straight from torch.empty scratch. Zeroed scratch (m = 0, l = 0, acc = 0)
+    happens to contribute nothing; NaN scratch turns every output row into NaN. Where neither
+    kernel runs (ragged widths, no prefix...), the reference chain, as in the backend."""
+    from fused import verify_attention as f
+
+    kind = next((k for k in ("shared_kv", "split_kv") if f.can_handle(k, **kw) is True), None)
+    if kind is None:
+        return r.verify_attention(**kw)
+    lengths = (kw["kv_indptr"][1:] - kw["kv_indptr"][:-1]).tolist()
+    return f._launch(kind, prefix_splits=active_splits(lengths, kw["num_kv_splits"]), **kw)
+
+
+def _unwritten_split_can_handle(case, device):
+    from cases import verify_attention as c
+    from harness.ops.verify_attention import _kernel_can_handle
+
+    verdict = _kernel_can_handle("split_kv")(case, device)
+    if verdict is not True:
+        return verdict
+    lengths = c.prefix_lengths(case.prefix, case.B, case.seed)
+    if active_splits(lengths, case.splits) == case.splits:
+        return f"each of the {case.splits} splits holds keys of some request: no split is left unwritten"
+    return True
+
+
+def _m(name, fn, doc, catches=("numeric:o",), **extra):
+    return Impl("verify_attention", name, "mutant", fn, doc=doc, catches=catches, **extra)
 
 
 MUTANTS = [
@@ -134,4 +169,8 @@ MUTANTS = [
        "seed 002, padding class: draft tile padded to >= 16 for tl.dot without masking the padding"),
     _m("mutant-shared-kv-at-topk-gt-1", _shared_kv_at_topk_gt_1,
        "seed 002, gate class: shared-KV enabled at topk > 1, tree mask silently replaced by the causal chain"),
+    _m("mutant-unwritten-split-scratch", _unwritten_split_scratch,
+       "split-KV scratch class (SGLang's combine, 0 x stale NaN): the prefix grid covers only the splits some "
+       "request fills, the combine merges all num_kv_splits, reading partials nobody wrote",
+       catches=("finite:o@poisoned-alloc",), can_handle=_unwritten_split_can_handle),
 ]
