@@ -106,11 +106,15 @@ def _spec() -> OpSpec:
         interpreter_generated=40,
         # the reference chain's flags emulating each rounding a kernel may declare (harness.tolerance)
         roundings={"bf16-p": {"bf16_p": True}, "bf16-partials": {"bf16_partials": True}, "fp8-q": {"fp8_q": True}},
-        # P rounded per split: with the case's splits (5 keys in 8 splits: every p is its split's max, 1,
-        # exact) the chain rounds fewer weights than a kernel that keeps the prefix in one split (SGLang's
-        # split-KV on 32-key multiples: catalog 'many-splits-short-prefix' was 5.7x the allowance from the
-        # case's 8 splits alone); one split is the other end of the partition
-        rounding_variants=({}, {"num_kv_splits": 1}),
+        # P is rounded relative to a maximum: its split's in the chain, its tile's running one in a kernel,
+        # so which weights round (p = 1 is exact) depends on the partition. With the case's 8 splits of
+        # 5 keys every p is its split's max and the chain rounds nothing, where SGLang's kernels (one
+        # split) round 4 of 5: catalog 'many-splits-short-prefix' was 5.7x the allowance. One split
+        # alone fell short where a kernel tiles 32 keys with a running max (H200, 1,043 generated cases:
+        # one case, 61 keys, at 1.1x for both fused-shared-kv-bf16p and SGLang's split-KV; on the CPU an
+        # online tile-32 emulation errs 75.8, the chain with 1 / 2 splits 34.5 / 76.8): the allowance is
+        # the largest over the case's partition, one split and two
+        rounding_variants=({}, {"num_kv_splits": 1}, {"num_kv_splits": 2}),
     )
 
 
