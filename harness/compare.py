@@ -53,18 +53,25 @@ def _idx(i: int, shape) -> tuple[int, ...]:
     return tuple(int(v) for v in torch.unravel_index(torch.tensor(i), shape))
 
 
+def _as_f64(check: str, got: torch.Tensor | None, oracle: torch.Tensor):
+    """(None, got, oracle) in fp64 on the CPU, or (the record that ends the check: output missing,
+    wrong shape, empty; None, None)."""
+    if got is None:
+        return Record(check, False, detail="output missing (None)"), None, None
+    if tuple(got.shape) != tuple(oracle.shape):
+        return Record(check, False, detail=f"shape {tuple(got.shape)} != oracle {tuple(oracle.shape)}"), None, None
+    if oracle.numel() == 0:
+        return Record(check, True, detail="empty"), None, None
+    return None, got.detach().cpu().double(), oracle.detach().cpu().double()
+
+
 def finite(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> Record:
     """NaN/±Inf placement: every element of ``got`` is NaN, +Inf, -Inf or finite exactly where
     the fp64 ``oracle`` is. Fails with the count (how many are non-finite where the oracle is
     finite, and the reverse) and the first ``WORST_K`` positions in row-major order."""
-    if got is None:
-        return Record(check, False, detail="output missing (None)")
-    if tuple(got.shape) != tuple(oracle.shape):
-        return Record(check, False, detail=f"shape {tuple(got.shape)} != oracle {tuple(oracle.shape)}")
-    o = oracle.detach().cpu().double()
-    x = got.detach().cpu().double()
-    if o.numel() == 0:
-        return Record(check, True, detail="empty")
+    done, x, o = _as_f64(check, got, oracle)
+    if done is not None:
+        return done
     bad = _special_mismatch(x, o).flatten()
     n = int(bad.sum())
     if not n:
@@ -83,14 +90,9 @@ def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: tor
     """Scaled error of ``got`` (and ``ref``) against the fp64 ``oracle`` on the elements where
     both are finite; see harness.tolerance. NaN/±Inf placement does not fail it (``finite``
     does): ``nan_inf_mismatch`` counts those elements for information."""
-    if got is None:
-        return Record(check, False, detail="output missing (None)")
-    if tuple(got.shape) != tuple(oracle.shape):
-        return Record(check, False, detail=f"shape {tuple(got.shape)} != oracle {tuple(oracle.shape)}")
-    o = oracle.detach().cpu().double()
-    x = got.detach().cpu().double()
-    if o.numel() == 0:
-        return Record(check, True, detail="empty")
+    done, x, o = _as_f64(check, got, oracle)
+    if done is not None:
+        return done
     finite_o = o[torch.isfinite(o)]
     if finite_o.numel() and finite_o.abs().max() < 100 * tol.atol:
         return Record(check, False, detail=f"degenerate case: oracle max |o| = {float(finite_o.abs().max()):.3g} "
