@@ -104,7 +104,7 @@ def report(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def gate(session: nox.Session) -> None:
-    """End-to-end gate (issue 6): micro-models on held-out GSM8K-style problems through the reference,
+    """End-to-end gate: micro-models on held-out GSM8K-style problems through the reference,
     fused and path-mutant paths; runs/gate.csv. Profile: cpu-lite on the CPU, full on a GPU
     (`-- --profile full`). On the CPU the generation runs go to one process per core (VP_JOBS)."""
     _install(session)

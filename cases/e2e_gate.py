@@ -1,4 +1,4 @@
-"""End-to-end gate data (issue 6): profiles and thresholds, with the reason for each number.
+"""End-to-end gate data: profiles and thresholds, with the reason for each number.
 
 A path passes when every applicable threshold holds:
   * ``min_agreement``: its speculative output equals the reference path's plain greedy output on

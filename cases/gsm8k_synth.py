@@ -1,4 +1,4 @@
-"""GSM8K-style word problems (issue 6): a seeded generator, fixed train/test splits shipped as
+"""GSM8K-style word problems: a seeded generator, fixed train/test splits shipped as
 JSONL under ``cases/data/``, and one loader for them and for real ``openai/gsm8k``.
 
 A template is a question with named integer slots and 2-4 steps; each step is one binary

@@ -388,7 +388,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    """End-to-end gate (issue 6): micro-models through the paths under test, rows of GateRow."""
+    """End-to-end gate: micro-models through the paths under test, rows of GateRow."""
     from cases import e2e_gate
     from harness import devices
     from harness.e2e import gate

@@ -1,4 +1,4 @@
-"""End-to-end gate (issue 6): micro-models, a speculative engine through the registry, the
+"""End-to-end gate: micro-models, a speculative engine through the registry, the
 statistical verdict, and server A/B mode. One job per module:
 
   tokenizer  character vocabulary shared by training, engine and server
