@@ -54,7 +54,7 @@ def tests(session: nox.Session) -> None:
     session.install("--no-deps", SGLANG)  # tests/test_sglang.py checks the adapters
     workers = os.environ.get("VP_WORKERS", "auto")
     session.run("python", "-m", "pytest", "-n", workers, "-q", "--durations=15", *session.posargs,
-                env={"VP_DEVICE": DEVICE})
+                env={"VP_DEVICE": DEVICE, "VP_REQUIRE_SGLANG": "1"})
 
 
 @nox.session(venv_params=VENV_PARAMS)
