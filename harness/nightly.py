@@ -168,7 +168,10 @@ def _report_step(out: Path, baseline: str | None) -> Step:
 def _start(step: Step, out: Path) -> None:
     step.log = out / "logs" / f"{step.name.replace(':', '-')}.log"
     step.log.parent.mkdir(parents=True, exist_ok=True)
+    # the steps run side by side: one intra-op thread per process unless the caller chose (torch's default,
+    # one per core in each of ~26 processes, made every CPU-side comparison crawl; docs/nightly.md)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
     step.t0 = time.time()
     nice = step.nice
 

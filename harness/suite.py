@@ -106,8 +106,15 @@ _WORKER: tuple | None = None
 
 def _worker_init(device_kind: str, fp8_format: str, plugin_specs: tuple[str, ...]) -> None:
     global _WORKER
+    import torch
+
     from harness.registry import cwd_on_path, default_registry
 
+    # One intra-op thread per worker: the jobs already fill the cores. With torch's default (one thread
+    # per core in every worker) 4 workers on the 16-core H200 host ran the harness's CPU-side comparisons
+    # 16x slower (qk_norm_rope generated cases: 10.2 s a case against 0.62 s with one thread), and the
+    # nightly's concurrent steps made it worse (docs/nightly.md)
+    torch.set_num_threads(1)
     cwd_on_path()
     dev = devices.select(device_kind, fp8_format=fp8_format if device_kind == "cpu" else None)
     _WORKER = (dev, default_registry(extra=plugin_specs))

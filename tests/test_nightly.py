@@ -127,3 +127,28 @@ def test_a_step_runs_at_its_nice(tmp_path):
     nightly.run_steps(steps, tmp_path, poll_s=0.05, progress=lambda m: None)
     assert steps[0].log.read_text().split() == [str(min(19, base + 3))]
     assert steps[1].log.read_text().split() == [str(base)]
+
+
+def _threads(_task) -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_spawned_workers_and_nightly_steps_run_one_intra_op_thread(tmp_path, monkeypatch):
+    """The nightly's parity steps crawled on the H200 host (4 workers x 16 torch threads on 16 cores:
+    10.2 s a case, 0.62 s with one thread). Planted: dropping ``torch.set_num_threads(1)`` from
+    ``suite._worker_init`` (a worker then has one thread per core: 2 on the CI machine), or the
+    nightly step's ``OMP_NUM_THREADS`` default, fails."""
+    import torch
+
+    from harness import devices, suite
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if torch.get_num_threads() == 1:
+        torch.set_num_threads(2)  # a one-core machine: the parent's count must still not leak
+    assert list(suite.spawn_map(_threads, [0, 1], 2, devices.select("cpu"))) == [1, 1]
+    code = "import torch; print(torch.get_num_threads())"
+    step = nightly.Step("t", [sys.executable, "-c", code], 60)
+    nightly.run_steps([step], tmp_path, poll_s=0.05, progress=lambda m: None)
+    assert step.log.read_text().split() == ["1"]
