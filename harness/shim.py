@@ -7,7 +7,9 @@ on triton 3.9.0 / torch 2.13 CPU (``tests/test_shim.py`` re-measures them on eve
 * fp32 -> bf16 truncates toward zero instead of rounding to nearest even;
 * fp32 -> fp8 mishandles ties, mantissa carry (7.9 -> 4.0), subnormals, overflow and NaN;
 * fp8 NaN codes decode as ±480 / −0.0;
-* ``tl.dot`` on bf16 operands multiplies the uint16 bit patterns.
+* ``tl.dot`` on bf16 operands multiplies the uint16 bit patterns;
+* the rounding mode a kernel asks for (``fp_downcast_rounding="rtz"``) is passed to this
+  conversion, which the shim honours for bf16/fp16 and refuses for fp8 (see ``convert``).
 
 Compiled Triton on sm90 converts with ``cvt.rn`` (round to nearest even) and, for fp8,
 ``cvt.rn.satfinite`` (|x| > max and ±inf -> ±max, NaN -> NaN). The shim replaces the
@@ -31,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-SHIM_ID = "vp-interp-shim/1 (bf16 RNE, fp8 RNE+satfinite, bf16 dot upcast)"
+SHIM_ID = "vp-interp-shim/2 (bf16 RNE, fp8 RNE+satfinite, bf16 dot upcast, rtz bf16/fp16, rtz fp8 refused)"
 
 _installed = False
 
@@ -65,22 +67,53 @@ def _from_torch(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().view(t_int).numpy().view(f"uint{bits}" if bits < 32 else "float32")
 
 
-def convert(values: torch.Tensor, dst: torch.dtype) -> torch.Tensor:
-    """Convert like compiled Triton on sm90: round to nearest even; fp8 saturates finite (satfinite)."""
+class ShimRoundingError(NotImplementedError):
+    """A kernel asked for a conversion whose compiled result the shim cannot vouch for."""
+
+
+def convert(values: torch.Tensor, dst: torch.dtype, rounding: str = "rtne") -> torch.Tensor:
+    """Convert like compiled Triton on sm90. ``rtne`` (Triton's default for every downcast): round
+    to nearest even; fp8 saturates finite (satfinite). ``rtz`` (``fp_downcast_rounding="rtz"``):
+    round toward zero to bf16 or fp16 (``cvt.rz``): the representable value of largest magnitude
+    not above ``|x|``, overflow to the largest finite value, ±inf and NaN kept. Compiled Triton
+    on NVIDIA has no round-toward-zero conversion to fp8, so ``rtz`` to fp8 raises
+    ``ShimRoundingError`` rather than let a kernel pass CPU checks on a conversion no GPU does."""
     x = values.float()
-    if torch.finfo(dst).bits == 8:
+    bits = torch.finfo(dst).bits
+    if rounding not in ("rtne", "rtz"):
+        raise ShimRoundingError(f"rounding mode {rounding!r}: the shim knows 'rtne' and 'rtz'")
+    if rounding == "rtz" and bits == 8:
+        raise ShimRoundingError(f"round-toward-zero to {dst}: compiled Triton on NVIDIA converts to fp8 "
+                                f"with round-to-nearest-even only")
+    if bits == 8:
         fmax = torch.finfo(dst).max
         nan = torch.isnan(x)
         x = torch.where(nan, torch.full_like(x, float("nan")), x.clamp(-fmax, fmax))  # canonical +NaN code
         return x.to(dst)
-    return x.to(dst)
+    y = x.to(dst)
+    if rounding == "rtz":  # nearest-even went away from zero: one code toward zero (codes are monotone in |x|)
+        away = torch.isfinite(x) & (y.float().abs() > x.abs())
+        ints = y.view(_INT_VIEW[bits][1])
+        y = torch.where(away, ints - 1, ints).view(dst)
+    return y
+
+
+def _rounding_name(mode) -> str:
+    """The interpreter's ``ROUNDING_MODE`` enum (None for upcasts) as ``convert``'s name."""
+    from triton._C.libtriton import ir
+
+    if mode is None or mode == ir.ROUNDING_MODE.RTNE:
+        return "rtne"
+    if mode == ir.ROUNDING_MODE.RTZ:
+        return "rtz"
+    return str(mode)
 
 
 def _convert_float(input, input_dtype, output_dtype, rounding_mode, _orig=None):
     src, dst = _torch_dtype(input_dtype), _torch_dtype(output_dtype)
     if src is None or dst is None:
         return _orig(input, input_dtype, output_dtype, rounding_mode)
-    out = convert(_to_torch(input, src), dst)
+    out = convert(_to_torch(input, src), dst, _rounding_name(rounding_mode))
     res = _from_torch(out)
     if res.dtype == np.float32:
         res = res.view(np.uint32)

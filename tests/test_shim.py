@@ -161,3 +161,64 @@ def test_index_of_a_one_element_interpreter_tensor():
         assert list(range(t)) == [0, 1, 2, 3, 4]
     finally:
         scope.restore()
+
+
+@triton.jit
+def _cast_rtz_kernel(out_ptr, x_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtz"), mask=mask)
+
+
+def _expected_rtz(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Independent definition of round toward zero: of every finite code, the one of largest
+    magnitude not above |x| (found among all 65,536 codes), with x's sign; ±inf and NaN kept."""
+    codes = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype).double()
+    mags = codes[torch.isfinite(codes) & (codes >= 0)].unique()  # sorted, +0 first
+    xd = x.cpu().double()
+    i = torch.searchsorted(mags, xd.abs().nan_to_num(posinf=float(mags.max())), right=True) - 1
+    out = (mags[i] * torch.where(torch.signbit(xd), -1.0, 1.0)).to(dtype)
+    return torch.where(torch.isfinite(xd), out, xd.to(dtype))
+
+
+RTZ = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", RTZ, ids=str)
+def test_shim_round_toward_zero_matches_definition(dtype):
+    x = _probe_values("cpu")
+    got, want = shim.convert(x, dtype, "rtz"), _expected_rtz(x, dtype)
+    differ = (got.view(torch.int16) != want.view(torch.int16)) & ~(torch.isnan(got) & torch.isnan(want))
+    bad = torch.nonzero(differ).flatten()
+    assert bad.numel() == 0, f"{bad.numel()} differ, e.g. x={x[bad[:5]].tolist()} got={got[bad[:5]].tolist()} want={want[bad[:5]].tolist()}"
+    assert (got != shim.convert(x, dtype)).any()  # the probe values tell the two modes apart
+
+
+@pytest.mark.parametrize("dtype", RTZ, ids=str)
+def test_kernel_round_toward_zero_cast_matches_shim(device, dtype):
+    """A kernel's ``fp_downcast_rounding="rtz"`` reaches the shim under the interpreter (planted:
+    the shim converting every mode to nearest even fails here), and on a GPU the compiled
+    ``cvt.rz`` is what the shim claims."""
+    x = _probe_values(device.torch_device)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    _cast_rtz_kernel[(triton.cdiv(x.numel(), 1024),)](out, x, x.numel(), BLOCK=1024)
+    got, want = out.cpu(), shim.convert(x.cpu(), dtype, "rtz")
+    differ = (got.view(torch.int16) != want.view(torch.int16)) & ~(torch.isnan(got) & torch.isnan(want))
+    bad = torch.nonzero(differ).flatten()
+    assert bad.numel() == 0, f"{bad.numel()} differ, e.g. x={x.cpu()[bad[:5]].tolist()} got={got[bad[:5]].tolist()} want={want[bad[:5]].tolist()}"
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_round_toward_zero_to_fp8_is_refused_not_rounded_to_nearest(device, dtype):
+    """Compiled Triton on NVIDIA has no round-toward-zero fp8 conversion: a kernel asking for one
+    must fail on the CPU, not pass every check with nearest-even bytes."""
+    x = _probe_values("cpu")
+    with pytest.raises(shim.ShimRoundingError, match="round-toward-zero"):
+        shim.convert(x, dtype, "rtz")
+    if not device.interpreted:
+        return  # the kernel path below goes through the shim only under the interpreter
+    out = torch.empty(x.shape, dtype=dtype)
+    with pytest.raises(Exception, match="round-toward-zero") as err:  # the interpreter wraps it
+        _cast_rtz_kernel[(triton.cdiv(x.numel(), 1024),)](out, x, x.numel(), BLOCK=1024)
+    assert isinstance(err.value, shim.ShimRoundingError) or isinstance(err.value.__cause__, shim.ShimRoundingError)
