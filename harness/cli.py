@@ -1,4 +1,6 @@
-"""python -m harness {list, run, repro, mutants, compile, report, gate, serve} — thin: parse, delegate, print, exit code."""
+"""python -m harness {list, run, repro, mutants, compile, report, gate, serve} — thin: parse, delegate, print, exit code.
+
+A bad argument is one line on stderr and exit status 2 (``harness.usage``), before any work starts."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+from harness import usage
+from harness.usage import UsageError
 
 MAX_REPRO_LINES = 40
 
@@ -28,9 +33,10 @@ def _load_specs(reg, specs) -> list:
         try:
             loaded += reg.load_spec(spec)
         except Exception as exc:  # the user asked for this one: no traceback, the spec and the error
-            msg = str(exc)
-            raise SystemExit(msg if msg.startswith("--impl") else
-                             f"--impl {spec}: cannot load it: {type(exc).__name__}: {exc}") from None
+            arg, _, msg = str(exc).partition(": ")
+            if arg.startswith("--impl"):  # the registry's own message names the spec
+                raise UsageError(arg, msg) from None
+            raise UsageError(f"--impl {spec}", f"cannot load it: {type(exc).__name__}: {exc}") from None
     return loaded
 
 
@@ -38,12 +44,21 @@ def _plugin_specs(args) -> tuple[str, ...]:
     return tuple(s for s in getattr(args, "impl", None) or () if ":" in s)
 
 
-def _setup(args):
+def _profile(name: str | None):
+    """``--profile`` (checked by argparse), else ``$VP_PROFILE``, else ci."""
     from cases import profiles
+
+    env = os.environ.get(profiles.ENV)
+    if name is None and env is not None and env not in profiles.PROFILES:
+        raise UsageError(profiles.ENV, f"expected one of {', '.join(sorted(profiles.PROFILES))}, got {env!r}")
+    return profiles.current(name)
+
+
+def _setup(args):
     from harness import devices
 
+    prof = _profile(getattr(args, "profile", None))
     dev = devices.select(args.device, fp8_format=getattr(args, "fp8_format", None))
-    prof = profiles.current(getattr(args, "profile", None))
     reg = _registry()
     args.loaded = _load_specs(reg, _plugin_specs(args))
     return dev, prof, reg
@@ -53,10 +68,7 @@ def _select_impls(reg, args, default_kinds):
     """--impl NAME selects by name; --impl module:attr selects what it loaded; else --kind."""
     names = [s for s in args.impl or () if ":" not in s]
     kinds = tuple(args.kind) if args.kind else default_kinds
-    ops = args.op or sorted(reg.ops)
-    for op in ops:
-        if op not in reg.ops:
-            raise SystemExit(f"--op: unknown op {op!r}; known: {sorted(reg.ops)}")
+    ops = args.op or sorted(reg.ops)  # argparse checked --op against the built-in ops
     chosen = []
     for impl in reg.impls.values():
         if impl.op not in ops:
@@ -68,7 +80,9 @@ def _select_impls(reg, args, default_kinds):
             chosen.append(impl)
     missing = set(names) - {i.name for i in chosen}
     if missing:
-        raise SystemExit(f"--impl: unknown implementation(s) {sorted(missing)}; see `python -m harness list`")
+        known = sorted({i.name for i in reg.impls.values() if i.op in ops})
+        raise UsageError("--impl", f"unknown implementation(s) {', '.join(sorted(missing))} for {', '.join(ops)}; "
+                                   f"known: {', '.join(known)}")
     return ops, chosen
 
 
@@ -104,6 +118,15 @@ def cmd_list(args) -> int:
             pol += f" may_write={','.join(impl.may_write)}" if impl.may_write else ""
             src = f"  [{impl.source}]" if impl.source else ""
             print(f"  - {impl.name:36s} {impl.kind:9s}{pol}  {impl.doc}{src}")
+        print(f"  cases: {', '.join(c.name for c in spec.catalog(big=True))}")
+    from cases import profiles
+    from cases import timelines as tl
+    from cases.mutants import timelines as mt
+
+    print(f"timeline families: {', '.join(sorted(tl.FAMILIES))}")
+    print(f"timelines: {', '.join(t.name for t in tl.catalog())}")
+    print(f"path mutants: {', '.join(m.name for m in mt.PATH_MUTANTS)}")
+    print(f"profiles: {', '.join(sorted(profiles.PROFILES))} (this run: {prof.name})")
     for err in reg.load_errors:
         print(f"broken entry point (not loaded): {err}")
     print(f"device: {dev.kind} {dev.name} arch={dev.arch} fp8={dev.fp8_format} shim={dev.shim or '-'}")
@@ -116,12 +139,19 @@ def cmd_run(args) -> int:
 
     import signal
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
+    from harness import ledger
+
     dev, prof, reg = _setup(args)
+    try:
+        known = tuple(e for spec in args.ledger or () for e in ledger.load(spec))
+    except ValueError as exc:
+        arg, _, msg = str(exc).partition(": ")
+        raise UsageError(arg, msg) from None
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
     if args.expect_fail and not args.broad and not (args.op or args.case or args.impl or args.generated):
         from cases.mutants import gpu
 
-        rc = _kill_matrix(args, dev, reg)  # the default mutant run: targeted catalogs + timelines, every check
+        rc = _kill_matrix(args, dev, prof, reg)  # the default mutant run: targeted catalogs + timelines, every check
         print(gpu.skip_note())
         return rc
     # torch.compile of the chains runs on every device, but on the CPU machine inductor's C++
@@ -135,12 +165,6 @@ def cmd_run(args) -> int:
     print(f"verify-parity run: device={dev.kind} ({dev.name}, {dev.arch}, fp8 {dev.fp8_format}) profile={prof.name} "
           f"shim={dev.shim or 'off (compiled)'}; generated cases: {counts}; impls: {', '.join(i.key for i in impls)}",
           flush=True)
-    from harness import ledger
-
-    try:
-        known = tuple(e for spec in args.ledger or () for e in ledger.load(spec))
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
     if known:
         print(f"ledger: {len(known)} known failures ({', '.join(e.id for e in known)})", flush=True)
     rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
@@ -159,12 +183,28 @@ def cmd_run(args) -> int:
     return _print_report(frame)
 
 
-def _kill_matrix(args, dev, reg) -> int:
-    """mutant × (parity, timeline, gate) on targeted catalogs and timelines; clean impls must pass all."""
-    from harness import killmatrix
+def _kill_matrix(args, dev, prof, reg) -> int:
+    """mutant × (parity, timeline, gate) on targeted catalogs and timelines; clean impls must pass all.
+    The op mutants' parity rows go to ``--csv`` (``report --mutants``), the matrix to ``--kill-matrix``."""
+    from harness import killmatrix, suite
+    from reports.rows import write_csv
+
+    prov = suite.provenance(dev, prof, args.seed)
+    parity = []
+
+    def record(impl, case, res):
+        if impl.kind == "mutant":
+            parity.extend(suite.rows_for(suite.Planned(reg.ops[impl.op], case), impl, dev, res, prov))
 
     print("\nkill matrix (targeted parity catalogs + store-timing timelines):", flush=True)
-    rows = killmatrix.build(reg, dev, progress=None if args.quiet else lambda m: print(m, flush=True))
+    rows = killmatrix.build(reg, dev, progress=None if args.quiet else lambda m: print(m, flush=True),
+                            record=record)
+    print(f"mutant parity rows: {len(parity)} -> {write_csv(parity, args.csv)}")
+    if args.junit:
+        from reports import junit
+        from reports.rows import to_frame
+
+        print(f"junit -> {junit.write(to_frame(parity), args.junit)}")
     if args.e2e:
         print("\nkill matrix e2e column (the gate on the micro-models):", flush=True)
         rows = killmatrix.e2e_column(rows, reg, dev, problems=args.e2e_problems, jobs=args.jobs,
@@ -207,6 +247,18 @@ def _timeline_task(task):
     return path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
 
 
+def _check_path(reg, family: str, prepare: str, attn: str, flag: str = "--path") -> None:
+    """``prepare+attn`` names registered implementations for ``family``'s ops (``harness.timeline.clean_path``)."""
+    from cases import timelines as tl
+
+    op = tl.FAMILIES[family].prepare  # "projection": plain projections, the prepare name is not used
+    for slot, name in ((op, prepare), ("verify_attention", attn)):
+        impls = reg.impls.values() if slot == "projection" else reg.for_op(slot)
+        if name not in {i.name for i in impls}:
+            raise UsageError(flag, f"{prepare}+{attn}: no {'' if slot == 'projection' else slot + ' '}implementation "
+                                   f"{name!r} (family {family}); known: {', '.join(sorted({i.name for i in impls}))}")
+
+
 def cmd_timelines(args) -> int:
     """Clean paths (or one path mutant / op implementation plugged in) over named + generated timelines."""
     import signal
@@ -219,14 +271,16 @@ def cmd_timelines(args) -> int:
     from harness import suite, timeline, timeline_rows
     from reports.rows import TimelineRow, to_frame
 
+    names = [s for s in args.impl or () if ":" not in s]
+    if names:
+        raise UsageError("--impl", f"{', '.join(names)}: a timeline runs the implementations --path names "
+                                   f"(prepare+attn); --impl only loads module:attr plugins here")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
     dev, prof, reg = _setup(args)
     fams = args.family or sorted(tl.FAMILIES)
     work = []
-    if args.timeline:
-        t = base.parse_case(tl.Timeline, args.timeline.split(":", 1)[1]) if args.timeline.startswith("timeline:") \
-            else {x.name: x for x in tl.catalog()}[args.timeline]
-        work.append(t)
+    if args.timeline:  # a Timeline: argparse parsed it (_timeline_arg)
+        work.append(args.timeline)
     else:
         work += [t for t in tl.catalog() if t.family in fams]
         n = prof.generated // 10 if args.generated is None else args.generated
@@ -235,6 +289,9 @@ def cmd_timelines(args) -> int:
     work = suite.shard(work, args.shard)
     specs = [("mutant", args.path_mutant)] if args.path_mutant else [("clean", p, a) for p, a in
                                                                        args.path or [("fused", "fused")]]
+    for fam in sorted({t.family for t in work}):
+        for _, p, a in [sp for sp in specs if sp[0] == "clean"]:
+            _check_path(reg, fam, p, a)
     tasks = [(t, sp) for t in work for sp in specs]
     print(f"verify-parity timelines: device={dev.kind} ({dev.name}) families={','.join(fams)} "
           f"timelines={len(work)} paths={len(specs)} jobs={args.jobs}", flush=True)
@@ -334,23 +391,28 @@ def cmd_repro(args) -> int:
     else:
         op, fields = cid.split("/", 1) if "/" in cid else (cid, "")
     if op not in reg.ops:
-        raise SystemExit(f"case id: unknown op {op!r}; known: {sorted(reg.ops)}")
+        raise UsageError("case id", f"unknown op {op!r} in {cid!r}; known: {', '.join(sorted(reg.ops))}")
     spec = reg.ops[op]
     if ":" in cid.split("/")[0]:
-        case = base.parse_case(spec.case_type, fields)
+        try:
+            case = base.parse_case(spec.case_type, fields)
+        except (ValueError, TypeError) as exc:
+            raise UsageError("case id", f"{cid!r}: {str(exc).removeprefix('case id: ')}") from None
     else:
         named = {c.name: c for c in spec.catalog(big=True)}
         if fields not in named:
-            raise SystemExit(f"case id: no catalog case {fields!r} in {op}; known: {sorted(named)}")
+            raise UsageError("case id", f"no catalog case {fields!r} in {op}; known: {', '.join(named)}")
         case = named[fields]
     chosen = [(n, reg.impls.get(f"{op}/{n}")) for n in args.impl or ["fused"] if ":" not in n]
     chosen += [(i.name, i) for i in args.loaded if i.op == op]
     if not chosen:
-        raise SystemExit(f"--impl: {', '.join(args.impl)} provides no implementation of {op}")
-    rows = []
+        raise UsageError("--impl", f"{', '.join(args.impl)} provides no implementation of {op}")
     for name, impl in chosen:
         if impl is None:
-            raise SystemExit(f"--impl: unknown implementation {name!r} for {op}")
+            raise UsageError("--impl", f"unknown implementation {name!r} for {op}; "
+                                       f"known: {', '.join(i.name for i in reg.for_op(op))}")
+    rows = []
+    for name, impl in chosen:
         res = runners.run_case(spec, impl, case, dev)
         rows += rows_for(Planned(spec, case), impl, dev, res, provenance(dev, prof, 0))
     frame = to_frame(rows)
@@ -379,6 +441,8 @@ def cmd_report(args) -> int:
     b = build(args.csv, args.out, mutants=args.mutants or [], perf=args.perf or [], gate=args.gate or [],
               baseline=args.baseline, baseline_perf=args.baseline_perf, threshold=args.slower,
               killmatrix=args.kill_matrix or [], timelines=args.timelines or [])
+    for flag, path, n in b.inputs:
+        print(f"read {flag} {path}: {n} rows")
     print(f"report: {b.rows} rows ({b.failed_rows} failing) -> {b.out}/report.html, junit.xml, merged.csv, diff.csv")
     if args.timelines:
         print(f"timelines: {b.timeline_runs} runs ({b.failed_timeline_runs} failing)")
@@ -395,7 +459,7 @@ def cmd_gate(args) -> int:
     from reports.rows import write_csv
 
     dev = devices.select(args.device)
-    prof = e2e_gate.PROFILES[args.profile or ("cpu-lite" if dev.interpreted else "full")]
+    prof = e2e_gate.PROFILES[args.profile or ("cpu-lite" if dev.interpreted else "full")]  # argparse checked it
     if args.ab:  # server A/B mode: two OpenAI-compatible endpoints, B judged against A
         from harness.e2e import client
         from harness.suite import provenance
@@ -408,7 +472,8 @@ def cmd_gate(args) -> int:
                   f"same-text {r.exact_agreement:.3f} p {r.p_value:.2g} -> {r.verdict} {r.detail}")
         print(f"gate rows: {len(rows)} -> {write_csv(rows, args.csv)}")
         return 1 if any(r.verdict != r.expect for r in rows) else 0
-    rows = gate.run(_registry(), dev, prof, layouts=args.layout or gate.M.LAYOUTS, models_dir=args.models,
+    rows = gate.run(_registry(), dev, prof, layouts=args.layout or gate.M.LAYOUTS,
+                    models_dir=args.models or e2e_gate.MODEL_DIR,
                     problems=args.problems, seed=args.seed, progress=None if args.quiet else lambda m: print(m, flush=True),
                     jobs=args.jobs)
     print(f"gate rows: {len(rows)} -> {write_csv(rows, args.csv)}")
@@ -419,13 +484,46 @@ def cmd_gate(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    from cases import e2e_gate
     from harness.e2e import server
 
+    _check_path(_registry(), args.layout, *args.path)
+    args.path, args.models = "+".join(args.path), args.models or e2e_gate.MODEL_DIR
     return server.main(args)
+
+
+def _timeline_arg(text: str):
+    """``--timeline``: a catalog name or a ``timeline:...`` id (a FAIL line's) -> the Timeline."""
+    from cases import base
+    from cases import timelines as tl
+
+    if text.startswith("timeline:"):
+        try:
+            return base.parse_case(tl.Timeline, text.split(":", 1)[1])
+        except (ValueError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {str(exc).removeprefix('case id: ')}") from None
+    named = {t.name: t for t in tl.catalog()}
+    if text not in named:
+        raise argparse.ArgumentTypeError(f"no catalog timeline {text!r} (and not a 'timeline:...' id); "
+                                         f"known: {', '.join(named)}")
+    return named[text]
+
+
+def _path_arg(text: str) -> tuple[str, str]:
+    """``--path prepare+attn`` -> (prepare, attn); the names are checked against the registry later."""
+    parts = text.split("+")
+    if len(parts) != 2 or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected prepare+attn implementation names, e.g. fused+fused, got {text!r}")
+    return parts[0], parts[1]
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m harness`` and the ``verify-parity`` console script (pyproject [project.scripts])."""
+    from cases import e2e_gate, profiles
+    from cases import timelines as tl
+    from cases.mutants import timelines as mt
+    from harness.e2e import model as M
+    from harness.ops import BUILTIN
     from harness.registry import cwd_on_path
 
     cwd_on_path()  # --impl module:attr finds modules in the current directory from both
@@ -433,8 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in _DELEGATED:
         return _DELEGATED[argv[0]](argv[1:])
     prog = "verify-parity" if Path(sys.argv[0]).name == "verify-parity" else "python -m harness"
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__)
+    ap = usage.ArgumentParser(prog=prog, description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    jobs_help = "worker processes (default $VP_JOBS or 1); rows keep the plan's order"
 
     def common(p):
         p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
@@ -443,55 +542,63 @@ def main(argv: list[str] | None = None) -> int:
                        help="implementation name, or module:attr to load one (an Impl, a list or a callable "
                             "returning either), module:attr[name,name] to load only those (repeatable)")
 
-    p = sub.add_parser("list", help="ops, implementations, catalogs")
+    p = sub.add_parser("list", help="ops, implementations, catalogs, timelines")
     common(p)
     p.set_defaults(fn=cmd_list)
     for name, expect_fail in (("run", False), ("mutants", True)):
         p = sub.add_parser(name, help="parity run" if name == "run" else "run every mutant; each must be flagged")
         common(p)
-        p.add_argument("--op", action="append")
+        p.add_argument("--op", action="append", choices=BUILTIN)
         p.add_argument("--kind", action="append", choices=("reference", "fused", "compiled", "external", "mutant"))
-        p.add_argument("--profile", default=None, help="ci | nightly | dev (default: $VP_PROFILE or ci)")
+        p.add_argument("--profile", default=None, choices=sorted(profiles.PROFILES), help="default: $VP_PROFILE or ci")
         p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--generated", type=int, default=None, help="override the profile's generated-case count")
-        p.add_argument("--shard", default=None, help="i/n: run the i-th of n deterministic slices")
+        p.add_argument("--generated", type=usage.count, default=None,
+                       help="override the profile's generated-case count")
+        p.add_argument("--shard", type=usage.shard, default=None, metavar="I/N",
+                       help="i/n (1 <= i <= n): run the i-th of n deterministic slices")
         p.add_argument("--case", default=None, help="only cases whose id contains this text")
-        p.add_argument("--jobs", type=int, default=int(os.environ.get("VP_JOBS", "1")),
-                       help="worker processes (default $VP_JOBS or 1); rows keep the plan's order")
-        p.add_argument("--csv", default=f"runs/{name}.csv")
+        p.add_argument("--jobs", type=usage.positive_int, default=None, help=jobs_help)
+        p.add_argument("--csv", type=usage.output_file, default=f"runs/{name}.csv",
+                       help="parity rows" + (" (of the op mutants, also in the kill matrix)" if expect_fail else ""))
         p.add_argument("--quiet", action="store_true", help="no progress bar")
-        p.add_argument("--junit", default=None, help="also write JUnit XML here")
+        p.add_argument("--junit", type=usage.output_file, default=None, help="also write JUnit XML here")
         p.add_argument("--ledger", action="append",
                        help="known-failure ledger: NAME (cases/ledgers/NAME.py) or module:attr (repeatable); its "
                             "failures read 'known', a known failure that did not happen fails")
         p.set_defaults(fn=cmd_run, expect_fail=expect_fail)
         if expect_fail:
             p.set_defaults(kind=["mutant"])
-            p.add_argument("--kill-matrix", default="runs/kill_matrix.csv",
+            p.add_argument("--kill-matrix", type=usage.output_file, default="runs/kill_matrix.csv",
                            help="where the mutant × (parity, timeline, gate) matrix goes (no selection given)")
             p.add_argument("--e2e", action="store_true",
                            help="add the end-to-end gate column (GPU: under the interpreter it takes hours)")
-            p.add_argument("--e2e-problems", type=int, default=None, help="problems per gate run (default 60)")
+            p.add_argument("--e2e-problems", type=usage.positive_int, default=None,
+                           help="problems per gate run (default 60)")
             p.add_argument("--broad", action="store_true",
                            help="run the whole parity suite over every mutant instead of the kill matrix")
     p = sub.add_parser("timelines", help="store-timing timelines: clean paths vs the logical truth")
     common(p)
-    p.add_argument("--family", action="append", help="model family (repeatable; default: all)")
-    p.add_argument("--timeline", default=None, help="one catalog name, or a 'timeline:...' id from a FAIL line")
-    p.add_argument("--path", action="append", type=lambda s: tuple(s.split("+")),
+    p.add_argument("--family", action="append", choices=sorted(tl.FAMILIES), help="model family (repeatable; "
+                                                                                  "default: all)")
+    p.add_argument("--timeline", type=_timeline_arg, default=None,
+                   help=f"one catalog timeline ({', '.join(t.name for t in tl.catalog())}), or a 'timeline:...' id "
+                        f"from a FAIL line")
+    p.add_argument("--path", action="append", type=_path_arg,
                    help="prepare+attn implementation names, e.g. reference+reference (repeatable; default fused+fused)")
-    p.add_argument("--path-mutant", default=None, help="run a path mutant of cases/mutants/timelines.py instead")
-    p.add_argument("--profile", default=None)
+    p.add_argument("--path-mutant", default=None, choices=[m.name for m in mt.PATH_MUTANTS],
+                   help="run a path mutant of cases/mutants/timelines.py instead")
+    p.add_argument("--profile", default=None, choices=sorted(profiles.PROFILES), help="default: $VP_PROFILE or ci")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--generated", type=int, default=None, help="generated timelines per family (default: profile/10)")
-    p.add_argument("--shard", default=None, help="i/n: run the i-th of n deterministic slices of the timelines")
-    p.add_argument("--jobs", type=int, default=int(os.environ.get("VP_JOBS", "1")),
-                   help="worker processes (default $VP_JOBS or 1); rows keep the plan's order")
-    p.add_argument("--csv", default="runs/timelines.csv")
+    p.add_argument("--generated", type=usage.count, default=None,
+                   help="generated timelines per family (default: profile/10)")
+    p.add_argument("--shard", type=usage.shard, default=None, metavar="I/N",
+                   help="i/n (1 <= i <= n): run the i-th of n deterministic slices of the timelines")
+    p.add_argument("--jobs", type=usage.positive_int, default=None, help=jobs_help)
+    p.add_argument("--csv", type=usage.output_file, default="runs/timelines.csv")
     p.add_argument("--quiet", action="store_true", help="no progress bar (failures and the summary still print)")
     p.set_defaults(fn=cmd_timelines)
     p = sub.add_parser("compile", help="compile every kernel for NVIDIA/AMD targets (no GPU needed)")
-    p.add_argument("--op", action="append")
+    p.add_argument("--op", action="append", choices=BUILTIN)
     p.add_argument("--target", action="append", choices=("sm90", "gfx942", "gfx950"))
     p.set_defaults(fn=cmd_compile)
     for name, text in (("gpu", "GPU-only checks: launch counts, CUDA/HIP graph replay, determinism "
@@ -506,43 +613,58 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("case_id")
     p.set_defaults(fn=cmd_repro)
     p = sub.add_parser("report", help="merge run CSVs into report.html, junit.xml, merged.csv, diff.csv")
-    p.add_argument("--csv", action="append", required=True, help="parity CSV (repeatable: shards are merged)")
-    p.add_argument("--mutants", action="append", help="mutants-run CSV for the kill matrix (repeatable)")
-    p.add_argument("--perf", action="append", help="benchmark CSV of reports.rows.PerfRow (repeatable)")
-    p.add_argument("--gate", action="append", help="gate CSV of reports.rows.GateRow (repeatable)")
-    p.add_argument("--kill-matrix", action="append", help="targeted kill-matrix CSV of `harness mutants` (repeatable)")
-    p.add_argument("--timelines", action="append",
+    src = usage.input_file
+    p.add_argument("--csv", action="append", type=src, required=True, help="parity CSV (repeatable: shards are merged)")
+    p.add_argument("--mutants", action="append", type=src, help="mutants-run CSV for the kill matrix (repeatable)")
+    p.add_argument("--perf", action="append", type=src, help="benchmark CSV of reports.rows.PerfRow (repeatable)")
+    p.add_argument("--gate", action="append", type=src, help="gate CSV of reports.rows.GateRow (repeatable)")
+    p.add_argument("--kill-matrix", action="append", type=src,
+                   help="targeted kill-matrix CSV of `harness mutants` (repeatable)")
+    p.add_argument("--timelines", action="append", type=src,
                    help="timelines CSV of reports.rows.TimelineRow (repeatable: shards and families are merged)")
-    p.add_argument("--baseline", default=None, help="a previous run's parity CSV; exit 1 on any REGRESS")
-    p.add_argument("--baseline-perf", default=None, help="a previous run's perf CSV (SLOWER rows)")
-    p.add_argument("--slower", type=float, default=0.10,
+    p.add_argument("--baseline", type=src, default=None, help="a previous run's parity CSV; exit 1 on any REGRESS")
+    p.add_argument("--baseline-perf", type=src, default=None, help="a previous run's perf CSV (SLOWER rows)")
+    p.add_argument("--slower", type=usage.finite_float(0.0), default=0.10,
                    help="perf slowdown threshold: SLOWER when p20 > baseline p80 * (1 + this) (0.10 = 10%%)")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", type=usage.output_dir, required=True, help="output directory")
     p.set_defaults(fn=cmd_report)
     p = sub.add_parser("gate", help="end-to-end gate: accuracy, agreement, acceptance, McNemar vs the reference path")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
-    p.add_argument("--profile", default=None, help="cpu-lite | full | smoke (cases/e2e_gate.py; default by device)")
-    p.add_argument("--layout", action="append", help="micro-model layout (repeatable; default: all three)")
-    p.add_argument("--models", default="cases/models", help="directory of <layout>.safetensors (else random weights)")
-    p.add_argument("--problems", type=int, default=None, help="override the profile's problem count")
+    p.add_argument("--profile", default=None, choices=sorted(e2e_gate.PROFILES),
+                   help="cases/e2e_gate.py (default: cpu-lite on the CPU, else full)")
+    p.add_argument("--layout", action="append", choices=M.LAYOUTS, help="micro-model layout (repeatable; default: all)")
+    p.add_argument("--models", type=usage.input_dir, default=None,
+                   help=f"directory of <layout>.safetensors (default {e2e_gate.MODEL_DIR}; a layout without "
+                        f"one runs on random weights)")
+    p.add_argument("--problems", type=usage.positive_int, default=None, help="override the profile's problem count")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--csv", default="runs/gate.csv")
+    p.add_argument("--csv", type=usage.output_file, default="runs/gate.csv")
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--jobs", type=int, default=int(os.environ.get("VP_JOBS", "1")),
+    p.add_argument("--jobs", type=usage.positive_int, default=None,
                    help="processes for the generation runs (greedy + one per path and layout); default $VP_JOBS or 1")
     p.add_argument("--ab", nargs=2, metavar=("URL_A", "URL_B"), help="server A/B mode against two endpoints")
-    p.add_argument("--fewshot", type=int, default=2, help="server mode: train-split shots per prompt")
-    p.add_argument("--concurrency", type=int, default=4, help="server mode: requests in flight per endpoint")
+    p.add_argument("--fewshot", type=usage.count, default=2, help="server mode: train-split shots per prompt")
+    p.add_argument("--concurrency", type=usage.positive_int, default=4,
+                   help="server mode: requests in flight per endpoint")
     p.add_argument("--source", default="synth", choices=("synth", "openai/gsm8k"), help="server mode: problems")
     p.set_defaults(fn=cmd_gate)
     p = sub.add_parser("serve", help="the micro-engine as an OpenAI-compatible HTTP server on loopback")
-    p.add_argument("--layout", default="qwen35-gqa")
-    p.add_argument("--models", default="cases/models", help="directory of <layout>.safetensors (else random weights)")
-    p.add_argument("--path", default="reference+reference", help="prepare+attn implementations (the fused switch)")
-    p.add_argument("--path-mutant", default=None, help="serve a path mutant of cases/mutants/timelines.py")
+    p.add_argument("--layout", default="qwen35-gqa", choices=M.LAYOUTS)
+    p.add_argument("--models", type=usage.input_dir, default=None,
+                   help=f"directory of <layout>.safetensors (default {e2e_gate.MODEL_DIR}; else random weights)")
+    p.add_argument("--path", type=_path_arg, default=("reference", "reference"),
+                   help="prepare+attn implementations (the fused switch; default reference+reference)")
+    p.add_argument("--path-mutant", default=None, choices=[m.name for m in mt.PATH_MUTANTS],
+                   help="serve a path mutant of cases/mutants/timelines.py")
     p.add_argument("--speculative", action="store_true", help="prompt-lookup speculative decoding (L = 4)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
-    p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
+    p.add_argument("--port", type=usage.port, default=0, help="0: any free port (printed)")
     p.set_defaults(fn=cmd_serve)
     args = ap.parse_args(argv)
+    return usage.guarded(sub.choices[args.cmd].prog, _dispatch, args)
+
+
+def _dispatch(args) -> int:
+    if getattr(args, "jobs", 1) is None:
+        args.jobs = usage.env_int("VP_JOBS", 1)
     return args.fn(args)

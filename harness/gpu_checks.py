@@ -156,9 +156,11 @@ def summary(rows: list[GpuCheckRow]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.gpu_checks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=None, help="directory for gpu_checks.csv")
+    from harness import usage
+
+    p = usage.ArgumentParser(prog="python -m harness.gpu_checks", description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=usage.output_dir, default=None, help="directory for gpu_checks.csv")
     p.add_argument("--op", action="append", choices=BUILTIN, help="op(s) to check (default: all)")
     p.add_argument("--impl", action="append", help="implementation name or module:attr (repeatable; default: "
                                                    "reference, fused and the GPU mutants of cases/mutants/gpu.py)")
@@ -169,17 +171,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _select(reg, args, ops) -> list:
     from cases.mutants.gpu import is_gpu_mutant
+    from harness.usage import UsageError
 
     names = [s for s in args.impl or () if ":" not in s]
     for s in args.impl or ():
         if ":" in s:
-            names += [i.name for i in reg.load_spec(s)]
+            try:
+                names += [i.name for i in reg.load_spec(s)]
+            except Exception as exc:  # the user asked for this one: the spec and the error, no traceback
+                raise UsageError(f"--impl {s}", f"cannot load it: {type(exc).__name__}: {exc}") from None
     pool = [i for i in reg.impls.values() if i.op in ops]
     if not names:
         return [i for i in pool if i.kind in ("reference", "fused") or is_gpu_mutant(i)]
     missing = set(names) - {i.name for i in pool}
     if missing:
-        raise SystemExit(f"--impl: unknown implementation(s) {sorted(missing)} for ops {list(ops)}")
+        raise UsageError("--impl", f"unknown implementation(s) {', '.join(sorted(missing))} for {', '.join(ops)}; "
+                                   f"known: {', '.join(sorted({i.name for i in pool}))}")
     return [i for i in pool if i.name in names]
 
 
@@ -194,7 +201,14 @@ def registry():
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """A bad argument: one line, exit 2 (``harness.usage``)."""
+    from harness import usage
+
+    p = build_parser()
+    return usage.guarded(p.prog, _main, p.parse_args(argv))
+
+
+def _main(args) -> int:
     ops = tuple(args.op or BUILTIN)
     checks = tuple(args.check or CHECKS)
     reg = registry()  # no kernel module imported yet: names are checked on any machine

@@ -56,11 +56,13 @@ def _catalog(spec, names):
     return [named[n] for n in names]
 
 
-def _parity(reg: Registry, impl: Impl, dev) -> tuple[str, set, str]:
+def _parity(reg: Registry, impl: Impl, dev, record=None) -> tuple[str, set, str]:
     spec = reg.ops[impl.op]
     bad, ran, first = set(), 0, ""
     for case in _catalog(spec, mt.PARITY_CASES[impl.op]):
         res = runners.run_case(spec, impl, case, dev, determinism=False, poisoned=False, poisoned_alloc=True)
+        if record:
+            record(impl, case, res)
         if res.refused:
             continue
         ran += 1
@@ -105,7 +107,9 @@ def _row(subject, kind, par, tls, secs, doc) -> KillRow:
                    ",".join(sorted(g_bad)), p_first or t_first, round(secs, 1), doc)
 
 
-def build(reg: Registry, dev, *, only: str | None = None, progress=print) -> list[KillRow]:
+def build(reg: Registry, dev, *, only: str | None = None, progress=print, record=None) -> list[KillRow]:
+    """The matrix rows, clean implementations first. ``record(impl, case, result)``, when given, sees
+    every parity run (``harness.runners.CaseResult``), e.g. to write them as parity rows."""
     rows = []
     named = {t.name: t for t in tl.catalog()}
     subjects = []
@@ -125,7 +129,7 @@ def build(reg: Registry, dev, *, only: str | None = None, progress=print) -> lis
         if kind == "path-mutant":
             par_bad, par_first, states = set(), "", []
             for key in subj.uses:  # the kernels it runs, on their own targeted catalogs
-                s, bad, first = _parity(reg, reg.impls[key], dev)
+                s, bad, first = _parity(reg, reg.impls[key], dev, record)
                 states.append(s)
                 par_bad |= bad
                 par_first = par_first or first
@@ -133,7 +137,7 @@ def build(reg: Registry, dev, *, only: str | None = None, progress=print) -> lis
             pairs = [(subj.path(reg, f), named[f"{f}/{mt.PATH_TIMELINE}"]) for f in subj.families]
             tls = _timelines(pairs, dev, stop_at_kill=True)
         else:
-            par = _parity(reg, subj, dev)
+            par = _parity(reg, subj, dev, record)
             tls = _timelines(list(_op_paths(reg, subj)), dev, stop_at_kill=kind == "mutant")
         row = _row(name, kind, par, tls, time.perf_counter() - t0, subj.doc)
         rows.append(row)

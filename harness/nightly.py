@@ -233,27 +233,36 @@ def summary(steps: list[Step]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness nightly", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/nightly", help="directory for every CSV, log and the report")
-    ap.add_argument("--profile", default="nightly", help="parity/timelines profile (nightly | ci | dev)")
+    from cases import profiles
+    from cases import timelines as tl
+    from harness import usage
+    from harness.e2e import model as M
+
+    ap = usage.ArgumentParser(prog="python -m harness nightly", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=usage.output_dir, default="runs/nightly",
+                    help="directory for every CSV, log and the report")
+    ap.add_argument("--profile", default="nightly", choices=sorted(profiles.PROFILES), help="parity/timelines profile")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
-    ap.add_argument("--budget-s", type=float, default=600.0, help="wall-time budget for the whole run")
-    ap.add_argument("--jobs", type=int, default=None,
+    ap.add_argument("--budget-s", type=usage.finite_float(0.0, strict=True), default=600.0,
+                    help="wall-time budget for the whole run")
+    ap.add_argument("--jobs", type=usage.positive_int, default=None,
                     help="worker processes per parity and per timelines step (default: by cores)")
-    ap.add_argument("--gate-jobs", type=int, default=None, help="worker processes per gate layout (default: by cores)")
+    ap.add_argument("--gate-jobs", type=usage.positive_int, default=None,
+                    help="worker processes per gate layout (default: by cores)")
     ap.add_argument("--op", action="append", choices=OPS, help="parity ops (default: all three)")
-    ap.add_argument("--generated", type=int, default=None,
+    ap.add_argument("--generated", type=usage.count, default=None,
                     help="generated parity cases per op (default: the profile's)")
-    ap.add_argument("--timelines", type=int, default=None,
+    ap.add_argument("--timelines", type=usage.count, default=None,
                     help="generated timelines per family (default: the profile's; 500 in the nightly profile)")
-    ap.add_argument("--layout", action="append", help="gate layouts (default: all three)")
-    ap.add_argument("--family", action="append", help="timeline families (default: all)")
-    ap.add_argument("--compiled-shards", type=int, default=1,
+    ap.add_argument("--layout", action="append", choices=M.LAYOUTS, help="gate layouts (default: all three)")
+    ap.add_argument("--family", action="append", choices=sorted(tl.FAMILIES), help="timeline families (default: all)")
+    ap.add_argument("--compiled-shards", type=usage.positive_int, default=1,
                     help="run the compiled step on one rotating slice of n of its catalog per night (default 1: all)")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-gate", action="store_true")
-    ap.add_argument("--baseline", default=None, help="a previous nightly's merged parity CSV for the report's diff")
+    ap.add_argument("--baseline", type=usage.input_file, default=None,
+                    help="a previous nightly's merged parity CSV for the report's diff")
     args = ap.parse_args(argv)
     from harness import devices
 

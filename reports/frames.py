@@ -1,12 +1,24 @@
-"""CSV files -> one frame per row type: shards merged, columns checked against the dataclass."""
+"""CSV files -> one frame per row type: shards merged, columns checked against the dataclass.
+
+A file the report cannot trust is refused with ``CSVError`` naming it (and the row): unreadable,
+not CSV text (binary, a gzip stream cut short), no rows (a header only: an empty shard), a row
+cut short (a truncated file), columns of another row type, or a verdict the harness never
+writes (``reports.rows.VERDICTS``).
+"""
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from pathlib import Path
 
 import pandas as pd
 
-from reports.rows import ParityRow
+from reference.checks import VerifyParityInputError
+from reports.rows import VERDICTS, ParityRow
+
+
+class CSVError(VerifyParityInputError):
+    """A CSV the report cannot trust; ``arg`` is the file."""
 
 
 def _str_columns(row_type: type) -> list[str]:
@@ -17,22 +29,54 @@ def _str_columns(row_type: type) -> list[str]:
 # nightly's CSV (the baseline of the next) still reads.
 ADDED_COLUMNS = {"precision": "exact-fp32", "known": ""}
 
+_UNREADABLE = (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError)
 
-def read(paths: list[str | Path], row_type: type = ParityRow) -> pd.DataFrame:
+
+def read_one(path: str | Path, columns: list[str], what: str, *, complete: str = "seed") -> pd.DataFrame:
+    """One CSV with at least one row and every one of ``columns`` (``what``: the row type, for the
+    error); ``complete`` names a column every row fills (provenance's ``seed``, the last column of
+    every row type): a row without it was cut short."""
+    try:
+        f = pd.read_csv(path)
+    except _UNREADABLE as exc:
+        raise CSVError(str(path), f"cannot read it as a {what} CSV: {type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    missing = [c for c in columns if c not in f.columns]
+    if missing:
+        raise CSVError(str(path), f"not a {what} CSV, missing columns {missing}")
+    if f.empty:
+        raise CSVError(str(path), "no rows (a header only: an empty shard, or a run that ran nothing)")
+    cut = f[complete].isna()
+    if cut.any():
+        raise CSVError(str(path), f"row {int(cut.idxmax()) + 1} is cut short (no {complete!r}): a truncated file?")
+    return f
+
+
+def _check_verdicts(path, f: pd.DataFrame, row_type: type) -> None:
+    for col, legal in VERDICTS.get(row_type, {}).items():
+        bad = ~f[col].isin(legal)
+        if bad.any():
+            i = int(bad.idxmax())
+            val = "" if pd.isna(f[col].iloc[i]) else f[col].iloc[i]
+            raise CSVError(str(path), f"row {i + 1}: {col} {val!r} is not one of {', '.join(legal)}")
+
+
+def read(paths: list[str | Path], row_type: type = ParityRow, *, counts: list | None = None) -> pd.DataFrame:
     """Concatenate CSVs of one row type (e.g. the shards of one run). Columns in dataclass order;
-    a file missing a column raises (but for ``ADDED_COLUMNS``, filled with their old meaning);
-    rows repeated exactly (a shard passed twice) are dropped."""
+    a file missing a column raises (but for ``ADDED_COLUMNS``, filled with their old meaning), as
+    does any file the module docstring lists; rows repeated exactly (a shard passed twice) are
+    dropped. ``counts``, when given, gets (path, rows) per file."""
     cols = [f.name for f in dataclasses.fields(row_type)]
     frames = []
     for p in paths:
-        f = pd.read_csv(p)
+        f = read_one(p, [c for c in cols if c not in ADDED_COLUMNS], row_type.__name__)
         for c, old in ADDED_COLUMNS.items():
             if c in cols and c not in f.columns:
                 f[c] = old
-        missing = [c for c in cols if c not in f.columns]
-        if missing:
-            raise ValueError(f"{p}: not a {row_type.__name__} CSV, missing columns {missing}")
+        _check_verdicts(p, f, row_type)
         frames.append(f[cols + [c for c in f.columns if c not in cols]])
+        if counts is not None:
+            counts.append((p, len(f)))
     if not frames:
         return pd.DataFrame(columns=cols)
     out = pd.concat(frames, ignore_index=True)

@@ -154,5 +154,12 @@ class TimelineRow:
     repro: str  # the run's one-line repro (harness.timeline_rows.repro_line)
 
 
+# The values the harness writes in each row type's verdict columns; ``reports.frames.read``
+# refuses any other (a hand-edited "FAIL" or a blank must never read as passing).
+PARITY_STATUSES = ("pass", "fail", "refused", "known")
+VERDICTS = {ParityRow: {"status": PARITY_STATUSES}, TimelineRow: {"status": ("pass", "fail")},
+            GateRow: {"expect": ("pass", "fail"), "verdict": ("pass", "fail")}}
+
+
 def columns(row_type: type) -> list[str]:
     return [f.name for f in dataclasses.fields(row_type)]

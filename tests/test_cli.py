@@ -21,6 +21,12 @@ def test_list():
     assert "qk_norm_rope" in r.stdout and "mutant-store-left-on-in-verify" in r.stdout and "shim=" in r.stdout
     line = next(x for x in r.stdout.splitlines() if "fused-shared-kv-bf16p" in x)
     assert "precision=bf16-p" in line and "precision=exact-fp32" in r.stdout  # each impl's declared class
+    from cases import timelines as tl
+
+    lines = r.stdout.splitlines()
+    assert any(x.strip().startswith("cases: ") and "one-token-one-head" in x for x in lines)  # catalog case names
+    assert f"timeline families: {', '.join(sorted(tl.FAMILIES))}" in lines
+    assert any(x.startswith("timelines: ") and "qwen35-gqa/width-1" in x for x in lines)
 
 
 def test_run_writes_csv_with_provenance_and_prints_summary(tmp_path):
@@ -139,3 +145,29 @@ def test_subprocess_env_keeps_the_callers_pythonpath(monkeypatch):
     assert env["HF_HUB_OFFLINE"] == "1"
     monkeypatch.delenv("PYTHONPATH")
     assert subprocess_env()["PYTHONPATH"] == str(ROOT)
+
+
+def test_mutants_kill_matrix_writes_the_op_mutants_parity_rows_to_csv(tmp_path):
+    """``mutants --csv`` in the default kill-matrix mode: the op mutants' parity rows (what ``nox -s report``
+    reads as runs/mutants*.csv), besides the matrix itself. One mutant, in-process (the matrix narrowed by
+    ``killmatrix.build(only=...)``): its parity rows fail, and the report's kill matrix reads it KILLED."""
+    import functools
+    import signal
+    from unittest import mock
+
+    from harness import cli, killmatrix
+    from reports import frames, html
+
+    subject = "qk_norm_rope/mutant-eps-outside-sqrt"
+    csv, km = tmp_path / "mutants.csv", tmp_path / "km.csv"
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        with mock.patch.object(killmatrix, "build", functools.partial(killmatrix.build, only=subject)):
+            rc = cli.main(["mutants", "--device", "cpu", "--csv", str(csv), "--kill-matrix", str(km), "--quiet"])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert rc == 0
+    rows = frames.read([csv])
+    assert set(rows["impl"]) == {"mutant-eps-outside-sqrt"} and (rows["status"] == "fail").any()
+    assert set(pd.read_csv(km)["subject"]) == {subject}
+    assert html.kill_matrix(rows).set_index("impl").loc["mutant-eps-outside-sqrt", "killed"] == "KILLED"

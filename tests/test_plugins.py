@@ -179,7 +179,7 @@ def test_impl_spec_that_fails_to_import_is_a_clear_error(cwd_plugin):
     for spec, words in (("vp_no_such_module:X", "ModuleNotFoundError"), ("vp_cwd_plugin:NOPE", "NOPE"),
                         ("vp_cwd_plugin:NOT_AN_IMPL", "got int")):
         r = _cli([*RUN, "--impl", spec], cwd_plugin)
-        assert r.returncode == 1 and "verify-parity run:" not in r.stdout, r.stdout  # nothing ran
+        assert r.returncode == 2 and "verify-parity run:" not in r.stdout, r.stdout  # nothing ran
         assert "Traceback" not in r.stderr and f"--impl {spec}" in r.stderr and words in r.stderr, r.stderr
 
 
@@ -212,7 +212,7 @@ def test_cli_list_shows_only_the_selection(cwd_plugin):
     assert "vendor-writes-q" in r.stdout and "[vp_cwd_plugin:ALL]" in r.stdout
     assert "vendor-good" not in r.stdout and "vendor-bad" not in r.stdout
     r = _cli(["list", "--device", "cpu", "--impl", "vp_cwd_plugin:ALL[vendor-nope]"], cwd_plugin)
-    assert r.returncode == 1, r.stdout
+    assert r.returncode == 2, r.stdout  # a usage error
     assert "no implementation named 'vendor-nope'; it provides: qk_norm_rope/vendor-good" in r.stderr
     assert "Traceback" not in r.stderr
 

@@ -14,15 +14,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness import usage
 from harness.bench import mla_fp8_prepare, perf, qk_norm_rope, verify_attention
 
 OPS = {m.OP: m for m in (qk_norm_rope, mla_fp8_prepare, verify_attention)}
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="directory for perf.csv and <op>/ CSVs")
+    ap = usage.ArgumentParser(prog="python -m harness.bench", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=lambda s: Path(usage.output_dir(s)), required=True,
+                    help="directory for perf.csv and <op>/ CSVs")
     ap.add_argument("--quick", action="store_true", help="the small shape set of every op")
     ap.add_argument("--op", action="append", choices=sorted(OPS), help="only this op (repeatable; default: all)")
     return ap
