@@ -149,14 +149,26 @@ def compiled_shard(shards: int, day: int | None = None) -> str | None:
     return f"{day % shards + 1}/{shards}"
 
 
+def _header_only(path: Path) -> bool:
+    """A CSV with a header and no rows: what a step stopped before its first row writes. ``report``
+    refuses such a file; the step's own status already fails it, so the report leaves it out rather
+    than be lost. Anything else (rows, or a file that does not parse) goes to ``report`` to judge."""
+    import pandas as pd
+
+    try:
+        return pd.read_csv(path, nrows=1).empty
+    except Exception:  # noqa: BLE001 - unreadable: report names what is wrong with it
+        return False
+
+
 def _report_step(out: Path, baseline: str | None) -> Step:
     args = [sys.executable, "-m", "harness", "report", "--out", str(out / "report")]
-    for p in sorted(out.glob("parity-*.csv.gz")):
-        args += ["--csv", str(p)]
-    for p in sorted(out.glob("gate-*.csv")):
-        args += ["--gate", str(p)]
-    for p in sorted(out.glob("timelines-*.csv.gz")):
-        args += ["--timelines", str(p)]
+    for flag, pattern in (("--csv", "parity-*.csv.gz"), ("--gate", "gate-*.csv"), ("--timelines", "timelines-*.csv.gz")):
+        for p in sorted(out.glob(pattern)):
+            if _header_only(p):
+                print(f"nightly: report leaves out {p.name}: no rows (its step's status says why)", flush=True)
+            else:
+                args += [flag, str(p)]
     perf = out / "bench" / "perf.csv"
     if perf.exists():
         args += ["--perf", str(perf)]

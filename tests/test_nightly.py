@@ -84,6 +84,18 @@ def test_report_step_takes_every_csv_the_steps_wrote(tmp_path):
             ("--gate", "gate-k3-mla-fp8.csv")} <= pairs
 
 
+def test_report_step_leaves_out_a_header_only_csv(tmp_path):
+    """A step stopped before its first row writes a header-only CSV, which ``report`` refuses; the
+    nightly report must still be built from the others. Planted: passing every file fails."""
+    import pandas as pd
+
+    pd.DataFrame({"op": ["qk_norm_rope"], "status": ["pass"]}).to_csv(tmp_path / "parity-qk_norm_rope.csv.gz", index=False)
+    pd.DataFrame(columns=["op", "status"]).to_csv(tmp_path / "parity-verify_attention.csv.gz", index=False)
+    argv = nightly._report_step(tmp_path, None).argv
+    names = [a.rsplit("/", 1)[-1] for a in argv]
+    assert "parity-qk_norm_rope.csv.gz" in names and "parity-verify_attention.csv.gz" not in names
+
+
 def test_plan_keeps_parity_and_timeline_counts_apart(tmp_path):
     """--generated sizes the parity cases only; --timelines the timelines; --gate-jobs the gate."""
     steps = {s.name: s for s in nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=3,
