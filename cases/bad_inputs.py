@@ -40,13 +40,11 @@ reproduces it as printed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import functools
 import importlib
 import json
-import math
 import os
 import re
 import select
@@ -60,7 +58,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -516,6 +514,13 @@ def _value_at(kind: str):
     return apply
 
 
+def _nan_masked_key(kw, a, p, ctx):
+    """k of the last draft of request 0 gets a NaN in its last dim (the rope part under MLA, where
+    v is k's first Dv dims; under GQA v is its own tensor)."""
+    last = int(kw["qo_indptr"][1]) - 1
+    kw["k"][last, 0, -1].fill_(float("nan"))
+
+
 def _value_args(op: str, kind: str) -> tuple[str, ...]:
     if op == "qk_norm_rope":
         return ("q", "kv") if kind in ("subnormal", "huge") else args_of(op, "data", "param", "table")
@@ -648,6 +653,12 @@ def _padding_junk(kw, a, p, ctx):
     t = kw[a].clone()
     t[t < 0] = torch.iinfo(t.dtype).min
     kw[a] = t
+
+
+def _real_entry(op, a, case, p):
+    """Two tokens, at least one of them not padding (an entry to break)."""
+    case = _tokens(case)
+    return _replace(case, padding=min(getattr(case, "padding", 0), case.T - 1)) if hasattr(case, "T") else case
 
 
 def _padding_prepare(op, a, case, p):
@@ -833,6 +844,10 @@ CLASSES: dict[str, BadClass] = {c.name: c for c in (
     _c("value-huge-data", "a row of huge values (bf16 max for mla's casts, 1e15 where fp32 sums of squares and "
        "scores must stay finite, the fp8 max in fp8 pools)", _A, lambda op: _value_args(op, "huge"),
        _value_at("huge"), params=_values_params, prepare=_two_rows),
+    _c("value-nan-masked-key", "NaN in the score of a draft key the causal mask hides from every draft but the last "
+       "(a dim of k that v does not share): only the last draft's output is NaN", _A,
+       lambda op: ("k",) if op == "verify_attention" else (), _nan_masked_key,
+       prepare=lambda op, a, case, p: _replace(case, L=max(2, case.L), is_causal=True)),
     _c("value-nan-unread", "NaN in every row a call must not read (rope-table rows off the positions, pool rows "
        "off the prefix: slot 0 included, ring / KV rows it does not write)", _A,
        lambda op: {"qk_norm_rope": ("cos", "sin", "ring"), "mla_fp8_prepare": ("kv_buffer",),
@@ -857,12 +872,12 @@ CLASSES: dict[str, BadClass] = {c.name: c for c in (
        lambda op: args_of(op, "float"), lambda kw, a, p, ctx: kw.update({a: 1e39}), value=lambda p: "1e+39"),
     # ------------------------------------------------------------------ index ranges
     _c("index-negative", "a negative entry where negative is not padding", _E,
-       lambda op: args_of(op, "index", "map"), _entry("negative"), prepare=lambda op, a, case, p: _tokens(case),
+       lambda op: args_of(op, "index", "map"), _entry("negative"), prepare=_real_entry,
        value=lambda p: p["_value"]),
     _c("index-past-end", "an entry one past the table / pool", _E, lambda op: args_of(op, "index", "slots", "map"),
-       _entry("past-end"), prepare=lambda op, a, case, p: _tokens(case), value=lambda p: p["_value"]),
+       _entry("past-end"), prepare=_real_entry, value=lambda p: p["_value"]),
     _c("index-huge", "an entry near the index dtype's max (2**31 - 1, 2**40)", _E,
-       lambda op: args_of(op, "index", "slots", "map"), _entry("huge"), prepare=lambda op, a, case, p: _tokens(case),
+       lambda op: args_of(op, "index", "slots", "map"), _entry("huge"), prepare=_real_entry,
        value=lambda p: p["_value"]),
     _c("index-duplicate-writes", "two tokens write the same slot", _E, lambda op: args_of(op, "slots", "map"),
        _dup_write, prepare=lambda op, a, case, p: _replace(_tokens(case), padding=0), error=checks.RangeError),
@@ -1225,21 +1240,27 @@ def worker_main(device_kind: str) -> int:
     device = devices.select(device_kind)
     import fused  # noqa: F401 - Triton prepared before any kernel import
 
+    from harness.devices import synchronize
+
     proto.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         job = Job.from_dict(json.loads(line))
         t0 = time.perf_counter()
         try:
             res = execute(job, device)
+            synchronize(device)  # a fault of the call that surfaces only now is still the call's
         except Exception as e:  # noqa: BLE001 - the harness itself failed on this job: say so
             where = traceback.extract_tb(e.__traceback__)[-1]
-            res = {"outcome": "crash", "detail": f"harness error building or checking the call "
-                                                 f"({Path(where.filename).name}:{where.lineno}): "
-                                                 f"{type(e).__name__}: {e}"}
+            res = {"outcome": "segfault", "detail": f"device fault: {type(e).__name__}: {e}", "fatal": True} \
+                if _device_fault(e) else \
+                {"outcome": "crash", "detail": f"harness error building or checking the call "
+                                               f"({Path(where.filename).name}:{where.lineno}): {type(e).__name__}: {e}"}
         res["seconds"] = round(time.perf_counter() - t0, 4)
+        fatal = res.pop("fatal", False)
         proto.write(json.dumps(res) + "\n")
-        if res.pop("fatal", False):
-            return 3  # a CUDA fault poisons the context: the parent starts a fresh worker
+        proto.flush()
+        if fatal:  # a CUDA fault poisons the context: end here, the parent starts a fresh worker
+            os._exit(3)
     return 0
 
 
@@ -1407,9 +1428,11 @@ def failing_classes(results: list[Result | None]) -> set[str]:
     return {r.job.cls for r in results if r is not None and r.bad}
 
 
-def report(results: list[Result | None], jobs: list[Job], out=sys.stdout, per_key: int = 2) -> int:
+def report(results: list[Result | None], jobs: list[Job], out=None, per_key: int = 2) -> int:
     """Print the table and one repro line per failure (``per_key`` per class, op and target); 1 on any bad outcome."""
     import pandas as pd
+
+    out = out or sys.stdout
 
     with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_columns", None):
         print(table(results, jobs).reset_index().to_string(index=False), file=out)
@@ -1432,7 +1455,8 @@ def report(results: list[Result | None], jobs: list[Job], out=sys.stdout, per_ke
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cases.bad_inputs", description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "rocm"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "rocm", "auto"),
+                   help="auto: the GPU if torch sees one, else the CPU interpreter")
     p.add_argument("--classes", nargs="*", help="class names or groups (stride, dtype, device, ...); default: all")
     p.add_argument("--ops", nargs="*", choices=OPS, default=list(OPS))
     p.add_argument("--targets", nargs="*", help="module:attr of built-in targets, or module:attr@<built-in>")
@@ -1458,7 +1482,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.one:
         job = Job.from_dict(json.loads(args.one))
-        res = run([job], device=args.device, timeout=args.timeout)[0]
+        res = run([job], device=devices.select(args.device).kind, timeout=args.timeout)[0]
         print(f"{job.cls} {job.op} {job.arg} {job.target}: {res.outcome} (expected "
               f"{'typed-error' if res.expect == 'error' else 'correct'}): {res.detail}")
         return 1 if res.bad else 0
@@ -1471,7 +1495,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed)
     show = (lambda r: print(f"{r.outcome:13s} {r.job.cls} {r.job.op} {r.job.arg} {r.job.target}: {r.detail[:300]}",
                             flush=True)) if args.verbose else None
-    results = run(jobs, device=args.device, timeout=args.timeout, stop_after=args.stop_after, workers=args.jobs,
+    results = run(jobs, device=device.kind, timeout=args.timeout, stop_after=args.stop_after, workers=args.jobs,
                   progress=show)
     return report(results, jobs)
 

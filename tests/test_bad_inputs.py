@@ -13,7 +13,6 @@ import ctypes
 import os
 import shlex
 import subprocess
-import sys
 import time
 
 import pytest
@@ -27,7 +26,7 @@ from tests.helpers import ROOT, subprocess_env
 # sweep asserts that each still fails. Empty it as they are fixed; everything else must pass.
 KNOWN_OPEN = {
     "stride-index", "rank-extra-dim", "rank-0d", "size-t0", "size-empty-prefix",
-    "value-inf-data", "value-nan-unread", "value-inf-scale", "value-subnormal-scale", "value-scale-past-fp32",
+    "value-inf-data", "value-nan-masked-key", "value-nan-unread", "value-inf-scale", "value-subnormal-scale", "value-scale-past-fp32",
     "pytype-str-bool", "pytype-int-bool", "pytype-numpy-float32", "pytype-numpy-int", "pytype-int-for-float",
     "pytype-bool-for-int", "pytype-none-for-tensor", "pytype-list-for-tensor", "enum-bogus", "enum-none",
     "knob-splits-huge", "tree-topk2", "device-meta-one", "device-meta-all",
@@ -159,6 +158,19 @@ def plant_writes_input(**kw):
     return out
 
 
+def plant_writes_outside_the_ring(**kw):
+    """A correct answer, plus one element written just before the ring's view (its storage's junk)."""
+    out = _fused_step(**kw)
+    ring = kw["ring"]
+    ring.as_strided((1,), (1,), ring.storage_offset() - 1).zero_()
+    return out
+
+
+def plant_hides_the_value(**kw):
+    """Names the argument but not the bad value."""
+    raise checks.VerifyParityInputError("rope_style", "not a rope style")
+
+
 PLANTS = {  # plant: (class, argument, the outcome it must get)
     "plant_swallow": ("index-past-end", "positions", "wrong"),
     "plant_partial_write": ("index-past-end", "loc", "partial-write"),
@@ -170,18 +182,27 @@ PLANTS = {  # plant: (class, argument, the outcome it must get)
     "plant_refuses": ("stride-offset", "q", "refused"),
     "plant_wrong_answer": ("stride-offset", "q", "wrong"),
     "plant_writes_input": ("stride-offset", "kv", "wrong"),
+    "plant_writes_outside_the_ring": ("stride-offset", "ring", "wrong"),
+    "plant_hides_the_value": ("enum-bogus", "rope_style", "misnamed"),
+}
+
+
+CONTROLS = {  # the same inputs to the real wrapper: (class, argument, its good outcome)
+    f"control-{cls}-{a}": (cls, a, "typed-error" if bi.CLASSES[cls].expected("qk_norm_rope") == "error" else "correct")
+    for cls, a in {(c, a) for c, a, _ in PLANTS.values()}
 }
 
 
 @pytest.fixture(scope="module")
 def planted(device):
+    """Every plant and control in one run (one worker, restarted after the segfault, abort and hang)."""
     jobs = []
-    for plant, (cls, a, _) in PLANTS.items():
-        target = f"tests.test_bad_inputs:{plant}@{QK_FUSED_STEP}"
+    for name, (cls, a, _) in {**PLANTS, **CONTROLS}.items():
+        target = QK_FUSED_STEP if name.startswith("control-") else f"tests.test_bad_inputs:{name}@{QK_FUSED_STEP}"
         jobs += [j for j in bi.plan(device, classes=[cls], ops=("qk_norm_rope",), targets=[target], examples=1)
                  if j.arg == a][:1]
-    assert len(jobs) == len(PLANTS)
-    return dict(zip(PLANTS, bi.run(jobs, device=device.kind, timeout=8)))
+    assert len(jobs) == len(PLANTS) + len(CONTROLS)
+    return dict(zip({**PLANTS, **CONTROLS}, bi.run(jobs, device=device.kind, timeout=5)))
 
 
 @pytest.mark.parametrize("plant", list(PLANTS))
@@ -189,14 +210,14 @@ def test_plant_is_reported_as_its_bad_outcome(planted, plant):
     res = planted[plant]
     assert res.outcome == PLANTS[plant][2], f"{plant}: {res.outcome}: {res.detail}"
     assert res.bad and res.repro.startswith("python -m cases.bad_inputs ")
+    if "writes" in plant:
+        assert res.detail.startswith("wrote into ['"), res.detail
 
 
-def test_the_real_wrapper_passes_the_plants_inputs(device):
-    jobs = [j for j in bi.plan(device, classes=["index-past-end", "stride-offset"], ops=("qk_norm_rope",),
-                               targets=[QK_FUSED_STEP], examples=1) if j.arg in ("positions", "loc", "q", "kv")]
-    assert {j.arg for j in jobs} == {"positions", "loc", "q", "kv"}
-    assert [r.outcome for r in bi.run(jobs, device=device.kind)] == \
-        ["typed-error" if j.cls == "index-past-end" else "correct" for j in jobs]
+@pytest.mark.parametrize("control", list(CONTROLS))
+def test_the_real_wrapper_passes_the_plants_inputs(planted, control):
+    res = planted[control]
+    assert res.outcome == CONTROLS[control][2], f"{control}: {res.outcome}: {res.detail}"
 
 
 def test_a_repro_line_reproduces_as_printed(planted):
@@ -207,11 +228,15 @@ def test_a_repro_line_reproduces_as_printed(planted):
     assert f": {res.outcome} (expected typed-error)" in proc.stdout
 
 
-def test_cli_prints_the_table_and_exits_zero_when_every_call_is_good():
-    proc = subprocess.run([sys.executable, "-m", "cases.bad_inputs", "--device", "cpu", "--classes", "rank-missing-dim",
-                           "--ops", "qk_norm_rope", "--examples", "1"], cwd=ROOT, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    header, row = proc.stdout.splitlines()[:2]
+def test_cli_prints_the_table_and_exits_zero_when_every_call_is_good(device, capsys):
+    assert bi.main(["--device", device.kind, "--classes", "rank-missing-dim", "--ops", "qk_norm_rope",
+                    "--examples", "1"]) == 0
+    header, row = capsys.readouterr().out.splitlines()[:2]
     assert header.split()[:3] == ["class", "op", "expect"] and all(o in header for o in bi.OUTCOMES)
     assert row.split()[:3] == ["rank-missing-dim", "qk_norm_rope", "error"]
+
+
+def test_cli_groups_and_unknown_classes():
+    assert bi.expand_classes(["tree", "size-b0"]) == [n for n in bi.CLASSES if n.startswith("tree-")] + ["size-b0"]
+    with pytest.raises(ValueError, match="neither a class nor a group"):
+        bi.expand_classes(["strides"])
