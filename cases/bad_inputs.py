@@ -322,8 +322,24 @@ def _junk(dtype: torch.dtype, kind: str):
     return -big if kind == "negative" and torch.iinfo(dtype).min < 0 else big
 
 
+def fill_(t: torch.Tensor, value) -> torch.Tensor:
+    """``t.fill_(value)``; fp8 through its bytes (the code torch's CPU cast gives), which every CUDA build takes."""
+    if t.dtype in FP8:
+        code = torch.tensor([float(value)]).to(t.dtype).view(torch.uint8)[0]
+        t.view(torch.uint8).fill_(int(code))
+        return t
+    return t.fill_(value)
+
+
+def cat(ts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """``torch.cat``; fp8 through its bytes (cat of float8 is not on every CUDA build)."""
+    if ts[0].dtype in FP8:
+        return torch.cat([t.view(torch.uint8) for t in ts], dim).view(ts[0].dtype)
+    return torch.cat(ts, dim)
+
+
 def _filled(shape, like: torch.Tensor, junk: str) -> torch.Tensor:
-    return torch.empty(shape, dtype=like.dtype, device=like.device).fill_(_junk(like.dtype, junk))
+    return fill_(torch.empty(shape, dtype=like.dtype, device=like.device), _junk(like.dtype, junk))
 
 
 def rows_view(t: torch.Tensor, junk: str, pad: int = 3) -> torch.Tensor:
@@ -334,8 +350,11 @@ def rows_view(t: torch.Tensor, junk: str, pad: int = 3) -> torch.Tensor:
 
 
 def interleaved_view(t: torch.Tensor, junk: str) -> torch.Tensor:
-    """Same values, every stride doubled: ``stack([t, junk], -1)[..., 0]`` (the innermost stride is 2)."""
-    return torch.stack([t, _filled(t.shape, t, junk)], -1)[..., 0]
+    """Same values, innermost stride 2: every other element of a twice-wide tensor, junk between
+    (``stack([t, junk], -1)[..., 0]``)."""
+    wide = _filled((*t.shape[:-1], 2 * t.shape[-1]), t, junk)
+    wide[..., ::2].copy_(t)
+    return wide[..., ::2]
 
 
 def offset_view(t: torch.Tensor, junk: str, offset: int = 5) -> torch.Tensor:
@@ -503,14 +522,14 @@ def _value_at(kind: str):
             sub = t[rows]
             idx = rows + _elem(sub, p["at"])
             val = float("nan") if kind == "nan" else p["sign"] * float("inf")
-            t[idx].fill_(val)
+            fill_(t[idx], val)
             return
         if kind == "subnormal":  # bf16: 2^-3 of the smallest normal; fp8: 2^-9
             val = p["sign"] * (torch.finfo(t.dtype).tiny / 8 if t.dtype not in FP8 else 2.0 ** -9)
         else:
             big = {"mla_fp8_prepare": float(torch.finfo(t.dtype).max)}.get(ctx.op, 1e15)
             val = p["sign"] * (float(torch.finfo(t.dtype).max) if t.dtype in FP8 else big)
-        t[rows].fill_(val)
+        fill_(t[rows], val)
     return apply
 
 
@@ -518,7 +537,7 @@ def _nan_masked_key(kw, a, p, ctx):
     """k of the last draft of request 0 gets a NaN in its last dim (the rope part under MLA, where
     v is k's first Dv dims; under GQA v is its own tensor)."""
     last = int(kw["qo_indptr"][1]) - 1
-    kw["k"][last, 0, -1].fill_(float("nan"))
+    fill_(kw["k"][last, 0, -1], float("nan"))
 
 
 def _value_args(op: str, kind: str) -> tuple[str, ...]:
@@ -591,14 +610,14 @@ def _head_dim0(kw, a, p, ctx):
 def _gqa_indivisible(kw, a, p, ctx):
     H = kw["q"].shape[1]
     for k in ("k", "v", "k_buffer", "v_buffer"):
-        kw[k] = kw[k][:, :1].repeat(1, H + 1, 1)
+        kw[k] = cat([kw[k][:, :1]] * (H + 1), 1)
 
 
 def _v_wider(kw, a, p, ctx):
     """v and v_buffer 16 dims wider than head_dim (zeros appended)."""
     extra = kw["q"].shape[-1] + 16 - kw["v"].shape[-1]
     for k in ("v", "v_buffer"):
-        kw[k] = torch.cat([kw[k], kw[k].new_zeros(*kw[k].shape[:-1], extra)], -1)
+        kw[k] = cat([kw[k], fill_(kw[k].new_empty(*kw[k].shape[:-1], extra), 0.0)], -1)
 
 
 def _identity_tree(kw, a, p, ctx):
@@ -802,17 +821,17 @@ CLASSES: dict[str, BadClass] = {c.name: c for c in (
        lambda op: {"qk_norm_rope": ("kv", "positions", "loc", "q_out"),
                    "mla_fp8_prepare": ("q_rope", "k_nope", "k_rope", "out_cache_loc", "decode_kernel_loc"),
                    "verify_attention": ("k", "v", "o")}[op],
-       lambda kw, a, p, ctx: _set(kw, a, lambda t: torch.cat([t, t[:1]])),
+       lambda kw, a, p, ctx: _set(kw, a, lambda t: cat([t, t[:1]], 0)),
        names=lambda op, a: (a, *{"mla_fp8_prepare": ("q_nope", "out_cache_loc", "decode_kernel_loc")}.get(op, ()))),
     _c("shape-head-mismatch", "one more head than the other arguments have", _E,
        lambda op: {"qk_norm_rope": ("q_out",), "mla_fp8_prepare": ("q_rope",),
                    "verify_attention": ("v", "k_buffer", "v_buffer", "o")}[op],
-       lambda kw, a, p, ctx: _set(kw, a, lambda t: torch.cat([t, t[:, :1]], 1))),
+       lambda kw, a, p, ctx: _set(kw, a, lambda t: cat([t, t[:, :1]], 1))),
     _c("shape-dim-mismatch", "one more element on the last axis than the other arguments have", _E,
        lambda op: {"qk_norm_rope": ("kv", "kv_norm_weight", "q_norm_weight", "cos", "sin", "ring", "q_out"),
                    "mla_fp8_prepare": ("k_nope", "k_rope", "kv_buffer"),
                    "verify_attention": ("k", "k_buffer", "v_buffer", "o")}[op],
-       lambda kw, a, p, ctx: _set(kw, a, lambda t: torch.cat([t, t[..., :1]], -1))),
+       lambda kw, a, p, ctx: _set(kw, a, lambda t: cat([t, t[..., :1]], -1))),
     _c("shape-gqa-indivisible", "num_heads not a multiple of num_kv_heads (H + 1 KV heads)", _E,
        lambda op: ("*",) if op == "verify_attention" else (), _gqa_indivisible, names=lambda op, a: ("k",)),
     _c("shape-v-wider", "v_head_dim larger than head_dim", _E, lambda op: ("*",) if op == "verify_attention" else (),
