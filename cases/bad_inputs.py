@@ -20,9 +20,18 @@ whole call) in one way, and states the one outcome it must have, per op:
           (``harness.runners._check_outputs``: exact bytes, or finite + numeric against the fp64
           oracle with the chain's error as allowance; written rows and untouched rows), with no
           byte of a read-only argument, or outside a writable view, changed.
-A kernel wrapper with declared limits (``verify_split_kv`` / ``verify_shared_kv``: its
-``can_handle`` and topk == 1; fused ``mla_fp8_prepare``: ``covered`` and the device's fp8
-formats) may refuse a legal input it does not cover, with a typed error: that is its answer there.
+The expectation is the class's, never the implementation's: the reference and the fused entry
+points of an op get the same one, so they must agree on what is legal. Only a kernel wrapper with
+declared limits (``verify_split_kv`` / ``verify_shared_kv``: its ``can_handle`` and topk == 1;
+fused ``mla_fp8_prepare``: ``covered`` and the device's fp8 formats) may refuse a legal input it
+does not cover, with a typed error: that is its answer there.
+
+The contract the classes hold the ops to, where the code left a choice: index tensors and tree
+masks contiguous (a kernel reads them as ``ptr + i``; kv_indices always had to be); flags bools
+(or ``numpy.bool_``), never a str or an int; integer knobs ints (or numpy integers), never a bool
+or a float; float scalars real numbers (ints and numpy floats included), never a bool, str or
+tensor, with a normal fp32 value; num_kv_splits bounded (10**4 is refused); meta tensors refused
+with a DeviceError; no tokens (T = 0) legal where the op has no per-request structure (qk, mla).
 
 Outcomes of one call (``OUTCOMES``): typed-error and correct are the good ones; crash (any
 other exception), segfault (the worker died, or a CUDA fault), hang (past ``--timeout``), wrong
