@@ -1,5 +1,5 @@
 """Every user-facing entry point: `nox -s parity`, `nox -s tests`, `nox -s mutants`, `nox -s compile`,
-`nox -s report`, `nox -s gate`, `nox -s sglang`.
+`nox -s report`, `nox -s gate`, `nox -s sglang`, `nox -s fuzz`.
 
 Installs are vendor-safe. On a CPU machine the session venv takes the pins of
 ``constraints/cpu.txt`` (torch 2.13.0 CPU build, triton 3.9.0, numpy 2.4.6). On a CUDA or
@@ -67,6 +67,16 @@ def sglang(session: nox.Session) -> None:
     session.install("--no-deps", SGLANG)
     session.run("python", "-m", "harness", "run", "--device", DEVICE, "--profile", "ci", "--jobs", _jobs(),
                 "--impl", "harness.adapters.sglang:IMPLS", "--ledger", "sglang", "--csv", "runs/sglang.csv",
+                *session.posargs, env={"VP_DEVICE": DEVICE})
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def fuzz(session: nox.Session) -> None:
+    """The bad-input fuzzer (cases/bad_inputs.py) deeper than the tests: 8 drawn inputs per class, op and argument
+    instead of 1, every call in a worker subprocess; fails on any crash, segfault, hang, wrong answer, partial write,
+    refusal of a legal input or error not naming the argument. `-- --classes stride device` for a slice."""
+    _install(session)
+    session.run("python", "-m", "cases.bad_inputs", "--device", DEVICE, "--examples", "8", "--jobs", _jobs(),
                 *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
