@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -152,6 +153,8 @@ def _is_bool(x) -> bool:
 
 def check_bool(arg: str, x) -> bool:
     """A flag: bool or numpy.bool_ (a str such as 'False', an int or a tensor is refused)."""
+    if x is True or x is False:
+        return x
     if not _is_bool(x):
         raise DTypeError(arg, f"must be a bool, got {type(x).__name__} {x!r}")
     return bool(x)
@@ -159,7 +162,7 @@ def check_bool(arg: str, x) -> bool:
 
 def check_int(arg: str, x, *, low: int, high: int | None = None) -> int:
     """An integer knob (int or numpy integer, not bool) in [low, high]; returned as int."""
-    if _is_bool(x) or not isinstance(x, numbers.Integral):
+    if type(x) is not int and (_is_bool(x) or not isinstance(x, numbers.Integral)):  # exact int: the fast path
         raise DTypeError(arg, f"must be an int, got {type(x).__name__} {x!r}")
     v = int(x)
     if v < low or (high is not None and v > high):
@@ -169,6 +172,8 @@ def check_int(arg: str, x, *, low: int, high: int | None = None) -> int:
 
 def check_real(arg: str, x) -> float:
     """A real number (int, float, numpy scalar; not bool, str or tensor); returned as float."""
+    if type(x) is float:  # the fast path
+        return x
     if _is_bool(x) or not isinstance(x, numbers.Real):
         raise DTypeError(arg, f"must be a real number (float), got {type(x).__name__} {x!r}")
     try:
@@ -178,8 +183,11 @@ def check_real(arg: str, x) -> float:
 
 
 def fp32_value(x: float) -> float:
-    """``x`` rounded to fp32 (to nearest even; past the range ±inf), as a Python float."""
-    return torch.tensor(x, dtype=torch.float32).item()  # a CPU scalar: no device sync
+    """``x`` rounded to fp32 (to nearest even, subnormals kept; past the range ±inf), as a Python float."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:  # rounds past FP32.max
+        return math.copysign(math.inf, x)
 
 
 def check_fp32_scale(arg: str, x, *, value: float | None = None) -> float:

@@ -39,6 +39,7 @@ from reference.checks import (
     check_dtype,
     check_fp32_scale,
     check_index,
+    fp32_value,
     check_index_range,
     check_rank,
     check_same_device,
@@ -93,11 +94,12 @@ def validate(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None,
 
 
 def inv_descale(kv_descale: float | None) -> float | None:
-    """``fp32(1 / fp32(kv_descale))`` as a Python float (exactly an fp32 value); None stays None."""
+    """``fp32(1 / fp32(kv_descale))`` as a Python float (exactly an fp32 value); None stays None.
+    The fp32 division, RNE, computed in float64 and rounded once to fp32: for a quotient of two fp32
+    numbers that double rounding is exact (53 >= 2·24 + 2 bits)."""
     if kv_descale is None:
         return None
-    one = torch.tensor(1.0, dtype=torch.float32)
-    return float(one / torch.tensor(float(kv_descale), dtype=torch.float32))  # fp32 division, RNE
+    return fp32_value(1.0 / fp32_value(float(kv_descale)))
 
 
 # ----------------------------------------------------------------------------- the fp8 cast
