@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from reference import mla_fp8_prepare as ref
-from reference.checks import VerifyParityInputError, check_inner_contiguous
+from reference.checks import UnsupportedError, check_bool, check_inner_contiguous
 
 KERNEL_FP8_POLICY = "saturate"
 # Compile targets per fp8 format. Measured with triton 3.9: compiling for sm90 with fp8e4b8
@@ -170,8 +170,8 @@ def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descal
                     ("kv_buffer", kv_buffer)):
         check_inner_contiguous(name, t)  # the kernel's loads and stores run along a unit stride
     if fp8_policy != KERNEL_FP8_POLICY:
-        raise VerifyParityInputError("fp8_policy", f"the fused kernel implements {KERNEL_FP8_POLICY!r} only, "
-                                                   f"got {fp8_policy!r}; the dispatch sends it to the chain")
+        raise UnsupportedError("fp8_policy", f"the fused kernel implements {KERNEL_FP8_POLICY!r} only, "
+                                           f"got {fp8_policy!r}; the dispatch sends it to the chain")
     q8 = torch.empty((T, H, Dn + R), dtype=kv_buffer.dtype, device=kv_buffer.device)
     _launch(q8=q8, kv_buffer=kv_buffer, q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, loc=loc,
             k_mul=k_mul_tensor(kv_descale, kv_buffer.device))
@@ -191,6 +191,9 @@ def gate(*, save_kv_cache: bool, fused_switch: bool, write_loc_resolved: bool, l
     """Pure dispatch decision (seed 001, ``TRTLLMMLABackend.forward_extend``, fp8 target-verify,
     no RoPE): fused only when writes are on, the static switch is on, a write location
     resolves, and the kernel covers the inputs. Checked in the seed's order."""
+    for arg, val in (("save_kv_cache", save_kv_cache), ("fused_switch", fused_switch),
+                     ("write_loc_resolved", write_loc_resolved), ("layout_covered", layout_covered)):
+        check_bool(arg, val)
     if not save_kv_cache:
         return PrepareDecision(False, "writes off")
     if not fused_switch:
@@ -239,7 +242,7 @@ def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache
     """
     kernel_fn = kernel_fn or mla_fp8_prepare
     ref.validate_pool(kv_buffer=kv_buffer, out_cache_loc=out_cache_loc, slot_map=slot_map,
-                      decode_kernel_loc=decode_kernel_loc)
+                      decode_kernel_loc=decode_kernel_loc, save_kv_cache=save_kv_cache, fused_switch=fused_switch)
     pool = ref.KVPool(kv_buffer, slot_map)
     switch = fused_switch_from_env() if fused_switch is None else fused_switch
     fused_q8 = None  # the sentinel: not None <=> the kernel wrote the rows and produced q8
@@ -252,14 +255,14 @@ def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache
         fused_q8 = kernel_fn(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
                              loc=loc, kv_descale=kv_descale, fp8_policy=fp8_policy)
         pool.record(loc)
-    if fused_q8 is None:  # fallback: launches 1-4 of the chain
+    if fused_q8 is None:  # fallback: launches 1-4 of the chain, on inputs checked as the kernel's wrapper would
+        phys = decode_kernel_loc if save_kv_cache and decode_kernel_loc is not None else pool.physical(out_cache_loc)
+        ref.validate(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer, loc=phys,
+                     kv_descale=kv_descale, fp8_policy=fp8_policy)
         q8, k_nope8, k_rope8 = ref.quantize_chain(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope,
                                                   fp8_dtype=kv_buffer.dtype, kv_descale=kv_descale,
                                                   fp8_policy=fp8_policy)
     if save_kv_cache and fused_q8 is None:  # launch 5, only when the kernel did not write
-        phys = decode_kernel_loc if decode_kernel_loc is not None else pool.physical(out_cache_loc)
-        ref.validate(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer, loc=phys,
-                     kv_descale=kv_descale, fp8_policy=fp8_policy)
         pool.write_rows(phys, k_nope8, k_rope8)
     return {"q8": fused_q8 if fused_q8 is not None else q8, "kv_writes": pool.writes}
 

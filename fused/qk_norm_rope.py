@@ -17,9 +17,10 @@ import triton
 import triton.language as tl
 
 from reference import qk_norm_rope as ref
+from reference.checks import check_bool
 
 VERIFY_SWITCH_ENV = "VP_FUSED_QK_NORM_ROPE_VERIFY"
-FORWARD_MODES = ("extend", "decode", "target_verify")
+FORWARD_MODES = ref.FORWARD_MODES
 
 
 @triton.jit
@@ -180,6 +181,7 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
                            rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
                            ring=ring, loc=loc, q_out=q_out)
+    eps, rope_dim = float(eps), int(rope_dim)  # numpy scalars: their values (kernel arguments)
     if q_out is None:
         q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
@@ -211,8 +213,9 @@ def gate(*, unified: bool, forward_mode: str, verify_switch: bool, fused_non_uni
     in target-verify only when the switch is on — and then *without* the store, returning kv.
     Non-unified KV: fused with its own SWA-cache store when the model enables it.
     """
-    if forward_mode not in FORWARD_MODES:
-        raise ValueError(f"forward_mode: expected one of {FORWARD_MODES}, got {forward_mode!r}")
+    ref.validate_forward_mode(forward_mode)
+    unified, verify_switch = check_bool("unified", unified), check_bool("verify_switch", verify_switch)
+    fused_non_unified = check_bool("fused_non_unified", fused_non_unified)
     fuse_verify = verify_switch and forward_mode == "target_verify"
     use = (unified and (forward_mode == "decode" or fuse_verify)) or (not unified and fused_non_unified)
     store_in_kernel = use and not (unified and fuse_verify)
@@ -226,7 +229,8 @@ def qk_norm_rope_step(*, forward_mode, ring, loc, gate_fn=gate, verify_switch=No
     Contract: in decode ring[loc] holds the rotated kv afterwards; in target_verify the ring
     is untouched here and kv_out is returned for attention and the backend's causal store.
     """
-    switch = verify_switch_from_env() if verify_switch is None else verify_switch
+    ref.validate_forward_mode(forward_mode)
+    switch = verify_switch_from_env() if verify_switch is None else check_bool("verify_switch", verify_switch)
     d = gate_fn(unified=True, forward_mode=forward_mode, verify_switch=switch)
     if d.use_fused:
         q_out, kv_out = qk_norm_rope(ring=ring if d.in_kernel_store else None,

@@ -18,7 +18,7 @@ import triton
 
 from fused.kernels import verify_attention as kern
 from reference import verify_attention as ref
-from reference.checks import VerifyParityInputError
+from reference.checks import RangeError, UnsupportedError, check_bool, check_choice, check_int
 
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 # fp8 flavours a compiled backend converts natively (the interpreter converts both through the shim)
@@ -140,13 +140,34 @@ P_PRECISIONS = {
 }
 
 
+# query heads per program (BLOCK_H·L_PAD rows of one tile): the table's largest is 16; 256 leaves room for
+# twice the largest TP-local head count (128), which the KV-head-straddling mutant launches
+MAX_BLOCK_H = 256
+
+
 def _single_p_dot(kind: str, p_precision) -> bool:
-    if p_precision not in P_PRECISIONS:
-        raise VerifyParityInputError("p_precision", f"must be one of {sorted(P_PRECISIONS)}, got {p_precision!r}")
+    check_choice("p_precision", p_precision, tuple(P_PRECISIONS))
     if kind != "shared_kv" and P_PRECISIONS[p_precision]:
-        raise VerifyParityInputError("p_precision", f"the {kind} kernel computes P·V as bf16x2 only, "
-                                                    f"got {p_precision!r}")
+        raise UnsupportedError("p_precision", f"the {kind} kernel computes P·V as bf16x2 only, got {p_precision!r}")
     return P_PRECISIONS[p_precision]
+
+
+def _check_kernel_knobs(kind: str, *, block_h, combine_block_h, topk, custom_mask) -> None:
+    """What the kernels do not cover, and their own knobs (no device values read): tree masks
+    (topk > 1: both kernels compute the causal chain, the dispatcher never sends them a tree);
+    ``block_h`` / ``combine_block_h`` None or a power of two in [1, MAX_BLOCK_H], and the
+    split-KV kernel takes one head per program."""
+    if custom_mask is not None or topk != 1:
+        raise UnsupportedError("custom_mask" if custom_mask is not None else "topk",
+                               f"the {kind} kernel computes the causal chain only (topk 1, no tree mask), got "
+                               f"topk={topk!r}, custom_mask {'given' if custom_mask is not None else 'None'}; "
+                               f"fused.verify_attention sends trees to the reference")
+    for arg, val in (("block_h", block_h), ("combine_block_h", combine_block_h)):
+        if val is not None and (check_int(arg, val, low=1, high=MAX_BLOCK_H) & (val - 1)):
+            raise RangeError(arg, f"must be a power of two in [1, {MAX_BLOCK_H}], got {val!r}")
+    if kind == "split_kv" and block_h not in (None, 1):
+        raise UnsupportedError("block_h", f"the split_kv kernel runs one query head per program, "
+                                          f"got block_h={block_h!r}")
 
 
 def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
@@ -166,6 +187,10 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
         ref.validate(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
                      kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
                      num_kv_splits=num_kv_splits, o=o, **_routing)
+    _check_kernel_knobs(kind, block_h=block_h, combine_block_h=combine_block_h, topk=_routing.get("topk", 1),
+                        custom_mask=_routing.get("custom_mask"))
+    sm_scale, k_scale, v_scale = float(sm_scale), float(k_scale), float(v_scale)  # kernel arguments: their values
+    num_kv_splits, is_causal = int(num_kv_splits), bool(is_causal)
     (T, H, D), Hkv, Dv, B = q.shape, k_buffer.shape[1], v_buffer.shape[2], qo_indptr.shape[0] - 1
     group = H // Hkv
     if kind == "shared_kv":
@@ -221,12 +246,12 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
 
 def verify_split_kv(**kw):
     """Per-head split-KV kernel; same contract as ``reference.verify_attention.verify_attention``
-    for topk == 1 (tree masks are not supported: the gate never routes them here)."""
+    for topk == 1: a tree mask is refused (UnsupportedError; the gate never routes one here)."""
     return _launch("split_kv", **kw)
 
 
 def verify_shared_kv(*, p_precision="bf16x2", **kw):
-    """Grouped shared-KV kernel; same contract, topk == 1 only (it ignores tree masks).
+    """Grouped shared-KV kernel; same contract, topk == 1 only (a tree mask: UnsupportedError).
     ``p_precision="bf16"``: the single-dot variant, one bf16(P)·V product per tile instead of two
     (precision class bf16-p); "bf16x2" (default): exact-fp32."""
     return _launch("shared_kv", p_precision=p_precision, **kw)
@@ -256,8 +281,8 @@ def gate(*, model_family: str, topk: int, use_mla: bool, splitkv_switch: bool, n
     MiniMax GQA when the switch is on and exactly one KV head is local. Split-KV whenever the
     switch is on at topk == 1. Everything else takes the generic path (the reference chain).
     """
-    if model_family not in ref.MODEL_FAMILIES:
-        raise ValueError(f"model_family: expected one of {ref.MODEL_FAMILIES}, got {model_family!r}")
+    check_choice("model_family", model_family, ref.MODEL_FAMILIES)
+    use_mla, splitkv_switch = check_bool("use_mla", use_mla), check_bool("splitkv_switch", splitkv_switch)
     chain = topk == 1
     if not chain:
         return VerifyRoute(False, False)

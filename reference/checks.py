@@ -3,12 +3,28 @@
 The reference defines each op's contract, so the argument checks live beside it and the
 fused wrappers call the very same functions: a reference and a kernel can never disagree
 about what is legal input. Every error names the offending argument and the value seen.
+
+Tensors: every one must hold data (no meta tensor) in the strided layout; index and pointer
+tensors (positions, loc, indptr, indices, masks) must be contiguous, because the kernels read
+them as ``ptr + i`` (a strided view would pass every value check, then be read as raw memory).
+Scalars: flags are bools (or ``numpy.bool_``), integer knobs ints, scales and epsilons real
+numbers (Python or numpy, converted with ``float``/``int``; never bool, str or tensor), each in a
+documented range; a scale is checked in fp32, the dtype the ops apply it in. None of these checks
+reads a tensor's values, so none syncs a device; the value checks (``check_index_range``,
+``check_unique``) do.
 """
 from __future__ import annotations
 
+import math
+import numbers
+import struct
 from collections.abc import Sequence
 
+import numpy as np
 import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+FP32 = torch.finfo(torch.float32)
 
 
 class VerifyParityInputError(ValueError):
@@ -40,12 +56,29 @@ class RangeError(VerifyParityInputError):
 
 
 class DeviceError(VerifyParityInputError):
-    """Tensors live on different devices."""
+    """Tensors live on different devices, or on one that holds no data (meta)."""
+
+
+class ChoiceError(VerifyParityInputError):
+    """A named option (a string) is not one of its legal values; the message lists them."""
+
+
+class UnsupportedError(VerifyParityInputError):
+    """Legal input that this implementation does not cover (a kernel's own limits)."""
+
+
+def check_tensor(arg: str, t) -> None:
+    """A dense tensor with data: not a list, not a meta tensor (no values to check or read), not sparse."""
+    if not isinstance(t, torch.Tensor):
+        raise DTypeError(arg, f"expected a torch.Tensor, got {type(t).__name__}")
+    if t.is_meta:
+        raise DeviceError(arg, f"is a meta tensor (shape {tuple(t.shape)}): it holds no data")
+    if t.layout != torch.strided:
+        raise LayoutError(arg, f"must be a dense (strided) tensor, got layout {t.layout}")
 
 
 def check_rank(arg: str, t: torch.Tensor, rank: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise DTypeError(arg, f"expected a torch.Tensor, got {type(t).__name__}")
+    check_tensor(arg, t)
     if t.dim() != rank:
         raise RankError(arg, f"expected {rank} dims, got shape {tuple(t.shape)}")
 
@@ -75,6 +108,15 @@ def check_contiguous(arg: str, t: torch.Tensor) -> None:
         raise LayoutError(arg, f"must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
 
 
+def check_index(arg: str, t: torch.Tensor, shape: Sequence[int | None], dtypes: Sequence[torch.dtype] = INDEX_DTYPES
+                ) -> None:
+    """An index or pointer tensor: ``shape`` (None = any), an integer dtype, contiguous (LayoutError:
+    kernels read it as ``ptr + i``)."""
+    check_shape(arg, t, shape)
+    check_dtype(arg, t, dtypes)
+    check_contiguous(arg, t)
+
+
 def check_same_device(**tensors: torch.Tensor | None) -> None:
     devs = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devs.values())) > 1:
@@ -101,3 +143,71 @@ def check_unique(arg: str, idx: torch.Tensor, *, ignore_negative: bool = True) -
     vals = idx[idx >= 0] if ignore_negative else idx
     if vals.numel() != torch.unique(vals).numel():
         raise RangeError(arg, "duplicate entries: two tokens would write the same slot")
+
+
+# ----------------------------------------------------------------------------- scalars
+
+def _is_bool(x) -> bool:
+    return isinstance(x, (bool, np.bool_))
+
+
+def check_bool(arg: str, x) -> bool:
+    """A flag: bool or numpy.bool_ (a str such as 'False', an int or a tensor is refused)."""
+    if x is True or x is False:
+        return x
+    if not _is_bool(x):
+        raise DTypeError(arg, f"must be a bool, got {type(x).__name__} {x!r}")
+    return bool(x)
+
+
+def check_int(arg: str, x, *, low: int, high: int | None = None) -> int:
+    """An integer knob (int or numpy integer, not bool) in [low, high]; returned as int."""
+    if type(x) is not int and (_is_bool(x) or not isinstance(x, numbers.Integral)):  # exact int: the fast path
+        raise DTypeError(arg, f"must be an int, got {type(x).__name__} {x!r}")
+    v = int(x)
+    if v < low or (high is not None and v > high):
+        raise RangeError(arg, f"must lie in [{low}, {high if high is not None else 'inf'}], got {v}")
+    return v
+
+
+def check_real(arg: str, x) -> float:
+    """A real number (int, float, numpy scalar; not bool, str or tensor); returned as float."""
+    if type(x) is float:  # the fast path
+        return x
+    if _is_bool(x) or not isinstance(x, numbers.Real):
+        raise DTypeError(arg, f"must be a real number (float), got {type(x).__name__} {x!r}")
+    try:
+        return float(x)
+    except OverflowError:  # an int past the float range
+        raise RangeError(arg, f"{x!r} does not fit a float") from None
+
+
+def fp32_value(x: float) -> float:
+    """``x`` rounded to fp32 (to nearest even, subnormals kept; past the range ±inf), as a Python float."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:  # rounds past FP32.max
+        return math.copysign(math.inf, x)
+
+
+def check_fp32_scale(arg: str, x, *, value: float | None = None) -> float:
+    """A positive factor that the ops apply in fp32 (a scale, an epsilon): a real number whose
+    fp32 value is finite and normal, in [FP32.tiny, FP32.max] ~ [1.18e-38, 3.4e38]. A subnormal
+    is refused too: a GPU kernel may flush it to zero, and its reciprocal overflows fp32.
+    ``value``: check this derived value (a product or reciprocal of ``x``) instead, naming ``arg``.
+    Returns ``float(x)`` (unrounded)."""
+    v = check_real(arg, x)
+    w = v if value is None else value
+    w32 = fp32_value(w)
+    if not (math.isfinite(w32) and FP32.tiny <= w32 <= FP32.max):
+        what = "" if value is None else f" (the value the op applies, {value!r})"
+        raise RangeError(arg, f"must be a positive finite normal fp32 number in [{FP32.tiny:.4g}, {FP32.max:.4g}]"
+                              f"{what}, got {x!r} (fp32: {w32!r})")
+    return v
+
+
+def check_choice(arg: str, x, choices: Sequence[str]) -> str:
+    """One of the named ``choices`` (strings); anything else names them all."""
+    if not isinstance(x, str) or x not in choices:
+        raise ChoiceError(arg, f"must be one of {tuple(choices)}, got {x!r}")
+    return x

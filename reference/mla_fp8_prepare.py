@@ -28,15 +28,18 @@ lives here too: it is the truth of where attention reads a token's row.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from reference.checks import (
-    DTypeError,
     VerifyParityInputError,
+    check_bool,
+    check_choice,
     check_dtype,
+    check_fp32_scale,
+    check_index,
+    fp32_value,
     check_index_range,
     check_rank,
     check_same_device,
@@ -58,8 +61,11 @@ def validate(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None,
     """Check every argument; return (T, H, Dn, R). Shared by the reference and the fused wrapper.
 
     Shapes: q_nope (T, H, Dn), q_rope (T, H, R), k_nope (T, Dn), k_rope (T, R) bf16, any
-    strides; kv_buffer (S, Dn + R) fp8; loc (T,) int32/int64 rows of kv_buffer, negative =
-    padding, no duplicates. A kernel's own layout limits are its wrapper's to check.
+    strides; kv_buffer (S, Dn + R) fp8; loc (T,) int32/int64 rows of kv_buffer, contiguous,
+    negative = padding, no duplicates. T = 0 (and H = 0) is legal: empty q8, nothing written.
+    kv_descale: None or a real number whose fp32 value and fp32 reciprocal (the factor k is
+    multiplied by) are both normal fp32 numbers, i.e. about [1.2e-38, 8.5e37]. A kernel's own
+    layout limits are its wrapper's to check.
     """
     check_rank("q_nope", q_nope, 3)
     T, H, Dn = q_nope.shape
@@ -76,28 +82,24 @@ def validate(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None,
         raise VerifyParityInputError("q_nope" if Dn == 0 else "q_rope", f"empty head dims: Dn={Dn}, R={R}")
     check_shape("kv_buffer", kv_buffer, (None, Dn + R))
     check_dtype("kv_buffer", kv_buffer, tuple(FP8_DTYPES.values()))
-    check_shape("loc", loc, (T,))
-    check_dtype("loc", loc, INDEX_DTYPES)
+    check_index("loc", loc, (T,), INDEX_DTYPES)
+    if kv_descale is not None:  # before the value checks of loc: they sync the device
+        check_fp32_scale("kv_descale", kv_descale)
+        check_fp32_scale("kv_descale", kv_descale, value=inv_descale(kv_descale))
+    check_choice("fp8_policy", fp8_policy, POLICIES)
     check_index_range("loc", loc, low=0, high=kv_buffer.shape[0], allow_negative_padding=True)
     check_unique("loc", loc)
-    if kv_descale is not None:
-        if isinstance(kv_descale, bool) or not isinstance(kv_descale, (float, int)):
-            raise DTypeError("kv_descale", f"expected a Python float or None, got {type(kv_descale).__name__}")
-        d32 = float(torch.tensor(float(kv_descale), dtype=torch.float32))
-        if not (math.isfinite(d32) and d32 > 0.0) or not math.isfinite(1.0 / d32):
-            raise VerifyParityInputError("kv_descale", f"must be a positive finite fp32 scale, got {kv_descale!r}")
-    if fp8_policy not in POLICIES:
-        raise VerifyParityInputError("fp8_policy", f"must be one of {POLICIES}, got {fp8_policy!r}")
     check_same_device(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer, loc=loc)
     return T, H, Dn, R
 
 
 def inv_descale(kv_descale: float | None) -> float | None:
-    """``fp32(1 / fp32(kv_descale))`` as a Python float (exactly an fp32 value); None stays None."""
+    """``fp32(1 / fp32(kv_descale))`` as a Python float (exactly an fp32 value); None stays None.
+    The fp32 division, RNE, computed in float64 and rounded once to fp32: for a quotient of two fp32
+    numbers that double rounding is exact (53 >= 2·24 + 2 bits)."""
     if kv_descale is None:
         return None
-    one = torch.tensor(1.0, dtype=torch.float32)
-    return float(one / torch.tensor(float(kv_descale), dtype=torch.float32))  # fp32 division, RNE
+    return fp32_value(1.0 / fp32_value(float(kv_descale)))
 
 
 # ----------------------------------------------------------------------------- the fp8 cast
@@ -278,22 +280,26 @@ class KVPool:
         self.record(phys_loc)
 
 
-def validate_pool(*, kv_buffer, out_cache_loc, slot_map, decode_kernel_loc) -> None:
-    """The step's extra arguments: the logical loc lies in the pool, the maps are well formed."""
-    check_shape("out_cache_loc", out_cache_loc, (None,))
-    check_dtype("out_cache_loc", out_cache_loc, INDEX_DTYPES)
+def validate_pool(*, kv_buffer, out_cache_loc, slot_map, decode_kernel_loc, save_kv_cache=True,
+                  fused_switch=True) -> None:
+    """The step's extra arguments: the logical loc lies in the pool, the maps are well formed
+    (contiguous int tensors), the flags are bools (``fused_switch`` None: from the environment)."""
+    check_bool("save_kv_cache", save_kv_cache)
+    if fused_switch is not None:
+        check_bool("fused_switch", fused_switch)
+    check_rank("kv_buffer", kv_buffer, 2)
+    check_index("out_cache_loc", out_cache_loc, (None,), INDEX_DTYPES)
+    if decode_kernel_loc is not None:
+        check_index("decode_kernel_loc", decode_kernel_loc, tuple(out_cache_loc.shape), INDEX_DTYPES)
     S = kv_buffer.shape[0]
     if slot_map is not None:
-        check_shape("slot_map", slot_map, (None,))
-        check_dtype("slot_map", slot_map, INDEX_DTYPES)
+        check_index("slot_map", slot_map, (None,), INDEX_DTYPES)
         check_index_range("slot_map", slot_map, low=0, high=S)
         check_unique("slot_map", slot_map, ignore_negative=False)
     n_logical = S if slot_map is None else slot_map.shape[0]
     check_index_range("out_cache_loc", out_cache_loc, low=0, high=n_logical, allow_negative_padding=True)
     check_unique("out_cache_loc", out_cache_loc)
     if decode_kernel_loc is not None:
-        check_shape("decode_kernel_loc", decode_kernel_loc, tuple(out_cache_loc.shape))
-        check_dtype("decode_kernel_loc", decode_kernel_loc, INDEX_DTYPES)
         check_index_range("decode_kernel_loc", decode_kernel_loc, low=0, high=S, allow_negative_padding=True)
         check_unique("decode_kernel_loc", decode_kernel_loc)
 
@@ -308,7 +314,7 @@ def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache
     Returns {"q8": (T, H, Dn + R) fp8, "kv_writes": (S,) int32 writes per physical row}.
     """
     validate_pool(kv_buffer=kv_buffer, out_cache_loc=out_cache_loc, slot_map=slot_map,
-                  decode_kernel_loc=decode_kernel_loc)
+                  decode_kernel_loc=decode_kernel_loc, save_kv_cache=save_kv_cache, fused_switch=fused_switch)
     pool = KVPool(kv_buffer, slot_map)
     phys = pool.physical(out_cache_loc)
     validate(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer, loc=phys,

@@ -20,11 +20,16 @@ from __future__ import annotations
 import torch
 
 from reference.checks import (
+    RangeError,
     VerifyParityInputError,
-    check_dtype,
+    check_choice,
     check_contiguous,
+    check_dtype,
+    check_fp32_scale,
+    check_index,
     check_index_range,
     check_inner_contiguous,
+    check_int,
     check_rank,
     check_same_device,
     check_shape,
@@ -32,6 +37,9 @@ from reference.checks import (
 )
 
 ROPE_STYLES = ("interleaved", "neox")
+# forward modes of the prepare step: only "decode" stores into the ring here (launch 3); in
+# "target_verify" (and "extend") the backend stores the chunk itself
+FORWARD_MODES = ("extend", "decode", "target_verify")
 ACT_DTYPES = (torch.bfloat16,)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -39,7 +47,11 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions, rope_style,
              ring, loc, q_out) -> tuple[int, int, int]:
-    """Check every argument; return (T, H, D). Shared by the reference and the fused wrapper."""
+    """Check every argument; return (T, H, D). Shared by the reference and the fused wrapper.
+
+    T = 0 (and H = 0) is legal: empty outputs, nothing stored. eps: a positive normal fp32 number;
+    rope_dim: an int, a positive even divisor of D; positions, loc: contiguous int tensors.
+    """
     check_rank("q", q, 3)
     T, H, D = q.shape
     check_dtype("q", q, ACT_DTYPES)
@@ -54,12 +66,11 @@ def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, p
         check_shape("q_norm_weight", q_norm_weight, (D,))
         check_dtype("q_norm_weight", q_norm_weight, WEIGHT_DTYPES)
         check_contiguous("q_norm_weight", q_norm_weight)
-    if not isinstance(eps, float) or not eps > 0.0:
-        raise VerifyParityInputError("eps", f"must be a positive float, got {eps!r}")
-    if rope_style not in ROPE_STYLES:
-        raise VerifyParityInputError("rope_style", f"must be one of {ROPE_STYLES}, got {rope_style!r}")
-    if not isinstance(rope_dim, int) or rope_dim <= 0 or rope_dim % 2 or rope_dim > D or D % rope_dim:
-        raise VerifyParityInputError("rope_dim", f"must be a positive even divisor of head_dim {D}, got {rope_dim!r}")
+    check_fp32_scale("eps", eps)  # added to mean(x²) in fp32
+    check_choice("rope_style", rope_style, ROPE_STYLES)
+    r = check_int("rope_dim", rope_dim, low=1)
+    if r % 2 or r > D or D % r:
+        raise RangeError("rope_dim", f"must be a positive even divisor of head_dim {D}, got {rope_dim!r}")
     check_rank("cos", cos, 2)
     check_shape("cos", cos, (None, rope_dim // 2))
     check_shape("sin", sin, tuple(cos.shape))
@@ -67,8 +78,7 @@ def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, p
     check_dtype("sin", sin, (torch.float32,))
     check_contiguous("cos", cos)
     check_contiguous("sin", sin)
-    check_shape("positions", positions, (T,))
-    check_dtype("positions", positions, INDEX_DTYPES)
+    check_index("positions", positions, (T,), INDEX_DTYPES)
     check_index_range("positions", positions, low=0, high=cos.shape[0])
     if (ring is None) != (loc is None):
         raise VerifyParityInputError("loc" if ring is not None else "ring", "ring and loc must be given together")
@@ -76,8 +86,7 @@ def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, p
         check_shape("ring", ring, (None, D))
         check_dtype("ring", ring, ACT_DTYPES)
         check_contiguous("ring", ring)
-        check_shape("loc", loc, (T,))
-        check_dtype("loc", loc, INDEX_DTYPES)
+        check_index("loc", loc, (T,), INDEX_DTYPES)
         check_index_range("loc", loc, low=0, high=ring.shape[0], allow_negative_padding=True)
         check_unique("loc", loc)
     if q_out is not None:
@@ -91,7 +100,7 @@ def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, p
 
 def _rope_fp32(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, rope_style: str) -> torch.Tensor:
     """y (T, ..., D) fp32; cos/sin (T, R/2) fp32, already gathered by position. RoPE on the last R dims."""
-    c = cos.view(cos.shape[0], *([1] * (y.dim() - 2)), -1)  # (T, 1.., R/2)
+    c = cos.view(cos.shape[0], *([1] * (y.dim() - 2)), cos.shape[-1])  # (T, 1.., R/2); T may be 0
     s = sin.view_as(c)
     head, rot = y[..., : y.shape[-1] - rope_dim], y[..., y.shape[-1] - rope_dim:]
     if rope_style == "interleaved":
@@ -136,6 +145,7 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     """The reference chain. Returns (q_out (T, H, D), kv_out (T, D)); stores into ``ring`` iff given."""
     validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps, rope_dim=rope_dim,
              cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring, loc=loc, q_out=q_out)
+    eps, rope_dim = float(eps), int(rope_dim)  # numpy scalars: their values
     q_res = q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out)
     kv_res = kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, rope_style)
     if ring is not None:
@@ -155,7 +165,7 @@ def _oracle_one(x, w, eps, cos, sin, rope_dim, rope_style):
     else:
         half = rope_dim // 2
         pairs = torch.complex(rot[..., :half].contiguous(), rot[..., half:].contiguous())
-    e = torch.complex(cos.double(), sin.double()).view(cos.shape[0], *([1] * (y.dim() - 2)), -1)
+    e = torch.complex(cos.double(), sin.double()).view(cos.shape[0], *([1] * (y.dim() - 2)), cos.shape[-1])
     turned = pairs * e  # (T, .., R/2) complex128
     if rope_style == "interleaved":
         rot = torch.stack((turned.real, turned.imag), dim=-1).flatten(-2)
@@ -174,9 +184,15 @@ def qk_norm_rope_oracle(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_
     }
 
 
+def validate_forward_mode(forward_mode) -> str:
+    """The step's mode, one of ``FORWARD_MODES`` (ChoiceError otherwise). Shared by both steps."""
+    return check_choice("forward_mode", forward_mode, FORWARD_MODES)
+
+
 def qk_norm_rope_step(*, forward_mode, ring, loc, **kw):
-    """The unfused prepare step: decode stores the chunk (launch 3); target-verify leaves the
-    ring to the backend's causally indexed pre-attention store and returns kv."""
+    """The unfused prepare step: decode stores the chunk (launch 3); target-verify (and extend)
+    leaves the ring to the backend's causally indexed pre-attention store and returns kv."""
+    validate_forward_mode(forward_mode)
     if forward_mode == "decode":
         q_out, kv_out = qk_norm_rope(ring=ring, loc=loc, **kw)
     else:

@@ -31,17 +31,22 @@ fp8 buffers are upcast exactly to fp32; k_scale / v_scale apply to the prefix on
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from reference.checks import (
+    ShapeError,
     VerifyParityInputError,
+    check_bool,
+    check_choice,
     check_contiguous,
     check_dtype,
+    check_fp32_scale,
+    check_index,
     check_index_range,
     check_inner_contiguous,
+    check_int,
     check_rank,
     check_same_device,
     check_shape,
@@ -51,6 +56,10 @@ ACT_DTYPES = (torch.bfloat16,)
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 INDEX_DTYPES = (torch.int32, torch.int64)
 MODEL_FAMILIES = ("generic", "kimi-k3", "qwen3.5", "minimax", "dspark-draft")
+# num_kv_splits: at most this many. The kernels launch B·H·S prefix programs and keep (T, H, S, Dv)
+# fp32 partials; the benchmarks use at most 64, SGLang's backends 8-64. A split count above a
+# request's prefix length is legal (its trailing splits are empty).
+MAX_KV_SPLITS = 256
 
 
 def validate(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
@@ -60,7 +69,10 @@ def validate(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, s
 
     Shapes: q (T, H, D) bf16; k (T, Hkv, D), v (T, Hkv, Dv) bf16; k_buffer (S, Hkv, D),
     v_buffer (S, Hkv, Dv) bf16 or fp8; qo_indptr, kv_indptr (B+1,) int; kv_indices (N,) int;
-    custom_mask (Σ_b L_b²,) bool or None; o (T, H, Dv) bf16 or None.
+    custom_mask (Σ_b L_b²,) bool or None; o (T, H, Dv) bf16 or None. Index tensors and the mask
+    contiguous. Every request has at least one draft (B ≥ 1, T ≥ B).
+    Scalars: sm_scale, k_scale, v_scale and the score scale sm_scale·k_scale normal fp32 numbers;
+    num_kv_splits an int in [1, MAX_KV_SPLITS]; topk an int ≥ 1; is_causal, splitkv_switch bools.
     """
     check_rank("q", q, 3)
     T, H, D = q.shape
@@ -80,6 +92,8 @@ def validate(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, s
     check_inner_contiguous("v", v)
     if Dv > D:
         raise VerifyParityInputError("v", f"v_head_dim {Dv} exceeds head_dim {D}")
+    if min(H, Dv) < 1:
+        raise ShapeError("q" if H < 1 else "v", f"empty heads: num_heads {H}, head_dim {D}, v_head_dim {Dv}")
     check_rank("k_buffer", k_buffer, 3)
     check_shape("k_buffer", k_buffer, (None, Hkv, D))
     check_dtype("k_buffer", k_buffer, KV_DTYPES)
@@ -87,16 +101,23 @@ def validate(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, s
     check_shape("v_buffer", v_buffer, (k_buffer.shape[0], Hkv, Dv))
     check_dtype("v_buffer", v_buffer, (k_buffer.dtype,))
     check_inner_contiguous("v_buffer", v_buffer)
-    check_rank("qo_indptr", qo_indptr, 1)
+    check_index("qo_indptr", qo_indptr, (None,), INDEX_DTYPES)
     B = qo_indptr.shape[0] - 1
     if B < 1:
         raise VerifyParityInputError("qo_indptr", f"needs at least 2 entries, got shape {tuple(qo_indptr.shape)}")
-    check_dtype("qo_indptr", qo_indptr, INDEX_DTYPES)
-    check_shape("kv_indptr", kv_indptr, (B + 1,))
-    check_dtype("kv_indptr", kv_indptr, INDEX_DTYPES)
-    check_rank("kv_indices", kv_indices, 1)
-    check_dtype("kv_indices", kv_indices, INDEX_DTYPES)
-    check_contiguous("kv_indices", kv_indices)
+    check_index("kv_indptr", kv_indptr, (B + 1,), INDEX_DTYPES)
+    check_index("kv_indices", kv_indices, (None,), INDEX_DTYPES)
+    if custom_mask is not None:
+        check_index("custom_mask", custom_mask, (None,), (torch.bool,))
+    # the scalars (no device values needed) before the checks that read the index tensors
+    for arg, val in (("sm_scale", sm_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+        check_fp32_scale(arg, val)
+    check_fp32_scale("k_scale", k_scale, value=float(sm_scale) * float(k_scale))  # the prefix's score scale
+    check_bool("is_causal", is_causal)
+    check_bool("splitkv_switch", splitkv_switch)
+    check_int("num_kv_splits", num_kv_splits, low=1, high=MAX_KV_SPLITS)
+    topk = check_int("topk", topk, low=1)
+    check_choice("model_family", model_family, MODEL_FAMILIES)
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
     if qo[0] != 0 or qo[-1] != T or any(b < a for a, b in zip(qo, qo[1:])):
         raise VerifyParityInputError("qo_indptr", f"must rise from 0 to num_tokens {T}, got {qo}")
@@ -106,22 +127,12 @@ def validate(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, s
         raise VerifyParityInputError("kv_indptr", f"must rise from 0 to at most len(kv_indices) "
                                                   f"{kv_indices.shape[0]}, got {kvp}")
     check_index_range("kv_indices", kv_indices[: kvp[-1]], low=0, high=k_buffer.shape[0])
-    for arg, val in (("sm_scale", sm_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
-        if not isinstance(val, float) or not (val > 0.0 and math.isfinite(val)):
-            raise VerifyParityInputError(arg, f"must be a positive finite float, got {val!r}")
-    if not isinstance(num_kv_splits, int) or num_kv_splits < 1:
-        raise VerifyParityInputError("num_kv_splits", f"must be a positive int, got {num_kv_splits!r}")
-    if not isinstance(topk, int) or topk < 1:
-        raise VerifyParityInputError("topk", f"must be a positive int, got {topk!r}")
     if (custom_mask is not None) != (topk > 1):
         raise VerifyParityInputError("custom_mask", f"a tree mask is required exactly when topk > 1 (topk={topk}, "
                                                     f"mask {'given' if custom_mask is not None else 'missing'})")
     if custom_mask is not None:
         n_mask = sum((qo[i + 1] - qo[i]) ** 2 for i in range(B))
         check_shape("custom_mask", custom_mask, (n_mask,))
-        check_dtype("custom_mask", custom_mask, (torch.bool,))
-    if model_family not in MODEL_FAMILIES:
-        raise VerifyParityInputError("model_family", f"must be one of {MODEL_FAMILIES}, got {model_family!r}")
     if o is not None:
         check_shape("o", o, (T, H, Dv))
         check_dtype("o", o, ACT_DTYPES)
@@ -176,9 +187,9 @@ class _Roundings:
 
     @staticmethod
     def of(kv_dtype: torch.dtype, *, bf16_p: bool, bf16_partials: bool, fp8_q: bool) -> "_Roundings":
-        for arg, val in (("bf16_p", bf16_p), ("bf16_partials", bf16_partials), ("fp8_q", fp8_q)):
-            if not isinstance(val, bool):
-                raise VerifyParityInputError(arg, f"must be a bool, got {val!r}")
+        bf16_p, bf16_partials, fp8_q = (check_bool(a, v) for a, v in (("bf16_p", bf16_p),
+                                                                       ("bf16_partials", bf16_partials),
+                                                                       ("fp8_q", fp8_q)))
         kv8 = kv_dtype if fp8_q and kv_dtype in FP8_KV_DTYPES else None
         p16 = torch.bfloat16 if bf16_p else None
         return _Roundings(q_prefix=kv8, p_prefix=kv8 or p16, p_draft=p16, partials=bf16_partials)
@@ -274,6 +285,8 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
         kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
         num_kv_splits=num_kv_splits, custom_mask=custom_mask, o=o, topk=topk, model_family=model_family,
         splitkv_switch=splitkv_switch)
+    sm_scale, k_scale, v_scale = float(sm_scale), float(k_scale), float(v_scale)  # numpy scalars: their values
+    num_kv_splits, is_causal = int(num_kv_splits), bool(is_causal)
     rnd = _Roundings.of(k_buffer.dtype, bf16_p=bf16_p, bf16_partials=bf16_partials, fp8_q=fp8_q)
     prefix_fn, draft_fn, combine_fn = _stages or (prefix_split_partials, draft_partial, combine)
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
@@ -367,8 +380,11 @@ def prefix_split_partials_batched(qh, kp, vp, lens, *, scale, v_scale, num_kv_sp
     for s in range(num_kv_splits):
         lo = torch.minimum(s * split_len, lens)[:, None]
         hi = torch.minimum(lo + split_len[:, None], lens[:, None])
-        in_split = ((pos[None, :] >= lo) & (pos[None, :] < hi))[:, None, None, :]  # (B, 1, 1, N)
-        m, l_, acc = _partial(x, vp, in_split, p_dtype)
+        in_split = (pos[None, :] >= lo) & (pos[None, :] < hi)  # (B, N)
+        # the values outside the split are zeroed as well as their scores masked: P = 0 there, but
+        # 0·NaN (a pool row only the padding points at) or 0·Inf (a row of another split) is NaN
+        v_s = torch.where(in_split[:, None, :, None], vp, 0.0)  # (B, Hkv, N, Dv)
+        m, l_, acc = _partial(x, v_s, in_split[:, None, None, :], p_dtype)
         out.append((m, l_, acc * v_scale))
     return out
 
@@ -426,6 +442,7 @@ def verify_attention_sdpa(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, 
     validate(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
              kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
              custom_mask=custom_mask, o=o, **kw)
+    sm_scale, k_scale, v_scale, is_causal = float(sm_scale), float(k_scale), float(v_scale), bool(is_causal)
     T, H, _ = q.shape
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
     trees = tree_masks(custom_mask, qo)

@@ -274,3 +274,33 @@ def test_verify_attention_shape_filter(capsys):
     assert "verify_attention: 2 shapes" in capsys.readouterr().out  # GQA and MLA
     with pytest.raises(SystemExit):
         verify_attention.main(["--out", "unused", "--prefix", "7"])
+
+
+def test_wrapper_checks_stubs_the_validators_and_joins_a_baseline(device):
+    """``harness.bench.wrapper_checks``: every entry hands its validators legal arguments, the
+    unchecked call really runs without the shared validator (a bad eps passes the stub, and the
+    real one is back afterwards), one row is measured, and the baseline ratios are this / base."""
+    from harness.bench import wrapper_checks as wc
+    from reference import checks
+    from reference import qk_norm_rope as rq
+
+    es = wc.entries(device, small=True)
+    assert {e.wrapper for e in es} == {"fused.qk_norm_rope", "fused.mla_fp8_prepare", "fused.mla_fp8_prepare_step",
+                                       "fused.verify_split_kv", "fused.verify_shared_kv", "fused.verify_attention"}
+    for e in es:
+        kw = e.build()
+        for mod, name, args in e.validators:
+            getattr(mod, name)(**args(kw))
+    e = es[0]
+    kw = e.build()
+    results = [(m, n, getattr(m, n)(**a(kw))) for m, n, a in e.validators]
+    with wc._stubbed(results):
+        assert rq.validate(**{**kw, "eps": -1.0}) == results[0][2]
+    with pytest.raises(checks.RangeError):
+        rq.validate(**{**kw, "eps": -1.0})
+    row = wc.measure(e, lambda: devices.synchronize(device), iters=1, repeats=1)
+    assert min(row.wrapper_us, row.unchecked_us, row.validate_us) > 0
+    assert (row.validate_syncs == -1) == (not torch.cuda.is_available())
+    base = [dict(dataclasses.asdict(row), wrapper_us=2 * row.wrapper_us, validate_us=row.validate_us / 2)]
+    frame = wc.report([row], base)
+    assert frame["wrapper_x_base"][0] == pytest.approx(0.5) and frame["validate_x_base"][0] == pytest.approx(2.0)

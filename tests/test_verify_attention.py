@@ -408,7 +408,7 @@ BAD = [
     ("qo_indptr", lambda kw: torch.tensor([0, 0, 6], dtype=torch.int32), checks.VerifyParityInputError),
     ("kv_indptr", lambda kw: torch.tensor([0, 9, 99], dtype=torch.int32), checks.VerifyParityInputError),
     ("sm_scale", lambda kw: 0.0, checks.VerifyParityInputError),
-    ("k_scale", lambda kw: 1, checks.VerifyParityInputError),
+    ("k_scale", lambda kw: "1.0", checks.DTypeError),
     ("num_kv_splits", lambda kw: 0, checks.VerifyParityInputError),
     ("custom_mask", lambda kw: torch.ones(18, dtype=torch.bool), checks.VerifyParityInputError),
     ("o", lambda kw: torch.empty(6, 4, 32, dtype=torch.bfloat16), checks.ShapeError),
