@@ -327,7 +327,14 @@ def cmd_nightly(rest: list[str]) -> int:
     return nightly.main(rest)
 
 
-_DELEGATED = {"gpu": cmd_gpu, "bench": cmd_bench, "nightly": cmd_nightly}  # subcommands with their own parsers
+def cmd_warmup(rest: list[str]) -> int:
+    from harness import warmup
+
+    return warmup.main(rest)
+
+
+_DELEGATED = {"gpu": cmd_gpu, "bench": cmd_bench, "nightly": cmd_nightly,
+              "warmup": cmd_warmup}  # subcommands with their own parsers
 
 
 def cmd_repro(args) -> int:
@@ -517,7 +524,9 @@ def main(argv: list[str] | None = None) -> int:
                        ("bench", "benchmarks of every op into PerfRow CSVs (python -m harness bench "
                                                 "--help)"),
                        ("nightly", "the whole nightly: parity, timelines, GPU checks, gate, benchmarks, report "
-                                   "(python -m harness nightly --help)")):
+                                   "(python -m harness nightly --help)"),
+                       ("warmup", "compile every Triton variant a parity plan launches, up front, in parallel "
+                                  "(python -m harness warmup --help)")):
         sub.add_parser(name, help=text)  # listed here; main() hands its arguments to ``fn`` unparsed
     p = sub.add_parser("repro", help="re-run one case and print every check")
     common(p)
