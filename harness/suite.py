@@ -5,7 +5,6 @@ Cases per op: the whole catalog (``big`` entries only in profiles that ask for t
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import shlex
 import sys
@@ -215,24 +214,32 @@ def stack_name(op: str, case) -> str:
     return f"{base.display_id(op, case)[:80]}-{h}"
 
 
-def _split_lost(lost, n: int) -> list:
-    """Per implementation of a lost case: the results it emitted before, else the ``Lost``."""
+@dataclass(frozen=True)
+class Unfinished:
+    """An implementation of a lost case (``pool.Lost``) that has no result: the one running when the
+    case was lost (``blocked_by`` None), or one after it (``blocked_by``: that one's index)."""
+    lost: pool.Lost
+    blocked_by: int | None = None
+
+
+def _split_lost(lost: pool.Lost, n: int) -> list:
+    """Per implementation of a lost case: the result it emitted (``runners.run_impls``), else ``Unfinished``."""
     done = {part[1]: part[2] for part in lost.parts if part[0] == "done"}
     started = [part[1] for part in lost.parts if part[0] == "start"]
     running = started[-1] if started and started[-1] not in done else None
-    return [done.get(j, lost if j == running else dataclasses.replace(lost, parts=("not-run", running)))
-            for j in range(n)]
+    return [done[j] if j in done else Unfinished(lost, None if j == running else running) for j in range(n)]
 
 
-def lost_rows(p: Planned, impl: Impl, dev: Device, lost, prov: Provenance, impls: list[Impl]) -> list[ParityRow]:
+def lost_rows(p: Planned, impl: Impl, dev: Device, u: Unfinished, prov: Provenance,
+              impls: list[Impl]) -> list[ParityRow]:
     """The row of an implementation whose case gave no result: status ``timeout`` (the case ran past
     its limit) or ``fail`` (the worker process died), check ``timeout`` / ``run``, the detail saying
-    where the stack was and where it is on disk."""
+    where it hung and where the stack is on disk (or which implementation was running instead)."""
     nan = float("nan")
-    if lost.parts[:1] == ("not-run",):
-        before = lost.parts[1]
-        who = impls[before].name if before is not None else "the case's setup"
-        detail = f"not run: {who} {'timed out' if lost.reason == 'timeout' else 'died'} first on this case"
+    lost = u.lost
+    if u.blocked_by is not None:
+        detail = (f"not run: {impls[u.blocked_by].name} {'timed out' if lost.reason == 'timeout' else 'died'} "
+                  f"first on this case")
     else:
         where = lost.innermost()
         detail = lost.detail + (f"; at {where}" if where else "")
@@ -282,7 +289,7 @@ def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: 
                     new += rows_for(p, impl, dev, r, prov, ledger)
                     if stage_table is not None:
                         stage_table.add(p.spec.name, r.stages)
-                else:
+                else:  # Unfinished
                     new += lost_rows(p, impl, dev, r, prov, g_impls)
                 if stage_table is not None:
                     stage_table.add(p.spec.name, {"rows": time.perf_counter() - t0}, run=False)

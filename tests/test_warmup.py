@@ -31,7 +31,8 @@ def test_interpreter_has_nothing_to_warm(tmp_path):
 def test_dry_run_compiles_each_variant_once_and_a_second_run_only_hits_the_cache(tmp_path):
     """Every variant the plan launches lands in the cache once (one cubin per variant); a second
     warmup in fresh processes finds the same variants (the keys do not depend on the process) and
-    adds nothing to the cache."""
+    adds nothing to the cache; nor does the JIT compiling those variants on a run's first launches
+    (its compiles read the warmup's entries). Planted: preload left out leaves no cubin."""
     r = _cli(["warmup", "--target", "sm90", "--jobs", "2", *PLAN], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     m = re.search(r"warmup: compiled (\d+)/(\d+) kernel variants", r.stdout)
@@ -42,6 +43,36 @@ def test_dry_run_compiles_each_variant_once_and_a_second_run_only_hits_the_cache
     again = _cli(["warmup", "--target", "sm90", "--jobs", "2", *PLAN], tmp_path)
     assert again.returncode == 0 and f"compiled {m.group(1)}/{m.group(1)} " in again.stdout, again.stdout
     assert _cubins(tmp_path) == first
+    # the JIT's own path (a run's first launch of each variant) compiles from those entries: nothing new
+    env = subprocess_env(OMP_NUM_THREADS="1", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    jit = subprocess.run([sys.executable, "-c", JIT_RUN], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert jit.returncode == 0 and jit.stdout.split()[-1] == m.group(1), jit.stdout + jit.stderr[-3000:]
+    assert _cubins(tmp_path) == first
+
+
+# In a dry-run process: the fused qk_norm_rope wrapper on the plan's cases as a run calls it, the JIT
+# compiling each variant on its first launch (the launch itself then fails: no driver); prints the compiles.
+JIT_RUN = textwrap.dedent('''
+    import copy
+    from harness import warmup
+    warmup._dry_run("sm90")
+    from triton import knobs
+    from cases import profiles
+    from harness import suite
+    from harness.registry import default_registry
+
+    reg = default_registry(with_plugins=False)
+    dev, spec = warmup.dry_device("sm90"), reg.ops["qk_norm_rope"]
+    compiled = []
+    knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["key"])
+    for p in suite.plan_cases(spec, profiles.current("ci"), generated=0):
+        if "dsv4-" in p.display:
+            try:
+                reg.impls["qk_norm_rope/fused"].fn(**copy.deepcopy(spec.build_inputs(p.case, dev)))
+            except AttributeError as exc:  # the dry run's driver cannot launch
+                assert "launcher" in str(exc), exc
+    print("jit compiles", len(set(compiled)))
+''')
 
 
 # In a dry-run process: the variants the parity run's own calls (runners.run_case: first call,
