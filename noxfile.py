@@ -1,5 +1,5 @@
 """Every user-facing entry point: `nox -s parity`, `nox -s tests`, `nox -s mutants`, `nox -s compile`,
-`nox -s report`, `nox -s gate`, `nox -s sglang`, `nox -s fuzz`.
+`nox -s report`, `nox -s gate`, `nox -s sglang`, `nox -s fuzz`, `nox -s warmup`.
 
 Installs are vendor-safe. On a CPU machine the session venv takes the pins of
 ``constraints/cpu.txt`` (torch 2.13.0 CPU build, triton 3.9.0, numpy 2.4.6). On a CUDA or
@@ -45,6 +45,14 @@ def parity(session: nox.Session) -> None:
     args = session.posargs or []
     session.run("python", "-m", "harness", "run", "--device", DEVICE, "--jobs", _jobs(), "--csv", "runs/parity.csv",
                 *args, env={"VP_DEVICE": DEVICE})
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def warmup(session: nox.Session) -> None:
+    """Compile every Triton variant the parity plan launches into Triton's cache (TRITON_CACHE_DIR), once, in
+    parallel, before a timed run; the plan takes `run`'s arguments (`-- --shard 1/2`). Nothing to do on the CPU."""
+    _install(session)
+    session.run("python", "-m", "harness", "warmup", "--device", DEVICE, *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
 @nox.session(venv_params=VENV_PARAMS)

@@ -167,12 +167,21 @@ def cmd_run(args) -> int:
           flush=True)
     if known:
         print(f"ledger: {len(known)} known failures ({', '.join(e.id for e in known)})", flush=True)
+    from harness import stages
+
+    table = stages.Table()
     rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
                      generated=args.generated, progress=not args.quiet, case_filter=args.case, jobs=args.jobs,
-                     plugin_specs=_plugin_specs(args), ledger=known)
+                     plugin_specs=_plugin_specs(args), ledger=known, case_timeout_s=args.case_timeout_s,
+                     stack_dir=Path(args.csv).parent / "stacks", isolate=bool(args.case_timeout_s),
+                     stage_table=table)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
     path = write_csv(rows, args.csv)
     print(f"rows: {len(rows)} -> {path}")
+    if not dev.interpreted:  # nightly reads this line: compile time apart from run time
+        print(stages.compile_line(table))
+    if args.stage_times:
+        print(table.format())
     frame = to_frame(rows)
     if args.junit:
         from reports import junit
@@ -237,9 +246,7 @@ def _timeline_path(reg, family: str, spec):
 
 
 def _timeline_task(task):
-    from harness import timeline
-
-    from harness import suite
+    from harness import suite, timeline
 
     t, spec = task
     dev, reg = suite.worker_state()
@@ -268,8 +275,8 @@ def cmd_timelines(args) -> int:
 
     from cases import base
     from cases import timelines as tl
-    from harness import suite, timeline, timeline_rows
-    from reports.rows import TimelineRow, to_frame
+    from harness import pool, suite, timeline_rows
+    from reports.rows import FAILING, TimelineRow, to_frame
 
     names = [s for s in args.impl or () if ":" not in s]
     if names:
@@ -296,38 +303,38 @@ def cmd_timelines(args) -> int:
     print(f"verify-parity timelines: device={dev.kind} ({dev.name}) families={','.join(fams)} "
           f"timelines={len(work)} paths={len(specs)} jobs={args.jobs}", flush=True)
 
-    def results():
-        if args.jobs <= 1:
-            for t, sp in tasks:
-                path = _timeline_path(reg, t.family, sp)
-                yield t, sp, path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
-            return
-        for (t, sp), (name, recs) in zip(tasks, suite.spawn_map(_timeline_task, tasks, args.jobs, dev,
-                                                                 _plugin_specs(args))):
-            yield t, sp, name, recs
-
+    suite.set_worker_state(dev, reg)  # --jobs 1: the tasks run here, on this registry
+    timeout = suite.default_case_timeout(dev) if args.case_timeout_s is None else args.case_timeout_s
+    results = suite.spawn_map(_timeline_task, tasks, args.jobs, dev, _plugin_specs(args), timeout_s=timeout or None,
+                              stack_dir=Path(args.csv).parent / "stacks", isolate=bool(args.case_timeout_s),
+                              name=lambda task: f"{'+'.join(task[1][1:])}-{timeline_rows.stack_name(task[0])}")
     prov = suite.provenance(dev, prof, args.seed)
-    rows, fails, done = [], [], 0
+    by_task, done = {}, 0  # task index -> (rows, FAIL line or ""): in completion order, written in plan order
     bar = tqdm(total=len(tasks), desc="timelines", unit="run", disable=args.quiet, file=sys.stderr,
                dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 15.0)
     try:
-        for t, sp, name, recs in results():
+        for k, res in results:
+            t, sp = tasks[k]
             path = _timeline_path(reg, t.family, sp)
             plugins = tuple(i.impl_arg for i in (path.prepare, path.attn) if i is not None and i.impl_arg != i.name)
             repro = timeline_rows.repro_line(dev.kind, t, sp, plugins)
-            run_rows = timeline_rows.rows_for(name, t, recs, repro, prov)
-            rows += run_rows
-            bad = [r for r in run_rows if r.status == "fail"]
-            if bad:
-                fails.append(f"FAIL {name} {bad[0].timeline} {timeline_rows.fail_line(vars(bad[0]))}\n"
-                             f"  repro: {repro}")
+            run_rows = (timeline_rows.lost_rows(path.name, t, res, repro, prov) if isinstance(res, pool.Lost)
+                        else timeline_rows.rows_for(res[0], t, res[1], repro, prov))
+            bad = [r for r in run_rows if r.status in FAILING]
+            line = (f"FAIL {run_rows[0].path} {bad[0].timeline} {timeline_rows.fail_line(vars(bad[0]))}\n"
+                    f"  repro: {repro}") if bad else ""
+            by_task[k] = (run_rows, line)
             done += 1
             bar.update(1)
-            bar.set_postfix_str(f"fail={len(fails)}")
+            bar.set_postfix_str(f"fail={sum(bool(x[1]) for x in by_task.values())}")
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a CI time limit): keep what ran, say so
         print(f"\ninterrupted: {done} of {len(tasks)} timeline runs done; rows so far are kept", file=sys.stderr)
-    bar.close()
+    finally:
+        results.close()
+        bar.close()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
+    rows = [r for k in sorted(by_task) for r in by_task[k][0]]
+    fails = [by_task[k][1] for k in sorted(by_task) if by_task[k][1]]
     frame = to_frame(rows, TimelineRow)
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.csv, index=False)
@@ -343,7 +350,9 @@ def cmd_timelines(args) -> int:
 
 def _print_kills(frame: pd.DataFrame) -> int:
     per = frame.groupby("impl").agg(failed_cases=("status", lambda s: 0), runs=("case", "nunique"))
-    failed = frame[frame["status"] == "fail"].groupby("impl")
+    from reports.rows import failing
+
+    failed = frame[failing(frame["status"])].groupby("impl")  # a mutant that hangs (timeout) is flagged too
     per["failed_cases"] = failed["case"].nunique()
     per["killed_by"] = failed["check"].agg(lambda c: ",".join(sorted({x.split("@")[0] for x in c})))
     per = per.fillna({"failed_cases": 0, "killed_by": ""})
@@ -375,7 +384,14 @@ def cmd_nightly(rest: list[str]) -> int:
     return nightly.main(rest)
 
 
-_DELEGATED = {"gpu": cmd_gpu, "bench": cmd_bench, "nightly": cmd_nightly}  # subcommands with their own parsers
+def cmd_warmup(rest: list[str]) -> int:
+    from harness import warmup
+
+    return warmup.main(rest)
+
+
+_DELEGATED = {"gpu": cmd_gpu, "bench": cmd_bench, "nightly": cmd_nightly,
+              "warmup": cmd_warmup}  # subcommands with their own parsers
 
 
 def cmd_repro(args) -> int:
@@ -565,6 +581,13 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--ledger", action="append",
                        help="known-failure ledger: NAME (cases/ledgers/NAME.py) or module:attr (repeatable); its "
                             "failures read 'known', a known failure that did not happen fails")
+        p.add_argument("--case-timeout-s", type=usage.finite_float(0.0), default=None,
+                       help="per-case time limit: past it the case's rows read 'timeout' (failing) with the worker's "
+                            "stack in <csv dir>/stacks/, and the run goes on; given, cases run in worker processes "
+                            "even with --jobs 1 (a hang in C is killed). Default 120 (interpreter 900); 0: none")
+        p.add_argument("--stage-times", action="store_true",
+                       help="print the mean wall time per stage (inputs, reference, oracle, impl, reruns, checks, "
+                            "rows) per op at the end; VP_STAGE_TIMES=1 syncs the GPU at each stage boundary")
         p.set_defaults(fn=cmd_run, expect_fail=expect_fail)
         if expect_fail:
             p.set_defaults(kind=["mutant"])
@@ -594,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", type=usage.shard, default=None, metavar="I/N",
                    help="i/n (1 <= i <= n): run the i-th of n deterministic slices of the timelines")
     p.add_argument("--jobs", type=usage.positive_int, default=None, help=jobs_help)
+    p.add_argument("--case-timeout-s", type=usage.finite_float(0.0), default=None,
+                   help="per-timeline time limit, as for `run` (its rows read 'timeout'; default 120, interpreter 900)")
     p.add_argument("--csv", type=usage.output_file, default="runs/timelines.csv")
     p.add_argument("--quiet", action="store_true", help="no progress bar (failures and the summary still print)")
     p.set_defaults(fn=cmd_timelines)
@@ -606,7 +631,9 @@ def main(argv: list[str] | None = None) -> int:
                        ("bench", "benchmarks of every op into PerfRow CSVs (python -m harness bench "
                                                 "--help)"),
                        ("nightly", "the whole nightly: parity, timelines, GPU checks, gate, benchmarks, report "
-                                   "(python -m harness nightly --help)")):
+                                   "(python -m harness nightly --help)"),
+                       ("warmup", "compile every Triton variant a parity plan launches, up front, in parallel "
+                                  "(python -m harness warmup --help)")):
         sub.add_parser(name, help=text)  # listed here; main() hands its arguments to ``fn`` unparsed
     p = sub.add_parser("repro", help="re-run one case and print every check")
     common(p)

@@ -1,5 +1,7 @@
-"""The whole nightly in one command: parity per op, timelines per family, GPU-only checks, the
-gate per layout, then benchmarks alone on the device, then the report.
+"""The whole nightly in one command: on a GPU first the warmup (every Triton kernel variant the
+parity steps launch, compiled once, in parallel: ``harness.warmup``), then parity per op,
+timelines per family, GPU-only checks, the gate per layout, then benchmarks alone on the device,
+then the report.
 
     python -m harness nightly --out runs/nightly [--profile nightly] [--budget-s 600]
 
@@ -11,9 +13,14 @@ with SIGTERM, keeps the rows it has and counts as failed. The benchmarks run aft
 so that their timings are not taken beside other work. The report merges every CSV the steps
 wrote (parity shards, timelines, gate, perf) into ``OUT/report``.
 
-Ends with a table of steps (status, exit code, wall time, rows) and every FAIL line with its
-repro from the steps' logs. Exit 1 when any step failed. Without a GPU the GPU-only checks and
-benchmarks say so and measure nothing; use ``--profile dev`` there for a small run.
+Every parity and timeline case runs under a per-case limit (``--case-timeout-s``): a stalled case
+is a failing ``timeout`` row with its worker's stack, never a slow step.
+
+Ends with a table of steps (status, exit code, wall time, Triton compile time apart from it,
+budget) and every FAIL line with its repro from the steps' logs. Exit 1 when any step failed (a
+warmup that ran out of time excepted: the steps compile what it left, and their compile_s shows
+it). Without a GPU the GPU-only checks and benchmarks say so and measure nothing; use ``--profile
+dev`` there for a small run.
 """
 from __future__ import annotations
 
@@ -44,7 +51,8 @@ class Step:
     name: str
     argv: list[str]
     budget_s: float
-    phase: int = 0  # 0: concurrent correctness steps; 1: alone afterwards (benchmarks); 2: report
+    phase: int = 0  # -1: the warmup, alone first; 0: concurrent correctness steps; 1: alone afterwards
+    # (benchmarks); 2: report
     nice: int = 0  # CPU priority increment of the step's processes (0: normal)
     log: Path | None = None
     proc: subprocess.Popen | None = None
@@ -53,6 +61,7 @@ class Step:
     rc: int | None = None
     timed_out: bool = False
     fails: list[str] = field(default_factory=list)
+    compile_s: float | None = None  # Triton compile seconds its log reports (warmup: wall; others: summed)
 
 
 def worker_counts(cores: int, gate_runs: int) -> dict[str, int]:
@@ -70,8 +79,12 @@ def worker_counts(cores: int, gate_runs: int) -> dict[str, int]:
 def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | None, layouts: list[str] | None,
          families: list[str] | None, bench: bool, gate: bool, ops: list[str] | None = None,
          generated: int | None = None, timelines: int | None = None, cores: int | None = None,
-         gate_jobs: int | None = None, compiled_shards: int = 1, day: int | None = None) -> list[Step]:
-    """The steps, with their time limits: correctness in 70 % of the budget, benchmarks in 20 %.
+         gate_jobs: int | None = None, compiled_shards: int = 1, day: int | None = None, warmup: bool = True,
+         case_timeout_s: float | None = None) -> list[Step]:
+    """The steps, with their time limits: on a GPU first the warmup alone (``harness.warmup``: every
+    Triton variant the parity steps launch, compiled once in parallel into Triton's cache) in 10 % of
+    the budget, then correctness in 70 %, benchmarks in 20 %. Parity and timeline steps run every case under ``case_timeout_s`` (default: the device's,
+    ``harness.suite.default_case_timeout``): a stalled case is a ``timeout`` row, never a slow step.
     ``generated`` overrides the generated parity cases per op (default: the profile's),
     ``timelines`` the generated timelines per family (default: the profile's; 500 per family in
     the nightly profile). ``jobs`` and ``gate_jobs`` override the parity workers per op and the
@@ -97,13 +110,23 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
     par = 0.7 * budget_s
     gen = [] if generated is None else ["--generated", str(generated)]
     kinds = ["--kind", "reference", "--kind", "fused", "--kind", "external"]
-    steps = [Step(f"parity:{op}", py + ["run", "--op", op, "--device", device, "--profile", profile, "--quiet",
-                                      "--jobs", str(max(workers["parity"],
-                                                        min(workers["parity"] * PARITY_WEIGHT.get(op, 1), cores // 4))),
-                                      "--csv", str(out / f"parity-{op}.csv.gz"),
-                                      "--junit", str(out / f"parity-{op}.xml")] + kinds + gen, par,
-                  nice=BACKGROUND_NICE)
-             for op in ops or OPS]
+    from harness import suite
+
+    limit = case_timeout_s if case_timeout_s is not None else (
+        suite.CASE_TIMEOUT_INTERPRETED_S if device == "cpu" else suite.CASE_TIMEOUT_S)
+    watchdog = ["--case-timeout-s", f"{limit:g}"]
+    steps = []
+    if warmup and device != "cpu":  # the interpreter compiles nothing
+        steps.append(Step("warmup", py + ["warmup", "--device", device, "--profile", profile, "--jobs",
+                                          str(min(cores, 16)), "--kind", "fused", "--kind", "external"]
+                          + [a for op in ops or OPS for a in ("--op", op)] + gen, 0.1 * budget_s, phase=-1))
+    steps += [Step(f"parity:{op}", py + ["run", "--op", op, "--device", device, "--profile", profile, "--quiet",
+                                       "--jobs", str(max(workers["parity"],
+                                                         min(workers["parity"] * PARITY_WEIGHT.get(op, 1), cores // 4))),
+                                       "--csv", str(out / f"parity-{op}.csv.gz"),
+                                       "--junit", str(out / f"parity-{op}.xml"), "--stage-times"]
+                   + kinds + gen + watchdog, par, nice=BACKGROUND_NICE)
+              for op in ops or OPS]
     if device != "cpu":  # torch.compile's Triton backend needs a GPU; on the CPU `compiled` refuses anyway
         shard = compiled_shard(compiled_shards, day)
         steps.append(Step("parity:compiled",
@@ -111,7 +134,9 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                                 "--jobs", str(len(ops or OPS)),
                                 "--kind", "compiled", "--generated", "0", "--csv",
                                 str(out / "parity-compiled.csv.gz"), "--junit",
-                                str(out / "parity-compiled.xml")]
+                                str(out / "parity-compiled.xml"), "--stage-times",
+                                # inductor compiles each catalog case (35-54 s a case, measured): a longer limit
+                                "--case-timeout-s", f"{max(limit, 300):g}"]
                           + [a for op in ops or OPS for a in ("--op", op)]
                           + ([] if shard is None else ["--shard", shard]), par))  # normal priority: see below
     from cases import timelines as tl
@@ -121,7 +146,8 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
     for fam in families or sorted(tl.FAMILIES):
         steps.append(Step(f"timelines:{fam}", py + ["timelines", "--device", device, "--profile", profile,
                                                     "--family", fam, "--quiet", "--jobs", str(workers["timelines"]),
-                                                    "--csv", str(out / f"timelines-{fam}.csv.gz")] + tl_gen, par,
+                                                    "--csv", str(out / f"timelines-{fam}.csv.gz")] + tl_gen + watchdog,
+                          par,
                           nice=BACKGROUND_NICE))
     steps.append(Step("gpu", py + ["gpu", "--out", str(out / "gpu")], par))
     if gate:
@@ -210,6 +236,7 @@ def _poll(step: Step) -> bool:
         return False
     step.rc, step.wall_s = rc, time.time() - step.t0
     lines = step.log.read_text(errors="replace").splitlines()
+    step.compile_s = compile_seconds(lines)
     for i, line in enumerate(lines):
         if line.startswith(("FAIL", "GATE FAIL", "GATE MISSED", "SURVIVED", "CLEAN FAILS")):
             nxt = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].strip().startswith("repro:") else ""
@@ -235,13 +262,39 @@ def run_steps(steps: list[Step], out: Path, *, poll_s: float = 2.0, progress=pri
             progress(f"nightly: {s.name} {state} (rc {s.rc}, {s.wall_s:.0f}s) -> {s.log}")
 
 
+def compile_seconds(lines: list[str]) -> float | None:
+    """Triton compile seconds a step's log reports: the warmup's compile wall (``harness.warmup``'s
+    summary line), a run's compiles summed over its processes (``harness.stages.compile_line``)."""
+    import re
+
+    from harness import stages, warmup
+
+    total = None
+    for line in lines:
+        m = (re.match(rf"{re.escape(warmup.LINE)} \d+/\d+ kernel variants in ([0-9.]+) s wall", line)
+             or re.match(rf"{re.escape(stages.COMPILE_LINE)}: \d+ kernels, ([0-9.]+) s", line))
+        if m:
+            total = (total or 0.0) + float(m.group(1))
+    return total
+
+
 def summary(steps: list[Step]) -> str:
+    """The step table: status, exit code, wall time, Triton compile time apart from it (``compile_s``:
+    the warmup's compile wall; a step's compiles summed over its processes; blank when not reported),
+    budget, failure lines, log."""
     import pandas as pd
 
     rows = [dict(step=s.name, status="TIMEOUT" if s.timed_out else ("ok" if s.rc == 0 else "FAIL"), rc=s.rc,
-                 wall_s=round(s.wall_s, 1), budget_s=round(s.budget_s), failures=len(s.fails), log=str(s.log))
+                 wall_s=round(s.wall_s, 1), compile_s="" if s.compile_s is None else round(s.compile_s, 1),
+                 budget_s=round(s.budget_s), failures=len(s.fails), log=str(s.log))
             for s in steps]
     return pd.DataFrame(rows).to_string(index=False)
+
+
+def fatal(s: Step) -> bool:
+    """A step whose result fails the nightly: any that did not exit 0, except a warmup that ran out
+    of its time (the steps after it compile what it left, and their compile_s says so)."""
+    return s.rc != 0 and not (s.name == "warmup" and s.timed_out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", action="append", choices=sorted(tl.FAMILIES), help="timeline families (default: all)")
     ap.add_argument("--compiled-shards", type=usage.positive_int, default=1,
                     help="run the compiled step on one rotating slice of n of its catalog per night (default 1: all)")
+    ap.add_argument("--case-timeout-s", type=float, default=None,
+                    help="per-case limit of the parity and timeline steps (default: 120 s on a GPU, 900 s on the CPU)")
+    ap.add_argument("--no-warmup", action="store_true", help="no compile-ahead step (harness.warmup) first")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-gate", action="store_true")
     ap.add_argument("--baseline", type=usage.input_file, default=None,
@@ -284,11 +340,12 @@ def main(argv: list[str] | None = None) -> int:
     steps = plan(out, profile=args.profile, device=device, budget_s=args.budget_s, jobs=args.jobs,
                  layouts=args.layout, families=args.family, bench=not args.no_bench, gate=not args.no_gate,
                  ops=args.op, generated=args.generated, timelines=args.timelines, gate_jobs=args.gate_jobs,
-                 compiled_shards=args.compiled_shards)
+                 compiled_shards=args.compiled_shards, warmup=not args.no_warmup, case_timeout_s=args.case_timeout_s)
     t0 = time.time()
     print(f"verify-parity nightly: device={device} profile={args.profile} budget {args.budget_s:.0f}s, "
           f"{len(steps)} steps -> {out}", flush=True)
     run_steps(steps, out, progress=lambda m: print(m, flush=True))
+    first = [s for s in steps if s.phase < 0]
     report = _report_step(out, args.baseline)
     run_steps([report], out, progress=lambda m: print(m, flush=True))
     steps.append(report)
@@ -296,9 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     for s in steps:
         for line in s.fails:
             print(line)
-    bad = [s for s in steps if s.rc != 0]
-    print(f"nightly: {len(steps) - len(bad)}/{len(steps)} steps ok in {time.time() - t0:.0f}s; "
-          f"report {out / 'report' / 'report.html'}")
+    bad = [s for s in steps if fatal(s)]
+    warm = sum(s.compile_s or 0.0 for s in first)
+    inside = sum(s.compile_s or 0.0 for s in steps if s.phase >= 0)
+    print(f"nightly: {len(steps) - len(bad)}/{len(steps)} steps ok in {time.time() - t0:.0f}s "
+          f"(warmup {sum(s.wall_s for s in first):.0f}s, of which compiling {warm:.0f}s; Triton compiles inside the "
+          f"steps {inside:.0f}s summed over their processes); report {out / 'report' / 'report.html'}")
     return 1 if bad else 0
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness import compare, poison, tolerance
+from harness import compare, poison, stages, tolerance
 from harness.devices import Device, synchronize
 from harness.registry import Impl, OpSpec, can_handle_takes_inputs
 
@@ -37,6 +37,7 @@ class CaseResult:
     records: tuple[compare.Record, ...]
     seconds: float  # wall time of the implementation's first call
     refused: str = ""  # can_handle's reason, when it refused
+    stages: tuple[tuple[str, float], ...] = ()  # (stage, seconds) of this run (harness.stages)
 
 
 @dataclass(frozen=True)
@@ -144,12 +145,15 @@ class CaseSetup:
 
     def __init__(self, spec: OpSpec, case, dev: Device):
         self.spec, self.dev = spec, dev
-        self.pristine = spec.build_inputs(case, dev)
-        ref_inputs = copy.deepcopy(self.pristine)
-        ref_out, _ = _call(spec.reference, ref_inputs, dev)
-        self.ref_out = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in ref_out.items()}
-        self.ref_after = _cpu(ref_inputs)  # the reference's writes, for the effect checks
-        self.oracle = spec.oracle(**_cpu(self.pristine))
+        with stages.timed("inputs"):
+            self.pristine = spec.build_inputs(case, dev)
+        with stages.timed("reference"):
+            ref_inputs = copy.deepcopy(self.pristine)
+            ref_out, _ = _call(spec.reference, ref_inputs, dev)
+            self.ref_out = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in ref_out.items()}
+            self.ref_after = _cpu(ref_inputs)  # the reference's writes, for the effect checks
+        with stages.timed("oracle"):
+            self.oracle = spec.oracle(**_cpu(self.pristine))
         self._emulated: dict[str, Allowance] = {}
 
     def fresh(self) -> dict:
@@ -169,9 +173,11 @@ class CaseSetup:
                     raise ValueError(f"precision {precision!r}: op {self.spec.name!r} does not emulate {name!r}")
                 flags.update(self.spec.roundings[name])
             outs = []
-            for variant in self.spec.rounding_variants:
-                out, _ = _call(functools.partial(self.spec.reference, **flags), {**self.fresh(), **variant}, self.dev)
-                outs.append({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()})
+            with stages.timed("allowance"):
+                for variant in self.spec.rounding_variants:
+                    out, _ = _call(functools.partial(self.spec.reference, **flags), {**self.fresh(), **variant},
+                                   self.dev)
+                    outs.append({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()})
             self._emulated[key] = Allowance(tuple(outs), f"allowance: chain with {key}")
         return self._emulated[key]
 
@@ -186,6 +192,15 @@ POISONED_ALLOC_SKIPS = ("compiled",)
 
 def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool = True,
              poisoned: bool = True, poisoned_alloc: bool = True, setup=None) -> CaseResult:
+    """``_run_case`` with the wall time of its stages (``harness.stages``) in ``CaseResult.stages``."""
+    with stages.collect() as times:
+        res = _run_case(spec, impl, case, dev, determinism=determinism, poisoned=poisoned,
+                        poisoned_alloc=poisoned_alloc, setup=setup)
+    return dataclasses.replace(res, stages=tuple(times.items()))
+
+
+def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool, poisoned: bool,
+              poisoned_alloc: bool, setup) -> CaseResult:
     """The checks of one implementation on one case: the first run's, then (each optional) the
     rerun for ``determinism`` and ``poisoned_alloc`` (``@poisoned-alloc``; not for the kinds in
     ``POISONED_ALLOC_SKIPS``) and the poisoned-output run (``@poisoned``). ``setup``: a callable
@@ -215,46 +230,58 @@ def run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool =
         st = case_setup()
         ref_out, oracle = st.ref_out, st.oracle
         allow = st.allowance(impl.precision)
-        inputs = st.fresh()
-        before = {b: inputs[b].detach().cpu().clone() for b in spec.writable}
-        out, seconds = _call(impl.fn, inputs, dev)
-        recs += _check_outputs(spec, impl, case, out, oracle, ref_out, inputs, st.ref_after, before, allowance=allow)
-        recs += _untouched_inputs(spec, impl, inputs, st.pristine)
+        with stages.timed("copy"):
+            inputs = st.fresh()
+            before = {b: inputs[b].detach().cpu().clone() for b in spec.writable}
+        with stages.timed("impl"):
+            out, seconds = _call(impl.fn, inputs, dev)
+        with stages.timed("compare"):
+            recs += _check_outputs(spec, impl, case, out, oracle, ref_out, inputs, st.ref_after, before,
+                                   allowance=allow)
+            recs += _untouched_inputs(spec, impl, inputs, st.pristine)
         alloc = poisoned_alloc and impl.kind not in POISONED_ALLOC_SKIPS
         if determinism or alloc:  # one rerun serves both: a clean run cannot depend on the poison
-            again = st.fresh()
-            again_before = {b: again[b].detach().cpu().clone() for b in spec.writable}
-            with poison.allocations(device=dev.torch_device) if alloc else contextlib.nullcontext():
+            with stages.timed("copy"):
+                again = st.fresh()
+                again_before = {b: again[b].detach().cpu().clone() for b in spec.writable}
+            poisoning = poison.allocations(device=dev.torch_device) if alloc else contextlib.nullcontext()
+            with stages.timed("rerun"), poisoning:
                 out2, _ = _call(impl.fn, again, dev)
-            if determinism:
-                recs.append(compare.bitwise_equal(
-                    "determinism", {**out, **{b: inputs[b] for b in spec.writable}},
-                    {**out2, **{b: again[b] for b in spec.writable}}))
-            if alloc:
-                recs += _check_outputs(spec, impl, case, out2, oracle, ref_out, again, st.ref_after, again_before,
-                                       suffix="@poisoned-alloc", allowance=allow)
-                recs += _untouched_inputs(spec, impl, again, st.pristine, suffix="@poisoned-alloc")
+            with stages.timed("compare:rerun"):
+                if determinism:
+                    recs.append(compare.bitwise_equal(
+                        "determinism", {**out, **{b: inputs[b] for b in spec.writable}},
+                        {**out2, **{b: again[b] for b in spec.writable}}))
+                if alloc:
+                    recs += _check_outputs(spec, impl, case, out2, oracle, ref_out, again, st.ref_after,
+                                           again_before, suffix="@poisoned-alloc", allowance=allow)
+                    recs += _untouched_inputs(spec, impl, again, st.pristine, suffix="@poisoned-alloc")
         if poisoned:
-            p = provide_outputs(spec, st.fresh(), ref_out, dev)
-            _poison(spec, p)
-            p_before = {b: p[b].detach().cpu().clone() for b in spec.writable}
-            p_out, _ = _call(impl.fn, p, dev)
-            for name in spec.out_args:
-                if p_out.get(name) is not None and p_out[name].data_ptr() != p[name].data_ptr():
-                    recs.append(compare.Record(f"poisoned:{name}-aliased", False,
-                                               detail=f"caller-provided {name} was not written in place"))
-            recs += _check_outputs(spec, impl, case, p_out, oracle, ref_out, p, st.ref_after, p_before,
-                                   suffix="@poisoned", allowance=allow)
-            recs += _untouched_inputs(spec, impl, p, st.pristine, suffix="@poisoned")
+            with stages.timed("copy"):
+                p = provide_outputs(spec, st.fresh(), ref_out, dev)
+                _poison(spec, p)
+                p_before = {b: p[b].detach().cpu().clone() for b in spec.writable}
+            with stages.timed("poisoned"):
+                p_out, _ = _call(impl.fn, p, dev)
+            with stages.timed("compare:poisoned"):
+                for name in spec.out_args:
+                    if p_out.get(name) is not None and p_out[name].data_ptr() != p[name].data_ptr():
+                        recs.append(compare.Record(f"poisoned:{name}-aliased", False,
+                                                   detail=f"caller-provided {name} was not written in place"))
+                recs += _check_outputs(spec, impl, case, p_out, oracle, ref_out, p, st.ref_after, p_before,
+                                       suffix="@poisoned", allowance=allow)
+                recs += _untouched_inputs(spec, impl, p, st.pristine, suffix="@poisoned")
     except Exception as exc:  # an implementation crash is a failure of that implementation, with its trace
         recs.append(_crash("run", exc))
         seconds = float("nan")
     return CaseResult(tuple(recs), seconds)
 
 
-def run_impls(spec: OpSpec, impls: list[Impl], case, dev: Device, **kw) -> list[CaseResult]:
+def run_impls(spec: OpSpec, impls: list[Impl], case, dev: Device, *, emit=None, **kw) -> list[CaseResult]:
     """``run_case`` for each implementation on one case, building the case's setup once (lazily:
-    not at all when every implementation refuses; again for the next one if building it failed)."""
+    not at all when every implementation refuses; again for the next one if building it failed).
+    ``emit`` (``harness.pool.emit``) hears ``("start", j)`` before implementation ``j`` runs and
+    ``("done", j, result)`` after: a case stopped by its time limit keeps the results before."""
     held: list[CaseSetup] = []
 
     def setup() -> CaseSetup:
@@ -262,4 +289,11 @@ def run_impls(spec: OpSpec, impls: list[Impl], case, dev: Device, **kw) -> list[
             held.append(CaseSetup(spec, case, dev))
         return held[0]
 
-    return [run_case(spec, impl, case, dev, setup=setup, **kw) for impl in impls]
+    out = []
+    for j, impl in enumerate(impls):
+        if emit is not None:
+            emit(("start", j))
+        out.append(run_case(spec, impl, case, dev, setup=setup, **kw))
+        if emit is not None:
+            emit(("done", j, out[-1]))
+    return out

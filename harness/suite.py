@@ -5,8 +5,10 @@ Cases per op: the whole catalog (``big`` entries only in profiles that ask for t
 """
 from __future__ import annotations
 
+import hashlib
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -14,11 +16,11 @@ from tqdm import tqdm
 
 from cases import base
 from cases.profiles import Profile
-from harness import devices, runners
+from harness import devices, pool, runners, stages
 from harness.devices import Device
 from harness.ledger import verdicts as ledger_verdicts
 from harness.registry import Impl, OpSpec, Registry
-from reports.rows import ParityRow, Provenance, git_sha
+from reports.rows import FAILING, ParityRow, Provenance, failing, git_sha
 
 
 @dataclass(frozen=True)
@@ -131,26 +133,33 @@ def set_worker_state(dev: Device, reg: Registry) -> None:
     _WORKER = (dev, reg)
 
 
-def spawn_map(fn, tasks: list, jobs: int, dev: Device, plugin_specs: tuple[str, ...] = ()):
-    """``fn(task)`` for every task, in order, in ``jobs`` spawned processes, each with its own
-    device and registry (built-ins, mutants, entry points, ``plugin_specs``; ``worker_state()``).
-    Ctrl-C or SIGTERM cancels what has not started. Each worker gets one OpenBLAS thread (the
-    jobs already fill the cores; the interpreter's ``tl.dot`` products are tiny: with the default
-    thread count a worker burnt 1.6x the CPU time for the same wall time on the 2-core machine)."""
-    import multiprocessing
+CASE_TIMEOUT_S = 120.0  # a compiled backend: a cold case compiles a few Triton variants, seconds each
+CASE_TIMEOUT_INTERPRETED_S = 900.0  # the Triton interpreter on a shared CPU
+
+
+def default_case_timeout(dev: Device) -> float:
+    """The per-case time limit (``--case-timeout-s``) when none is given."""
+    return CASE_TIMEOUT_INTERPRETED_S if dev.interpreted else CASE_TIMEOUT_S
+
+
+def spawn_map(fn, tasks: list, jobs: int, dev: Device, plugin_specs: tuple[str, ...] = (), *,
+              timeout_s: float | None = None, stack_dir=None, name=lambda task: "task", isolate: bool = False):
+    """``(index, fn(task) or pool.Lost)`` for every task AS IT COMPLETES (``harness.pool.run``), in
+    ``jobs`` spawned processes, each with its own device and registry (built-ins, mutants, entry
+    points, ``plugin_specs``; ``worker_state()``); ``jobs`` <= 1 without ``isolate`` runs in this
+    process (``fn`` then finds the caller's ``set_worker_state``). A task past ``timeout_s`` is a
+    ``Lost`` (its stack in ``stack_dir/<name(task)>.txt``; the worker killed and replaced). Ctrl-C or
+    SIGTERM stops the workers; what completed before was yielded. Each worker gets one OpenBLAS
+    thread (the jobs already fill the cores; the interpreter's ``tl.dot`` products are tiny: with
+    the default thread count a worker burnt 1.6x the CPU time for the same wall time on the 2-core
+    machine)."""
     import os
-    from concurrent.futures import ProcessPoolExecutor
 
     blas = os.environ.get("OPENBLAS_NUM_THREADS")
     os.environ["OPENBLAS_NUM_THREADS"] = "1"  # inherited by the spawned workers (read when numpy loads)
     try:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                                 initargs=(dev.kind, dev.fp8_format, plugin_specs)) as ex:
-            try:
-                yield from ex.map(fn, tasks, chunksize=1)
-            except BaseException:
-                ex.shutdown(wait=False, cancel_futures=True)
-                raise
+        yield from pool.run(fn, tasks, jobs, initializer=_worker_init, initargs=(dev.kind, dev.fp8_format, plugin_specs),
+                            timeout_s=timeout_s, stack_dir=stack_dir, name=name, isolate=isolate)
     finally:
         if blas is None:
             os.environ.pop("OPENBLAS_NUM_THREADS", None)
@@ -159,35 +168,106 @@ def spawn_map(fn, tasks: list, jobs: int, dev: Device, plugin_specs: tuple[str, 
 
 
 def _worker_run(task) -> list[runners.CaseResult]:
+    """One case's implementations in a worker (``spawn_map``); each result is emitted as it finishes."""
     op, impl_keys, case = task
     dev, reg = _WORKER
-    return runners.run_impls(reg.ops[op], [reg.impls[k] for k in impl_keys], case, dev)
+    stages.count_triton_compiles()
+    return runners.run_impls(reg.ops[op], [reg.impls[k] for k in impl_keys], case, dev, emit=pool.emit)
 
 
-def _results(work, dev: Device, jobs: int, plugin_specs: tuple[str, ...]):
-    """(planned, impl, CaseResult) in plan order. The implementations of one case run together
-    (``runners.run_impls``: inputs, reference and oracle once per case); ``jobs`` > 1 runs cases
-    in spawned processes, each rebuilding the registry (built-ins, mutants, entry points,
-    ``plugin_specs``)."""
-    groups: list[tuple] = []  # (planned, [impl, ...]) in plan order
+def _local_run(task) -> list[runners.CaseResult]:
+    """``_worker_run`` in this process, on the caller's own ``Impl`` objects."""
+    spec, impls, case = task
+    stages.count_triton_compiles()
+    return runners.run_impls(spec, impls, case, _WORKER[0], emit=pool.emit)
+
+
+def _groups(work) -> list[tuple]:
+    """(planned, [impl, ...]) per case, in plan order: the implementations of one case run together
+    (``runners.run_impls``: inputs, reference and oracle once per case)."""
+    groups: list[tuple] = []
     for p, impl in work:
         if groups and groups[-1][0] is p:
             groups[-1][1].append(impl)
         else:
             groups.append((p, [impl]))
-    if jobs <= 1:
-        results = (runners.run_impls(p.spec, impls, p.case, dev) for p, impls in groups)
+    return groups
+
+
+def _results(groups, dev: Device, jobs: int, plugin_specs: tuple[str, ...], reg: Registry | None = None, *,
+             timeout_s: float | None = None, stack_dir=None, isolate: bool = False):
+    """(group index, [CaseResult | pool.Lost per impl]) as each case completes. ``jobs`` > 1 (or
+    ``isolate``) runs cases in spawned processes, each rebuilding the registry (built-ins, mutants,
+    entry points, ``plugin_specs``); else in this process, on the given ``Impl`` objects."""
+    if jobs <= 1 and not isolate:
+        set_worker_state(dev, reg)
+        tasks = [(p.spec, impls, p.case) for p, impls in groups]
+        results = spawn_map(_local_run, tasks, 1, dev, timeout_s=timeout_s, stack_dir=stack_dir,
+                            name=lambda t: stack_name(t[0].name, t[2]))
     else:
         tasks = [(p.spec.name, [i.key for i in impls], p.case) for p, impls in groups]
-        results = spawn_map(_worker_run, tasks, jobs, dev, plugin_specs)
-    for (p, impls), res in zip(groups, results):
-        yield from ((p, impl, r) for impl, r in zip(impls, res))
+        results = spawn_map(_worker_run, tasks, jobs, dev, plugin_specs, timeout_s=timeout_s, stack_dir=stack_dir,
+                            name=lambda t: stack_name(t[0], t[2]), isolate=isolate)
+    try:
+        for g, res in results:
+            yield g, (res if not isinstance(res, pool.Lost) else _split_lost(res, len(groups[g][1])))
+    finally:
+        results.close()
+
+
+def stack_name(op: str, case) -> str:
+    """A timed-out case's stack file name: its display id (shortened) and a hash of its full id."""
+    h = hashlib.sha1(base.case_id(op, case).encode()).hexdigest()[:10]
+    return f"{base.display_id(op, case)[:80]}-{h}"
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """An implementation of a lost case (``pool.Lost``) that has no result: the one running when the
+    case was lost (``blocked_by`` None), or one after it (``blocked_by``: that one's index)."""
+    lost: pool.Lost
+    blocked_by: int | None = None
+
+
+def _split_lost(lost: pool.Lost, n: int) -> list:
+    """Per implementation of a lost case: the result it emitted (``runners.run_impls``), else ``Unfinished``."""
+    done = {part[1]: part[2] for part in lost.parts if part[0] == "done"}
+    started = [part[1] for part in lost.parts if part[0] == "start"]
+    running = started[-1] if started and started[-1] not in done else None
+    return [done[j] if j in done else Unfinished(lost, None if j == running else running) for j in range(n)]
+
+
+def lost_rows(p: Planned, impl: Impl, dev: Device, u: Unfinished, prov: Provenance,
+              impls: list[Impl]) -> list[ParityRow]:
+    """The row of an implementation whose case gave no result: status ``timeout`` (the case ran past
+    its limit) or ``fail`` (the worker process died), check ``timeout`` / ``run``, the detail saying
+    where it hung and where the stack is on disk (or which implementation was running instead)."""
+    nan = float("nan")
+    lost = u.lost
+    if u.blocked_by is not None:
+        detail = (f"not run: {impls[u.blocked_by].name} {'timed out' if lost.reason == 'timeout' else 'died'} "
+                  f"first on this case")
+    else:
+        where = lost.innermost()
+        detail = lost.detail + (f"; at {where}" if where else "")
+    return [ParityRow(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display,
+                      check="timeout" if lost.reason == "timeout" else "run",
+                      status="timeout" if lost.reason == "timeout" else "fail", err=nan, ref_err=nan, allowed=nan,
+                      max_abs=nan, max_rel=nan, mismatch_frac=nan, nan_inf_mismatch=0, worst="", detail=detail,
+                      seconds=lost.seconds, fp8_policy=impl.fp8_policy, precision=impl.precision, known="",
+                      repro=repro_line(p, impl, dev), **prov.__dict__)]
 
 
 def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,
         shard_spec: str | None = None, generated: int | None = None, progress: bool = True,
         case_filter: str | None = None, jobs: int = 1, plugin_specs: tuple[str, ...] = (),
-        ledger: tuple = ()) -> list[ParityRow]:
+        ledger: tuple = (), case_timeout_s: float | None = None, stack_dir=None, isolate: bool = False,
+        stage_table: stages.Table | None = None) -> list[ParityRow]:
+    """Every planned (case, implementation) run's rows, in plan order. Cases complete in any order
+    (one slow or hung case holds back nothing); a case past ``case_timeout_s`` (default:
+    ``default_case_timeout``) gets ``timeout`` rows, its stack in ``stack_dir``. Ctrl-C or SIGTERM
+    keeps every row that completed. ``stage_table`` collects the stages' wall time
+    (``harness.stages``)."""
     prov = provenance(dev, profile, seed)
     work = []
     for op in ops:
@@ -197,39 +277,59 @@ def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: 
         if case_filter:
             planned = [p for p in planned if case_filter in p.display or case_filter in p.full_id]
         work += [(p, i) for p in planned for i in impls if i.op == op]
-    rows: list[ParityRow] = []
+    groups = _groups(work)
+    timeout = default_case_timeout(dev) if case_timeout_s is None else case_timeout_s
+    by_group: dict[int, list[ParityRow]] = {}
     bar = tqdm(total=len(work), desc="parity", unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,
                mininterval=0.5 if sys.stderr.isatty() else 15.0)
     n_fail = 0
     done = 0
+    results = _results(groups, dev, jobs, plugin_specs, reg, timeout_s=timeout or None, stack_dir=stack_dir,
+                       isolate=isolate)
     try:
-        for p, impl, res in _results(work, dev, jobs, plugin_specs):
-            bar.update(1)
-            new = rows_for(p, impl, dev, res, prov, ledger)
-            n_fail += any(r.status == "fail" for r in new)
-            bar.set_postfix_str(f"{impl.name} fail={n_fail}")
-            rows += new
-            done += 1
+        for g, res in results:
+            p, g_impls = groups[g]
+            new = []
+            for impl, r in zip(g_impls, res):
+                t0 = time.perf_counter()
+                if isinstance(r, runners.CaseResult):
+                    new += rows_for(p, impl, dev, r, prov, ledger)
+                    if stage_table is not None:
+                        stage_table.add(p.spec.name, r.stages)
+                else:  # Unfinished
+                    new += lost_rows(p, impl, dev, r, prov, g_impls)
+                if stage_table is not None:
+                    stage_table.add(p.spec.name, {"rows": time.perf_counter() - t0}, run=False)
+            by_group[g] = new
+            n_fail += any(r.status in FAILING for r in new)
+            done += len(g_impls)
+            bar.update(len(g_impls))
+            bar.set_postfix_str(f"{p.spec.name} fail={n_fail}")
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a CI time limit): keep what ran, say so
         print(f"\ninterrupted: {done} of {len(work)} runs done; rows so far are kept", file=sys.stderr)
-    return rows
+    finally:
+        results.close()
+        bar.close()
+    return [r for g in sorted(by_group) for r in by_group[g]]
 
 
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (op, impl): cases, cases passing every check, failing, refused; worst err/allowed; the
-    implementation's fp8_policy and precision class as its rows state them."""
+    """Per (op, impl): cases, cases passing every check, failing (``timeout`` among them: cases that
+    gave no result in their time limit), known, refused; worst err/allowed; the implementation's
+    fp8_policy and precision class as its rows state them."""
     if frame.empty:
         return frame
     keys = ["op", "impl", "kind", "case"]
-    f = frame.assign(failed=frame["status"] == "fail", refused=frame["status"] == "refused",
-                     known=frame["status"] == "known", ratio=frame["err"] / frame["allowed"])
-    per_case = f.groupby(keys).agg(failed=("failed", "any"), refused=("refused", "all"), known=("known", "any"),
-                                   ratio=("ratio", "max"), seconds=("seconds", "first"))
+    f = frame.assign(failed=failing(frame["status"]), timeout=frame["status"] == "timeout",
+                     refused=frame["status"] == "refused", known=frame["status"] == "known",
+                     ratio=frame["err"] / frame["allowed"])
+    per_case = f.groupby(keys).agg(failed=("failed", "any"), timeout=("timeout", "any"), refused=("refused", "all"),
+                                   known=("known", "any"), ratio=("ratio", "max"), seconds=("seconds", "first"))
     per_case["known"] &= ~per_case["failed"]  # a case with a failure the ledger does not explain counts as failed
     out = per_case.groupby(keys[:3]).agg(
         cases=("failed", "size"), passed=("failed", lambda x: int((~x).sum())), failed=("failed", "sum"),
-        known=("known", "sum"), refused=("refused", "sum"), worst_err_over_allowed=("ratio", "max"),
-        seconds=("seconds", "sum"))
+        timeout=("timeout", "sum"), known=("known", "sum"), refused=("refused", "sum"),
+        worst_err_over_allowed=("ratio", "max"), seconds=("seconds", "sum"))
     out["passed"] -= out["refused"] + out["known"]
     out = out.reset_index()
     if "fp8_policy" in frame:  # each implementation's fp8 overflow policy, as its rows state it
@@ -242,4 +342,5 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def failures(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[frame["status"] == "fail"]
+    """Rows whose status fails the run (``reports.rows.FAILING``: fail, timeout)."""
+    return frame[failing(frame["status"])]

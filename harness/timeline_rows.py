@@ -4,12 +4,13 @@ rows, the per-(model family, path) summary and each failing run's first failing 
 """
 from __future__ import annotations
 
+import hashlib
 import shlex
 
 import pandas as pd
 
 from cases import base
-from reports.rows import Provenance, TimelineRow
+from reports.rows import Provenance, TimelineRow, failing
 
 SUMMARY_KEY = ["model_family", "path"]
 RUN_KEY = ["model_family", "path", "timeline"]  # one timeline through one path
@@ -36,11 +37,29 @@ def rows_for(path_name: str, t, records: list, repro: str, prov: Provenance) -> 
                         repro=repro, **prov.__dict__) for s in records]
 
 
+def lost_rows(path_name: str, t, lost, repro: str, prov: Provenance) -> list[TimelineRow]:
+    """The one row of a run that gave no result (``harness.pool.Lost``): status ``timeout`` (past
+    ``--case-timeout-s``) or ``fail`` (its worker process died), where its stack was and is on disk."""
+    where = lost.innermost()
+    return [TimelineRow(path=path_name, timeline=t.name or base.case_id("timeline", t), model_family=t.family,
+                        step=-1, mode="", layer=-1, family="timeline",
+                        check="timeout" if lost.reason == "timeout" else "run",
+                        status="timeout" if lost.reason == "timeout" else "fail", err=float("nan"),
+                        allowed=float("nan"), detail=lost.detail + (f"; at {where}" if where else ""), repro=repro,
+                        **prov.__dict__)]
+
+
+def stack_name(t) -> str:
+    """A timed-out run's stack file name: the timeline's name (or family) and a hash of its id."""
+    return f"{t.name or t.family}-{hashlib.sha1(base.case_id('timeline', t).encode()).hexdigest()[:10]}"
+
+
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (model family, path): timeline runs, passed and failed runs, checks, failed checks."""
+    """Per (model family, path): timeline runs, passed and failed runs (a ``timeout`` run among the
+    failed), checks, failed checks."""
     if frame.empty:
         return pd.DataFrame(columns=SUMMARY_COLS)
-    f = frame.assign(failed=frame["status"] == "fail")
+    f = frame.assign(failed=failing(frame["status"]))
     runs = f.groupby(RUN_KEY, sort=False)["failed"].any().groupby(SUMMARY_KEY, sort=False)
     out = runs.agg(runs="size", failed="sum").join(
         f.groupby(SUMMARY_KEY, sort=False)["failed"].agg(checks="size", failed_checks="sum")).reset_index()
@@ -50,7 +69,7 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 def first_failures(frame: pd.DataFrame) -> pd.DataFrame:
     """The first failing check (row order: step, then layer) of every failing run, in run order."""
-    bad = frame[frame["status"] == "fail"]
+    bad = frame[failing(frame["status"])]
     return bad.drop_duplicates(RUN_KEY, keep="first").reset_index(drop=True)
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 from harness import timeline_rows
 from reports import diff as diffs
 from reports import frames, html, junit
-from reports.rows import GateRow, ParityRow, PerfRow, TimelineRow
+from reports.rows import GateRow, ParityRow, PerfRow, TimelineRow, failing
 
 # harness.killmatrix.KillRow's columns that the report shows
 KILL_MATRIX_COLUMNS = ["subject", "kind", "parity", "timeline", "gate", "first_failure", "seconds"]
@@ -59,7 +59,7 @@ def build(csvs: list, out: str | Path, *, mutants: list = (), perf: list = (), g
     html.write(out / "report.html", frame, mutants=mut, perf=prf, gate=gt, diff=d,
                baseline=str(baseline or ""), threshold=threshold, killmatrix=km, timelines=tl)
     tl_runs = timeline_rows.summary(tl) if tl is not None else None
-    return Built(out=out, rows=len(frame), failed_rows=int((frame["status"] == "fail").sum()),
+    return Built(out=out, rows=len(frame), failed_rows=int(failing(frame["status"]).sum()),
                  regress=0 if d is None else len(diffs.regressions(d)), diff_rows=0 if d is None else len(d),
                  timeline_runs=0 if tl_runs is None else int(tl_runs["runs"].sum()),
                  failed_timeline_runs=0 if tl_runs is None else int(tl_runs["failed"].sum()), inputs=tuple(inputs))

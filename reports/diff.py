@@ -1,7 +1,8 @@
 """Baseline diff: this run vs a previous run's CSV.
 
-Parity, per (op, impl, case, check): REGRESS (pass or refused -> fail), FIXED (fail -> pass or
-refused), NEW, REMOVED, CHANGED (pass <-> refused). Perf, per (op, impl, case): SLOWER when
+Parity, per (op, impl, case, check): REGRESS (pass or refused -> fail or timeout; and a case of
+the baseline that now times out: its one ``timeout`` row), FIXED (fail or timeout -> pass or
+refused), NEW, REMOVED, CHANGED (pass <-> refused, fail <-> timeout). Perf, per (op, impl, case): SLOWER when
 this run's p20 is above the baseline's p80 by more than ``threshold`` (0.10 = 10 %), i.e. the two
 runs' spreads are apart, not only their medians: between two H200 nightlies the eager p50 of
 host-bound shapes (B 1, a few launches) moved by 0.2-12x with the host's load while their spreads
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from reports.rows import FAILING
+
 PARITY_KEY = ["op", "impl", "case", "check"]
 PERF_KEY = ["op", "impl", "case"]
 COLUMNS = ["kind", "op", "impl", "case", "check", "change", "old", "new", "repro"]
-_RANK = {"pass": 0, "refused": 1, "known": 2, "fail": 3}  # known: a ledger entry explains the failure
+_RANK = {"pass": 0, "refused": 1, "known": 2, "timeout": 3, "fail": 4}  # known: a ledger entry explains the failure
 
 
 def _status(frame: pd.DataFrame) -> pd.DataFrame:
@@ -31,9 +34,9 @@ def _change(old, new) -> str:
         return "REMOVED"
     if old == new:
         return "SAME"
-    if new == "fail":
+    if new in FAILING and old not in FAILING:
         return "REGRESS"
-    if old == "fail":
+    if old in FAILING and new not in FAILING:
         return "FIXED"
     return "CHANGED"
 
@@ -41,6 +44,10 @@ def _change(old, new) -> str:
 def parity_diff(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     m = _status(old).merge(_status(new), on=PARITY_KEY, how="outer", suffixes=("_old", "_new"))
     m["change"] = [_change(o, n) for o, n in zip(m["status_old"], m["status_new"])]
+    # a case that timed out has one ``timeout`` row instead of its checks: a NEW row, but the case was there
+    known = pd.MultiIndex.from_frame(old[PARITY_KEY[:3]].drop_duplicates())
+    was = pd.MultiIndex.from_frame(m[PARITY_KEY[:3]]).isin(known)
+    m.loc[(m["change"] == "NEW") & (m["status_new"] == "timeout") & was, "change"] = "REGRESS"
     m = m[m["change"] != "SAME"]
     return pd.DataFrame({"kind": "parity", **{k: m[k] for k in PARITY_KEY}, "change": m["change"],
                          "old": m["status_old"].fillna(""), "new": m["status_new"].fillna(""),

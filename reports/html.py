@@ -17,6 +17,7 @@ import pandas as pd
 from harness import timeline_rows
 from reports import plots
 from reports.junit import CASE_KEY, PROVENANCE, failure_line, worst_failure
+from reports.rows import failing
 
 MAX_DIFF_ROWS = 1000  # shown; diff.csv has them all
 MAX_TIMELINE_FAILURES = 1000  # failing timeline runs shown; junit.xml has them all
@@ -37,7 +38,7 @@ def per_op_checks(frame: pd.DataFrame, op: str) -> pd.DataFrame:
     """impl × check: "failing/total" rows, else "ok total" or "refused total" (poisoned-output
     reruns folded into their check)."""
     f = frame[frame["op"] == op].assign(check=lambda d: d["check"].str.split("@").str[0],
-                                         failed=lambda d: d["status"] == "fail",
+                                         failed=lambda d: failing(d["status"]),
                                          refused=lambda d: d["status"] == "refused")
     g = f.groupby(["impl", "check"]).agg(failed=("failed", "sum"), refused=("refused", "sum"),
                                          total=("failed", "size")).reset_index()
@@ -49,7 +50,7 @@ def per_op_checks(frame: pd.DataFrame, op: str) -> pd.DataFrame:
 def kill_matrix(mutants: pd.DataFrame) -> pd.DataFrame:
     """mutant × check: number of cases in which the check flagged the mutant; killed = any."""
     f = mutants.assign(check=mutants["check"].str.split("@").str[0])
-    bad = f[f["status"] == "fail"]
+    bad = f[failing(f["status"])]
     m = bad.groupby(["op", "impl", "check"])["case"].nunique().unstack("check")
     m = m.reindex(pd.MultiIndex.from_frame(f[["op", "impl"]].drop_duplicates())).fillna(0).astype(int)
     m.insert(0, "cases", f.groupby(["op", "impl"])["case"].nunique().reindex(m.index).values)
@@ -69,7 +70,7 @@ def _targeted(km: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def failure_groups(frame: pd.DataFrame) -> list[dict]:
-    bad = frame[frame["status"] == "fail"]
+    bad = frame[failing(frame["status"])]
     out = []
     for (op, impl, case), g in bad.groupby(CASE_KEY, sort=False):
         w = worst_failure(g)

@@ -2,7 +2,8 @@
 
 A failing case's message is its worst check (largest err/allowed; exact checks, which have no
 ratio, rank first) and its one-line repro; the body lists every failing check. A case whose
-every row is ``refused`` is skipped with the implementation's reason.
+every row is ``refused`` is skipped with the implementation's reason; a ``timeout`` row (no result
+within the case's time limit) is a failure like a failing check.
 
 Timeline rows (``TimelineRow``), when given: one testsuite ``timelines.<model family>``, one
 testcase per timeline run (a timeline through one path), failing on its first failing check
@@ -18,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.timeline_rows import RUN_KEY, fail_line
+from reports.rows import failing
 
 CASE_KEY = ["op", "impl", "case"]
 PROVENANCE = ["git_sha", "device", "arch", "fp8_format", "torch", "triton", "shim", "profile", "seed"]
@@ -32,7 +34,7 @@ def _ratio(r) -> float:
 
 
 def worst_failure(group: pd.DataFrame):
-    bad = group[group["status"] == "fail"]
+    bad = group[failing(group["status"])]
     return max((r for _, r in bad.iterrows()), key=_ratio)
 
 
@@ -58,7 +60,7 @@ def _timeline_suites(root: ET.Element, timelines: pd.DataFrame) -> None:
         for (_, path, tid), g in per_fam.groupby(RUN_KEY, sort=False):
             tc = ET.SubElement(suite, "testcase", classname=f"timelines.{fam}", name=f"{tid} [{path}]")
             n += 1
-            bad = g[g["status"] == "fail"]
+            bad = g[failing(g["status"])]
             if not bad.empty:
                 fails += 1
                 first = bad.iloc[0]
@@ -79,10 +81,10 @@ def to_xml(frame: pd.DataFrame, *, name: str = "verify-parity", timelines: pd.Da
             secs = float(g["seconds"].iloc[0]) if pd.notna(g["seconds"].iloc[0]) else 0.0
             tc = ET.SubElement(suite, "testcase", classname=f"{op}.{impl}", name=str(case), time=f"{secs:.3f}")
             n, total = n + 1, total + secs
-            if (g["status"] == "fail").any():
+            if failing(g["status"]).any():  # fail or timeout
                 fails += 1
                 w = worst_failure(g)
-                body = [failure_line(r) + f"\n    worst: {r['worst']}" for _, r in g[g["status"] == "fail"].iterrows()]
+                body = [failure_line(r) + f"\n    worst: {r['worst']}" for _, r in g[failing(g["status"])].iterrows()]
                 el = ET.SubElement(tc, "failure", message=f"{failure_line(w)} | repro: {w['repro']}", type=str(w["check"]))
                 el.text = "\n".join(body + [f"repro: {w['repro']}"])
             elif (g["status"] == "refused").all():

@@ -14,6 +14,8 @@ from html import escape
 import numpy as np
 import pandas as pd
 
+from reports.rows import failing
+
 W, H, PAD_L, PAD_B, PAD_T, PAD_R = 560, 300, 56, 40, 24, 150
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 MAX_POINTS = 3000  # per plot; failing cases are always kept
@@ -33,7 +35,7 @@ def tokens(repro: str) -> float:
 
 def points(frame: pd.DataFrame, op: str) -> pd.DataFrame:
     f = frame[(frame["op"] == op) & (frame["allowed"] > 0)]
-    f = f.assign(ratio=(f["err"] / f["allowed"]).clip(lower=1e-6), fail=f["status"] == "fail",
+    f = f.assign(ratio=(f["err"] / f["allowed"]).clip(lower=1e-6), fail=failing(f["status"]),
                  x=[tokens(r) for r in f["repro"]])
     f = f[np.isfinite(f["ratio"]) & np.isfinite(f["x"])]
     p = f.groupby(["impl", "case"], sort=False).agg(x=("x", "first"), ratio=("ratio", "max"), fail=("fail", "any"))

@@ -9,6 +9,15 @@ from pathlib import Path
 
 import pandas as pd
 
+# Row statuses that fail a run: ``timeout`` is a case (or timeline) that gave no result within its
+# time limit (``--case-timeout-s``; its worker was killed): never a pass, never a slow pass.
+FAILING = ("fail", "timeout")
+
+
+def failing(status: pd.Series) -> pd.Series:
+    """True where a row's status fails the run (``FAILING``)."""
+    return status.isin(FAILING)
+
 
 @dataclass(frozen=True)
 class Provenance:
@@ -39,7 +48,7 @@ class ParityRow:
     kind: str
     case: str  # display id (catalog name or encoded id)
     check: str
-    status: str  # pass | fail | refused | known (a failure a ledger entry explains, harness.ledger)
+    status: str  # pass | fail | timeout | refused | known (a failure a ledger entry explains, harness.ledger)
     err: float  # scaled error (see harness.tolerance)
     ref_err: float
     allowed: float
@@ -147,7 +156,7 @@ class TimelineRow:
     layer: int
     family: str  # check family: timeline | gate
     check: str
-    status: str  # pass | fail
+    status: str  # pass | fail | timeout
     err: float
     allowed: float
     detail: str
@@ -156,8 +165,8 @@ class TimelineRow:
 
 # The values the harness writes in each row type's verdict columns; ``reports.frames.read``
 # refuses any other (a hand-edited "FAIL" or a blank must never read as passing).
-PARITY_STATUSES = ("pass", "fail", "refused", "known")
-VERDICTS = {ParityRow: {"status": PARITY_STATUSES}, TimelineRow: {"status": ("pass", "fail")},
+PARITY_STATUSES = ("pass", "fail", "timeout", "refused", "known")  # timeout: FAILING (a case past its limit)
+VERDICTS = {ParityRow: {"status": PARITY_STATUSES}, TimelineRow: {"status": ("pass", "fail", "timeout")},
             GateRow: {"expect": ("pass", "fail"), "verdict": ("pass", "fail")}}
 
 

@@ -38,10 +38,11 @@ def test_plan_covers_every_op_family_layout_and_puts_bench_alone(tmp_path):
                                                                "timelines:qwen35-gqa", "timelines:dspark-noncausal"}
     assert {n for n in names if n.startswith("gate:")} == {"gate:dsv4-mqa-ring", "gate:k3-mla-fp8", "gate:qwen35-gqa"}
     bench = next(s for s in steps if s.name == "bench")
-    assert bench.phase == 1 and all(s.phase == 0 for s in steps if s is not bench)
+    warm = next(s for s in steps if s.name == "warmup")
+    assert bench.phase == 1 and warm.phase == -1 and all(s.phase == 0 for s in steps if s not in (bench, warm))
     assert "--quick" in bench.argv  # the full set does not fit the nightly's 20 % (measured on the H200)
     assert all("--generated" in s.argv and "500" in s.argv for s in steps if s.name.startswith("timelines:"))
-    assert sum(s.budget_s for s in steps if s.phase == 1) + max(s.budget_s for s in steps if s.phase == 0) <= 600
+    assert warm.budget_s + bench.budget_s + max(s.budget_s for s in steps if s.phase == 0) <= 600
 
 
 def _kinds(step):
@@ -63,7 +64,8 @@ def test_plan_runs_compiled_on_the_catalog_only_and_sizes_workers_by_cores(tmp_p
     jobs = lambda s: int(s.argv[s.argv.index("--jobs") + 1])  # noqa: E731
     assert all(jobs(s) == 2 for n, s in steps.items() if n.startswith("timelines:"))
     assert all(jobs(s) == 3 for n, s in steps.items() if n.startswith("gate:"))
-    procs = sum(jobs(s) for s in steps.values() if "--jobs" in s.argv) + 2  # + gpu, compiled
+    procs = sum(jobs(s) for s in steps.values() if "--jobs" in s.argv and s.phase == 0) + 2  # + gpu, compiled
+    assert jobs(steps["warmup"]) == 16  # alone, before the concurrent steps: every core
     assert procs <= 2 * 16
     small = nightly.plan(tmp_path, profile="dev", device="cpu", budget_s=600, jobs=None, layouts=None,
                          families=None, bench=False, gate=True, cores=2)
@@ -117,7 +119,7 @@ def test_gate_and_gpu_checks_keep_priority_and_compiled_rotates_its_shard(tmp_pa
                          families=None, bench=True, gate=True, cores=16, compiled_shards=3, day=7)
     by = {s.name: s for s in steps}
     for s in steps:
-        crit = s.name.startswith("gate:") or s.name in ("gpu", "parity:compiled") or s.phase > 0
+        crit = s.name.startswith("gate:") or s.name in ("gpu", "parity:compiled") or s.phase != 0
         assert s.nice == (0 if crit else nightly.BACKGROUND_NICE), s.name
     comp = by["parity:compiled"]
     assert comp.argv[comp.argv.index("--shard") + 1] == "2/3"
@@ -159,8 +161,64 @@ def test_spawned_workers_and_nightly_steps_run_one_intra_op_thread(tmp_path, mon
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     if torch.get_num_threads() == 1:
         torch.set_num_threads(2)  # a one-core machine: the parent's count must still not leak
-    assert list(suite.spawn_map(_threads, [0, 1], 2, devices.select("cpu"))) == [1, 1]
+    assert sorted(suite.spawn_map(_threads, [0, 1], 2, devices.select("cpu"))) == [(0, 1), (1, 1)]  # (index, result)
     code = "import torch; print(torch.get_num_threads())"
     step = nightly.Step("t", [sys.executable, "-c", code], 60)
     nightly.run_steps([step], tmp_path, poll_s=0.05, progress=lambda m: None)
     assert step.log.read_text().split() == ["1"]
+
+
+def test_warmup_compiles_the_parity_plan_first_and_every_case_has_a_limit(tmp_path):
+    """On a GPU the warmup runs alone first, on the parity steps' plan (profile, ops, generated, the
+    kinds that launch Triton); parity and timeline steps run under a per-case limit and print their
+    stage times. On the CPU there is no warmup (the interpreter compiles nothing) and the limit is
+    the interpreter's."""
+    from harness import suite
+
+    steps = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=520, jobs=2, layouts=None,
+                         families=None, bench=True, gate=True, generated=1700, cores=16)
+    warm = steps[0]
+    arg = lambda s, flag: [s.argv[i + 1] for i, a in enumerate(s.argv) if a == flag]  # noqa: E731
+    assert warm.name == "warmup" and warm.phase == -1 and warm.argv[2:4] == ["harness", "warmup"]
+    assert arg(warm, "--profile") == ["nightly"] and arg(warm, "--generated") == ["1700"]
+    assert arg(warm, "--op") == list(nightly.OPS) and arg(warm, "--kind") == ["fused", "external"]
+    for s in steps:
+        if s.name.startswith(("parity:", "timelines:")):
+            want = f"{max(suite.CASE_TIMEOUT_S, 300):g}" if s.name == "parity:compiled" else f"{suite.CASE_TIMEOUT_S:g}"
+            assert arg(s, "--case-timeout-s") == [want], s.argv
+        if s.name.startswith("parity:"):
+            assert "--stage-times" in s.argv
+    cpu = nightly.plan(tmp_path, profile="dev", device="cpu", budget_s=600, jobs=None, layouts=None, families=None,
+                       bench=False, gate=False, cores=2, case_timeout_s=None)
+    assert "warmup" not in {s.name for s in cpu}
+    assert all(arg(s, "--case-timeout-s") == [f"{suite.CASE_TIMEOUT_INTERPRETED_S:g}"]
+               for s in cpu if s.name.startswith("parity:"))
+    none = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=520, jobs=2, layouts=None,
+                        families=None, bench=False, gate=False, warmup=False, case_timeout_s=60)
+    assert "warmup" not in {s.name for s in none}
+    assert all(arg(s, "--case-timeout-s") == ["60"] for s in none if s.name.startswith("timelines:"))
+
+
+def test_step_table_reports_compile_time_apart_and_a_warmup_out_of_time_is_not_fatal(tmp_path):
+    from harness import stages, warmup
+
+    warm = _step("warmup", f"print('{warmup.LINE} 12/12 kernel variants in 41.5 s wall (300.0 s summed over "
+                           f"processes); collect 9.0 s; cache /x')", phase=-1)
+    par = _step("parity:x", f"print('{stages.COMPILE_LINE}: 3 kernels, 2.5 s'); print('{stages.COMPILE_LINE}: "
+                            f"1 kernels, 0.5 s')")
+    plain = _step("gpu", "print('nothing')")
+    late = _step("warmup", "import time; time.sleep(60)", budget_s=0.5, phase=-1)
+    nightly.run_steps([warm, par, plain], tmp_path, poll_s=0.1, progress=lambda m: None)
+    nightly.run_steps([late], tmp_path / "late", poll_s=0.1, progress=lambda m: None)  # its own log
+    assert (warm.compile_s, par.compile_s, plain.compile_s) == (41.5, 3.0, None)
+    table = nightly.summary([warm, par, plain]).splitlines()
+    assert "compile_s" in table[0] and "41.5" in table[1] and "3.0" in table[2]
+    assert late.timed_out and not nightly.fatal(late)  # the steps after it compile what it left
+    assert nightly.fatal(_finished("warmup", 1)) and nightly.fatal(_finished("parity:x", 1))
+    assert not nightly.fatal(_finished("parity:x", 0))
+
+
+def _finished(name, rc):
+    s = nightly.Step(name, [], 1.0)
+    s.rc = rc
+    return s

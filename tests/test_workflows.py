@@ -94,3 +94,25 @@ def test_every_nox_session_a_workflow_calls_exists():
               for s in re.findall(r"nox -s (\w+)", line)}
     assert called, "no workflow calls nox"
     assert called - OPTIONAL_SESSIONS <= defined, f"undefined nox sessions: {sorted(called - OPTIONAL_SESSIONS - defined)}"
+
+
+def test_gpu_jobs_keep_the_triton_cache_and_parity_warms_it_first():
+    """Each GPU job that compiles Triton kernels restores Triton's kernel cache (keyed by the Triton
+    version and fused/) into the TRITON_CACHE_DIR its later steps use, before its first nox session;
+    the parity shard runs the warmup before the parity. Planted: a job without the cache step, or
+    the warmup after the parity, fails."""
+    import yaml
+
+    jobs = yaml.safe_load((WORKFLOWS / "gpu-run.yml").read_text())["jobs"]
+    for name in ("checks", "parity"):
+        steps = jobs[name]["steps"]
+        runs = [i for i, s in enumerate(steps) if "nox -s" in s.get("run", "")]
+        cache = [i for i, s in enumerate(steps) if str(s.get("uses", "")).startswith("actions/cache@")]
+        env = [i for i, s in enumerate(steps) if "TRITON_CACHE_DIR=$RUNNER_TEMP/triton-cache" in s.get("run", "")]
+        assert cache and env and env[0] < cache[0] < runs[0], name
+        key = steps[cache[0]]["with"]["key"]
+        assert "steps.triton.outputs.version" in key and "hashFiles('fused/**')" in key, key
+        assert steps[cache[0]]["with"]["path"] == "${{ runner.temp }}/triton-cache"
+    order = [s.get("run", "") for s in jobs["parity"]["steps"]]
+    warm = next(i for i, r in enumerate(order) if "nox -s warmup" in r)
+    assert warm < next(i for i, r in enumerate(order) if "nox -s parity" in r)

@@ -199,11 +199,11 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
     done = [0]
 
     def collect(t, res):
-        parts.setdefault(t[:2], []).append(res)
+        parts.setdefault(t[:2], []).append((t[5], res))  # batches complete in any order: sorted by lo below
         done[0] += 1
         if progress:  # every batch: a long run shows where it is (a whole run can take minutes)
             progress(f"[{done[0]}/{len(tasks)}] {t[0]} {t[1] or 'reference greedy'}: problems {t[6]} of {count[t[:2]]} "
-                     f"(batch {res[1]:.1f}s, run so far {sum(s for _, s in parts[t[:2]]):.0f}s)")
+                     f"(batch {res[1]:.1f}s, run so far {sum(s for _, (_, s) in parts[t[:2]]):.0f}s)")
 
     from harness import suite
 
@@ -212,8 +212,13 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
         for t in tasks:
             collect(t, _generation(t))
     else:
-        for t, res in zip(tasks, suite.spawn_map(_generation, tasks, jobs, dev)):
-            collect(t, res)
+        from harness import pool
+
+        for k, res in suite.spawn_map(_generation, tasks, jobs, dev):  # as each batch completes
+            if isinstance(res, pool.Lost):  # no time limit here: the worker process died
+                raise RuntimeError(f"gate batch {tasks[k][:2]} problems {tasks[k][5]}-{tasks[k][6]}: {res.detail}")
+            collect(tasks[k], res)
+    parts = {key: [res for _, res in sorted(ps, key=lambda x: x[0])] for key, ps in parts.items()}
     results = {key: (E.Generation(tuple(x for g, _ in ps for x in g.tokens), tuple(x for g, _ in ps for x in g.accept_lens),
                                   sum(g.steps for g, _ in ps)), sum(s for _, s in ps)) for key, ps in parts.items()}
     rows = []

@@ -1,0 +1,40 @@
+"""Per-stage wall time of a parity run (``harness.stages``): every stage of a run is timed, the
+``impl`` stage is exactly the first call's time the rows report, and ``run --stage-times``
+prints the table."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+
+from cases import profiles
+from harness import stages, suite
+from tests.helpers import ROOT, subprocess_env
+
+
+def test_every_stage_is_timed_and_impl_is_the_first_calls_time(registry, device):
+    """Planted: timing the impl stage around the call and its checks (or not at all) fails the
+    equality with ``CaseResult.seconds``; a stage left untimed fails the set."""
+    table = stages.Table()
+    impls = [registry.impls["qk_norm_rope/reference"], registry.impls["qk_norm_rope/fused"]]
+    rows = suite.run(registry, dev=device, profile=profiles.current("dev"), ops=["qk_norm_rope"], impls=impls,
+                     generated=0, progress=False, case_filter="one-token-one-head", stage_table=table)
+    f = table.frame()
+    assert set(f["stage"]) == set(stages.STAGES) - {"allowance"}  # allowance: precision classes only
+    assert (f["runs"] == 2).all() and (f["total_s"] > 0).all()
+    first_calls = pd.DataFrame([r.__dict__ for r in rows]).groupby("impl")["seconds"].first().sum()
+    impl = f.set_index("stage").loc["impl", "total_s"]
+    assert abs(impl - first_calls) < 0.01 * max(first_calls, 0.01) + 1e-3, (impl, first_calls)
+    assert abs(f["share"].sum() - 1.0) < 1e-9
+    assert stages.compile_line(table) == f"{stages.COMPILE_LINE}: 0 kernels, 0.0 s"  # the interpreter compiles nothing
+
+
+def test_run_stage_times_prints_the_table(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--op", "qk_norm_rope",
+                        "--generated", "0", "--case", "one-token-one-head", "--quiet", "--stage-times",
+                        "--csv", str(tmp_path / "s.csv")], cwd=ROOT, capture_output=True, text=True,
+                       env=subprocess_env(OMP_NUM_THREADS="1"), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = r.stdout.split("stage times", 1)[1]
+    assert all(f"qk_norm_rope {s} " in " ".join(table.split()) for s in ("inputs", "oracle", "impl", "rows"))

@@ -1,0 +1,114 @@
+"""python -m harness warmup: the Triton variants of a parity plan, found as Triton's JIT keys them
+and compiled once into Triton's cache. No GPU here: a dry run for sm90 (``--target``: inputs on
+the CPU, kernels compiled for sm90) exercises the same collect and compile paths."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+from tests.helpers import ROOT, subprocess_env
+
+PLAN = ["--op", "qk_norm_rope", "--generated", "0", "--case", "dsv4-"]  # 11 catalog cases, decode and verify
+
+
+def _cli(args, tmp_path, timeout=600):
+    env = subprocess_env(OMP_NUM_THREADS="1", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+def _cubins(tmp_path) -> set[str]:
+    return {p.parent.name for p in (tmp_path / "triton-cache").rglob("*.cubin")}
+
+
+def test_interpreter_has_nothing_to_warm(tmp_path):
+    r = _cli(["warmup", "--device", "cpu", *PLAN], tmp_path)
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
+
+
+def test_dry_run_compiles_each_variant_once_and_a_second_run_only_hits_the_cache(tmp_path):
+    """Every variant the plan launches lands in the cache once (one cubin per variant); a second
+    warmup in fresh processes finds the same variants (the keys do not depend on the process) and
+    adds nothing to the cache; nor does the JIT compiling those variants on a run's first launches
+    (its compiles read the warmup's entries). Planted: preload left out leaves no cubin."""
+    r = _cli(["warmup", "--target", "sm90", "--jobs", "2", *PLAN], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"warmup: compiled (\d+)/(\d+) kernel variants", r.stdout)
+    assert m and m.group(1) == m.group(2) and int(m.group(1)) >= 2, r.stdout
+    first = _cubins(tmp_path)
+    assert len(first) == int(m.group(1)), (first, r.stdout)
+    assert "_qk_norm_rope_kernel: " in r.stdout and "HAS_STORE(2: False,True)" in r.stdout, r.stdout  # decode stores
+    again = _cli(["warmup", "--target", "sm90", "--jobs", "2", *PLAN], tmp_path)
+    assert again.returncode == 0 and f"compiled {m.group(1)}/{m.group(1)} " in again.stdout, again.stdout
+    assert _cubins(tmp_path) == first
+    # the JIT's own path (a run's first launch of each variant) compiles from those entries: nothing new
+    env = subprocess_env(OMP_NUM_THREADS="1", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    jit = subprocess.run([sys.executable, "-c", JIT_RUN], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert jit.returncode == 0 and jit.stdout.split()[-1] == m.group(1), jit.stdout + jit.stderr[-3000:]
+    assert _cubins(tmp_path) == first
+
+
+# In a dry-run process: the fused qk_norm_rope wrapper on the plan's cases as a run calls it, the JIT
+# compiling each variant on its first launch (the launch itself then fails: no driver); prints the compiles.
+JIT_RUN = textwrap.dedent('''
+    import copy
+    from harness import warmup
+    warmup._dry_run("sm90")
+    from triton import knobs
+    from cases import profiles
+    from harness import suite
+    from harness.registry import default_registry
+
+    reg = default_registry(with_plugins=False)
+    dev, spec = warmup.dry_device("sm90"), reg.ops["qk_norm_rope"]
+    compiled = []
+    knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["key"])
+    for p in suite.plan_cases(spec, profiles.current("ci"), generated=0):
+        if "dsv4-" in p.display:
+            try:
+                reg.impls["qk_norm_rope/fused"].fn(**copy.deepcopy(spec.build_inputs(p.case, dev)))
+            except AttributeError as exc:  # the dry run's driver cannot launch
+                assert "launcher" in str(exc), exc
+    print("jit compiles", len(set(compiled)))
+''')
+
+
+# In a dry-run process: the variants the parity run's own calls (runners.run_case: first call,
+# determinism/poisoned-alloc rerun, poisoned run with caller-provided outputs) launch, against those
+# the warmup's calls find. Nothing launches (the hook skips), so the run's checks fail; only the keys count.
+SAME_VARIANTS = textwrap.dedent('''
+    import sys
+    from harness import warmup
+    warmup._dry_run("sm90")
+    from triton import knobs
+    from harness import runners, suite
+    from harness.registry import default_registry
+    from cases import profiles
+
+    reg = default_registry(with_plugins=False)
+    dev = warmup.dry_device("sm90")
+    suite.set_worker_state(dev, reg)
+    op = sys.argv[1]
+    impls = [i for i in reg.for_op(op) if i.kind in ("fused", "external")]
+    cases = [p.case for p in suite.plan_cases(reg.ops[op], profiles.current("ci"), generated=int(sys.argv[2]))]
+    found, _ = warmup._collect((op, [i.key for i in impls], cases))
+    runners.synchronize = lambda dev: None  # no device queue in a dry run
+    seen = {}
+    knobs.runtime.jit_cache_hook = lambda **kw: seen.setdefault((kw["fn"].name, kw["key"]), 1) and True
+    for case in cases:
+        runners.run_impls(reg.ops[op], impls, case, dev)
+    want, got = set(seen), {(v.qualname, v.key) for v in found}
+    print(len(want), len(got), "missing", len(want - got), "extra", len(got - want))
+    sys.exit(0 if want == got and want else 1)
+''')
+
+
+def test_warmup_finds_exactly_the_variants_the_parity_run_launches(tmp_path):
+    """Planted: the warmup copying inputs with ``.clone()`` instead of ``copy.deepcopy`` (a strided
+    view comes out contiguous: another stride specialisation) misses an mla_fp8_prepare variant."""
+    for op, generated in (("mla_fp8_prepare", 8), ("verify_attention", 4)):
+        r = subprocess.run([sys.executable, "-c", SAME_VARIANTS, op, str(generated)], cwd=ROOT, capture_output=True,
+                           text=True, env=subprocess_env(OMP_NUM_THREADS="1"), timeout=600)
+        assert r.returncode == 0, f"{op}: {r.stdout}{r.stderr[-3000:]}"
