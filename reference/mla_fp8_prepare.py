@@ -291,9 +291,13 @@ def validate_pool(*, kv_buffer, out_cache_loc, slot_map, decode_kernel_loc, save
     check_index("out_cache_loc", out_cache_loc, (None,), INDEX_DTYPES)
     if decode_kernel_loc is not None:
         check_index("decode_kernel_loc", decode_kernel_loc, tuple(out_cache_loc.shape), INDEX_DTYPES)
-    S = kv_buffer.shape[0]
     if slot_map is not None:
         check_index("slot_map", slot_map, (None,), INDEX_DTYPES)
+    # before any value is read: a CPU loc among GPU tensors crashed the chain and the kernel took it
+    check_same_device(kv_buffer=kv_buffer, out_cache_loc=out_cache_loc, slot_map=slot_map,
+                      decode_kernel_loc=decode_kernel_loc)
+    S = kv_buffer.shape[0]
+    if slot_map is not None:
         check_index_range("slot_map", slot_map, low=0, high=S)
         check_unique("slot_map", slot_map, ignore_negative=False)
     n_logical = S if slot_map is None else slot_map.shape[0]

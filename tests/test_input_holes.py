@@ -493,3 +493,20 @@ def test_scale_bounds_are_those_of_fp32():
         with pytest.raises(checks.RangeError):
             checks.check_fp32_scale("s", bad)
     assert rm.inv_descale(1.0 / big) is not None
+
+
+MLA_POOL_ARGS = ("out_cache_loc", "slot_map", "decode_kernel_loc")
+
+
+@pytest.mark.parametrize("name", [n for n in MLA_FNS if n.endswith("_step")])
+@pytest.mark.parametrize("arg", MLA_POOL_ARGS)
+def test_a_pool_index_on_another_device_is_refused_by_name(device, name, arg):
+    """Found by the fuzzer on the H200 (device-cpu-among-gpu): a CPU ``out_cache_loc`` among CUDA
+    tensors crashed the reference step inside torch and was taken by the fused step. Needs a second
+    device: on a CPU-only machine there is none."""
+    if device.torch_device.type == "cpu":
+        pytest.skip("needs a device other than the CPU (GPU runners run it)")
+    kw = ALL_FNS[name][1](device)
+    if kw.get(arg) is None:
+        pytest.skip(f"{arg} is not given in this case")
+    _assert_refused(device, name, arg, checks.DeviceError, **{arg: kw[arg].cpu()})
