@@ -265,6 +265,26 @@ def test_batched_reference_keeps_an_inf_of_another_split_out_of_this_one(device)
         assert torch.equal(got.isnan(), oracle.isnan()) and torch.equal(got.isinf(), oracle.isinf())
 
 
+# ----------------------------------------------------------------------------- 3b. not a tensor at all
+
+OPTIONAL_TENSORS = ("slot_map", "decode_kernel_loc", "q_norm_weight", "q_out", "o", "custom_mask")
+QK_PAIRED = ("ring", "loc")  # qk: None for both is legal (no store), for one a pairing error of its own
+NOT_TENSORS = {"None": (lambda t: None, checks.DTypeError), "list": (lambda t: t.tolist(), checks.DTypeError),
+               "0-d": (lambda t: t.reshape(-1)[0].clone(), checks.RankError)}
+
+
+@pytest.mark.parametrize("name,arg,what", [
+    pytest.param(n, a, w, id=f"{n}-{a}-{w}") for n in ALL_FNS for a in _tensor_args(n) for w in NOT_TENSORS
+    if not (w == "None" and (a in OPTIONAL_TENSORS or (n in QK_FNS and a in QK_PAIRED)))])
+def test_a_tensor_argument_that_is_not_a_tensor_is_refused_naming_it(device, name, arg, what):
+    """None, a Python list or a 0-d tensor for a tensor argument: a typed error naming it, before
+    anything reads the argument. The fused MLA step asked ``covered`` (the kernel's layout limits)
+    for q_nope's strides before any check ran: AttributeError ('NoneType' / 'list' object has no
+    attribute 'numel') and IndexError (stride(-1) of a 0-d tensor) instead."""
+    make, err = NOT_TENSORS[what]
+    _assert_refused(device, name, arg, err, **{arg: make(_tensor_args(name)[arg])})
+
+
 # ----------------------------------------------------------------------------- 4. meta tensors
 
 @pytest.mark.parametrize("name,arg", [pytest.param(n, a, id=f"{n}-{a}") for n in ALL_FNS for a in _tensor_args(n)])
