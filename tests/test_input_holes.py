@@ -387,6 +387,27 @@ def test_verify_attention_refuses_empty_batches_everywhere(device, name, what):
     assert info.value.arg == "qo_indptr"
 
 
+@pytest.mark.parametrize("indices", ["kept", "empty"])
+@pytest.mark.parametrize("name", list(VA_FNS))
+def test_an_empty_prefix_is_answered_everywhere(device, name, indices):
+    """No request has a prefix (kv_indptr all zero; kv_indices kept, or empty): the drafts attend
+    only to each other. Legal input: the split-KV and shared-KV kernels refused it with a plain
+    ValueError ("empty kv_indices") where the reference chain answers; every entry point now
+    answers, within the chain's allowance of the fp64 oracle."""
+    from harness import compare, tolerance
+
+    fn, build = ALL_FNS[name]
+    kw = build(device, o=None)
+    kw["kv_indptr"] = torch.zeros_like(kw["kv_indptr"])
+    if indices == "empty":
+        kw["kv_indices"] = kw["kv_indices"][:0]
+    got = fn(**kw)["o"]
+    oracle = rv.verify_attention_oracle(**kw)["o"]
+    rec = compare.numeric("o", got, oracle, rv.verify_attention(**kw)["o"],
+                          tolerance.lookup("verify_attention", "o", torch.bfloat16))
+    assert rec.passed and got.isfinite().all(), (rec.err, rec.allowed, rec.worst)
+
+
 # ----------------------------------------------------------------------------- 6, 7. modes and bools
 
 @pytest.mark.parametrize("mode", ["bogus", "DECODE", None, "", 1])
