@@ -1,4 +1,4 @@
-"""The bad-input fuzzer (``cases/bad_inputs.py``).
+"""The bad-input fuzzer (``cases/bad_inputs/``).
 
 The sweep: every class over every op and argument, one drawn input each, on the test device;
 no call may have a bad outcome. Then the fuzzer bites: wrappers planted in place of a fused entry point
