@@ -80,7 +80,7 @@ def sglang(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def fuzz(session: nox.Session) -> None:
-    """The bad-input fuzzer (cases/bad_inputs.py) deeper than the tests: 8 drawn inputs per class, op and argument
+    """The bad-input fuzzer (cases/bad_inputs/) deeper than the tests: 8 drawn inputs per class, op and argument
     instead of 1, every call in a worker subprocess; fails on any crash, segfault, hang, wrong answer, partial write,
     refusal of a legal input or error not naming the argument. `-- --classes stride device` for a slice."""
     _install(session)

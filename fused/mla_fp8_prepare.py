@@ -243,6 +243,9 @@ def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache
     kernel_fn = kernel_fn or mla_fp8_prepare
     ref.validate_pool(kv_buffer=kv_buffer, out_cache_loc=out_cache_loc, slot_map=slot_map,
                       decode_kernel_loc=decode_kernel_loc, save_kv_cache=save_kv_cache, fused_switch=fused_switch)
+    # before ``covered`` reads their strides (each path checks its write rows itself, below)
+    ref.validate_tensors(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
+                         kv_descale=kv_descale, fp8_policy=fp8_policy)
     pool = ref.KVPool(kv_buffer, slot_map)
     switch = fused_switch_from_env() if fused_switch is None else fused_switch
     fused_q8 = None  # the sentinel: not None <=> the kernel wrote the rows and produced q8

@@ -94,8 +94,11 @@ def l_pad_for(L: int, block_h: int) -> int:
 # ----------------------------------------------------------------------------- can_handle
 
 def shape_can_handle(kind: str, *, uniform: bool, H: int, Hkv: int, D: int, Dv: int, kv_dtype: torch.dtype,
-                     n_prefix: int, block_h: int | None = None, arch_name: str | None = None) -> bool | str:
-    """True, or why the ``kind`` ("split_kv" | "shared_kv") kernel cannot run this shape."""
+                     block_h: int | None = None, arch_name: str | None = None) -> bool | str:
+    """True, or why the ``kind`` ("split_kv" | "shared_kv") kernel cannot run this shape. Any
+    prefix lengths, 0 included: an empty split stores (m, l, acc) = (−inf, 0, 0) and the combine
+    starts from the draft partial, which always has a key (no prefix at all: kv_indices may be
+    empty, its pointer is never read)."""
     arch_name = arch_name or arch()
     if not uniform:
         return "ragged verify widths (the kernels index drafts as b·L + i)"
@@ -107,8 +110,6 @@ def shape_can_handle(kind: str, *, uniform: bool, H: int, Hkv: int, D: int, Dv: 
         return f"rope part D - Dv = {D - Dv} < 16 (tl.dot needs K >= 16)"
     if kv_dtype not in ARCH_KV_DTYPES.get(arch_name, KV_DTYPES):
         return f"kv dtype {kv_dtype} unsupported on {arch_name}"
-    if n_prefix == 0:
-        return "empty kv_indices"
     if kind == "shared_kv":
         group = H // Hkv
         bh = block_h or block_h_for(group, D)
@@ -119,11 +120,11 @@ def shape_can_handle(kind: str, *, uniform: bool, H: int, Hkv: int, D: int, Dv: 
     return True
 
 
-def _shape_of(q, k_buffer, v_buffer, qo_indptr, kv_indptr, **_):
+def _shape_of(q, k_buffer, v_buffer, qo_indptr, **_):
     qo = qo_indptr.tolist()
     w = {qo[i + 1] - qo[i] for i in range(len(qo) - 1)}
     return dict(uniform=len(w) == 1, H=q.shape[1], Hkv=k_buffer.shape[1], D=q.shape[2], Dv=v_buffer.shape[2],
-                kv_dtype=k_buffer.dtype, n_prefix=int(kv_indptr[-1]))
+                kv_dtype=k_buffer.dtype)
 
 
 def can_handle(kind: str, **inputs) -> bool | str:
@@ -198,7 +199,7 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
     else:
         block_h = 1
     if check:
-        shape = _shape_of(q=q, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr)
+        shape = _shape_of(q=q, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr)
         verdict = shape_can_handle(kind, block_h=block_h, **shape)
         if verdict is not True:
             raise ValueError(f"{kind} kernel cannot run this input: {verdict}")

@@ -34,7 +34,8 @@ class Record:
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().cpu().view(torch.uint8).reshape(*t.shape, -1) if t.dim() else \
+    """Shape (*t.shape, itemsize) uint8 on the CPU (a 0-d tensor: (itemsize,)); 0 elements give 0 bytes."""
+    return t.detach().contiguous().cpu().view(torch.uint8).reshape(*t.shape, t.element_size()) if t.dim() else \
         t.detach().cpu().reshape(1).contiguous().view(torch.uint8)
 
 
@@ -149,7 +150,7 @@ def untouched(check: str, after: torch.Tensor, before: torch.Tensor, written_row
     if written_rows.numel():
         keep[written_rows.cpu().long()] = False
     ab, bb = _bytes(after)[keep], _bytes(before)[keep]
-    bad_rows = (ab != bb).reshape(ab.shape[0], -1).any(-1)
+    bad_rows = (ab != bb).flatten(1).any(-1)
     n = int(bad_rows.sum())
     rows = torch.nonzero(keep).flatten()[bad_rows][:WORST_K].tolist()
     return Record(check, n == 0, mismatch_frac=n / max(1, int(keep.sum())),

@@ -67,6 +67,20 @@ def validate(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None,
     multiplied by) are both normal fp32 numbers, i.e. about [1.2e-38, 8.5e37]. A kernel's own
     layout limits are its wrapper's to check.
     """
+    T, H, Dn, R = validate_tensors(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
+                                   kv_descale=kv_descale, fp8_policy=fp8_policy)
+    check_index("loc", loc, (T,), INDEX_DTYPES)
+    check_index_range("loc", loc, low=0, high=kv_buffer.shape[0], allow_negative_padding=True)
+    check_unique("loc", loc)
+    check_same_device(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer, loc=loc)
+    return T, H, Dn, R
+
+
+def validate_tensors(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, kv_descale=None, fp8_policy="saturate"
+                     ) -> tuple[int, int, int, int]:
+    """``validate`` without ``loc``: the data tensors, the pool's row shape and dtype, the scalars;
+    return (T, H, Dn, R). Reads no tensor's values (no device sync), so a dispatcher can run it
+    before it asks anything of the tensors (the fused step's ``covered``, which reads strides)."""
     check_rank("q_nope", q_nope, 3)
     T, H, Dn = q_nope.shape
     check_dtype("q_nope", q_nope, ACT_DTYPES)
@@ -82,14 +96,10 @@ def validate(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None,
         raise VerifyParityInputError("q_nope" if Dn == 0 else "q_rope", f"empty head dims: Dn={Dn}, R={R}")
     check_shape("kv_buffer", kv_buffer, (None, Dn + R))
     check_dtype("kv_buffer", kv_buffer, tuple(FP8_DTYPES.values()))
-    check_index("loc", loc, (T,), INDEX_DTYPES)
-    if kv_descale is not None:  # before the value checks of loc: they sync the device
+    if kv_descale is not None:
         check_fp32_scale("kv_descale", kv_descale)
         check_fp32_scale("kv_descale", kv_descale, value=inv_descale(kv_descale))
     check_choice("fp8_policy", fp8_policy, POLICIES)
-    check_index_range("loc", loc, low=0, high=kv_buffer.shape[0], allow_negative_padding=True)
-    check_unique("loc", loc)
-    check_same_device(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer, loc=loc)
     return T, H, Dn, R
 
 

@@ -1,8 +1,7 @@
-"""The bad-input fuzzer (``cases/bad_inputs.py``).
+"""The bad-input fuzzer (``cases/bad_inputs/``).
 
 The sweep: every class over every op and argument, one drawn input each, on the test device;
-only the classes in ``KNOWN_OPEN`` may fail, and each of them must still fail (when one is
-fixed, take it out). Then the fuzzer bites: wrappers planted in place of a fused entry point
+no call may have a bad outcome. Then the fuzzer bites: wrappers planted in place of a fused entry point
 that swallow an error and return garbage, write before raising, segfault, abort, hang, raise an
 untyped error, name the wrong argument, refuse a legal input, answer wrong or write into an
 input are each reported as that bad outcome, and a printed repro line reproduces it.
@@ -21,13 +20,6 @@ import torch
 from cases import bad_inputs as bi
 from reference import checks
 from tests.helpers import ROOT, subprocess_env
-
-# Classes that fail on today's code (the fixes of reference/ and fused/ land separately): the
-# sweep asserts that each still fails. Empty it as they are fixed; everything else must pass.
-KNOWN_OPEN = {
-    "rank-0d", "size-empty-prefix", "value-inf-data", "value-nan-masked-key", "pytype-none-for-tensor",
-    "pytype-list-for-tensor",
-}
 
 QK_FUSED_STEP = "fused.qk_norm_rope:qk_norm_rope_step"
 
@@ -62,16 +54,11 @@ def test_the_harness_itself_never_fails_a_call(sweep):
     assert not broken, "\n".join(broken)
 
 
-def test_no_class_outside_known_open_fails(sweep):
+def test_no_call_has_a_bad_outcome(sweep):
     _, results = sweep
-    new = [r for r in results if r is not None and r.bad and r.job.cls not in KNOWN_OPEN]
-    assert not new, "\n".join(f"{r.job.cls} {r.job.op} {r.job.arg} {r.job.target}: {r.outcome}: {r.detail}\n"
-                              f"  repro: {r.repro}" for r in new)
-
-
-def test_known_open_classes_still_fail(sweep):
-    fixed = KNOWN_OPEN - bi.failing_classes(sweep[1])
-    assert not fixed, f"these classes pass now: remove them from KNOWN_OPEN: {sorted(fixed)}"
+    bad = [r for r in results if r is not None and r.bad]
+    assert not bad, "\n".join(f"{r.job.cls} {r.job.op} {r.job.arg} {r.job.target}: {r.outcome}: {r.detail}\n"
+                              f"  repro: {r.repro}" for r in bad)
 
 
 # ----------------------------------------------------------------------------- tensor surgery

@@ -119,6 +119,19 @@ def test_exact_and_untouched():
     assert not r.passed and "rows [2]" in r.worst
 
 
+def test_empty_tensors_compare_by_shape_and_dtype():
+    """0 elements (no tokens, an empty pool): exact, untouched, unchanged and bitwise_equal answer
+    instead of failing to reshape no bytes; a shape or dtype difference still fails."""
+    for dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.int64):
+        a = torch.zeros(0, 3, 5, dtype=dtype)
+        assert compare.exact("exact:a", a.clone(), a).passed
+        assert not compare.exact("exact:a", torch.zeros(0, 3, 4, dtype=dtype), a).passed
+        assert compare.untouched("untouched:a", a.clone(), a, torch.tensor([], dtype=torch.int64)).passed
+        assert compare.unchanged("unchanged:a", a.clone(), a).passed
+        assert compare.bitwise_equal("determinism", {"x": a}, {"x": a.clone()}).passed
+    assert not compare.exact("exact:a", torch.zeros(0, 3), torch.zeros(0, 3, dtype=torch.float64)).passed
+
+
 def test_bitwise_equal():
     a = {"x": torch.ones(3), "y": None}
     assert compare.bitwise_equal("determinism", a, {"x": torch.ones(3), "y": None}).passed

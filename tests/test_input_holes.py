@@ -265,6 +265,80 @@ def test_batched_reference_keeps_an_inf_of_another_split_out_of_this_one(device)
         assert torch.equal(got.isnan(), oracle.isnan()) and torch.equal(got.isinf(), oracle.isinf())
 
 
+# ----------------------------------------------------------------------------- 3b. not a tensor at all
+
+OPTIONAL_TENSORS = ("slot_map", "decode_kernel_loc", "q_norm_weight", "q_out", "o", "custom_mask")
+QK_PAIRED = ("ring", "loc")  # qk: None for both is legal (no store), for one a pairing error of its own
+NOT_TENSORS = {"None": (lambda t: None, checks.DTypeError), "list": (lambda t: t.tolist(), checks.DTypeError),
+               "0-d": (lambda t: t.reshape(-1)[0].clone(), checks.RankError)}
+
+
+@pytest.mark.parametrize("name,arg,what", [
+    pytest.param(n, a, w, id=f"{n}-{a}-{w}") for n in ALL_FNS for a in _tensor_args(n) for w in NOT_TENSORS
+    if not (w == "None" and (a in OPTIONAL_TENSORS or (n in QK_FNS and a in QK_PAIRED)))])
+def test_a_tensor_argument_that_is_not_a_tensor_is_refused_naming_it(device, name, arg, what):
+    """None, a Python list or a 0-d tensor for a tensor argument: a typed error naming it, before
+    anything reads the argument. The fused MLA step asked ``covered`` (the kernel's layout limits)
+    for q_nope's strides before any check ran: AttributeError ('NoneType' / 'list' object has no
+    attribute 'numel') and IndexError (stride(-1) of a 0-d tensor) instead."""
+    make, err = NOT_TENSORS[what]
+    _assert_refused(device, name, arg, err, **{arg: make(_tensor_args(name)[arg])})
+
+
+def _placement(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return t.isnan(), t.isposinf(), t.isneginf()
+
+
+def _assert_like_the_oracle(kw):
+    """SDPA's NaN/±Inf placement is the oracle's (and the chain's), and its finite outputs are
+    within the chain's allowance."""
+    from harness import compare, tolerance
+
+    oracle = rv.verify_attention_oracle(**kw)["o"]
+    chain = rv.verify_attention(**kw)["o"]
+    got = rv.verify_attention_sdpa(**kw)["o"]
+    assert all(torch.equal(a, b) for a, b in zip(_placement(chain.double()), _placement(oracle)))  # the contract
+    fin = compare.finite("finite:o", got, oracle)
+    assert fin.passed, (fin.detail, fin.worst)
+    num = compare.numeric("o", got, oracle, chain, tolerance.lookup("verify_attention", "o", torch.bfloat16))
+    assert num.passed, (num.err, num.allowed, num.worst)
+    return oracle
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("mask", ["causal", "tree"])
+def test_sdpa_is_immune_to_draft_keys_its_mask_hides(device, mask, value):
+    """A non-finite k of the last draft of request 0, whose score the causal mask (or a tree
+    mask in which each draft sees only itself) hides from the other drafts: the oracle, the chain
+    and the kernels give those drafts finite outputs; SDPA added its -inf mask to the NaN / ±Inf
+    score (NaN) and leaked it to every draft of the request (64 of 128 outputs NaN in the fuzzer's
+    case). Only the hidden key's own draft may see it."""
+    kw = va_kw(device, o=None)
+    last = int(kw["qo_indptr"][1]) - 1
+    kw["k"][last, 0, 3] = value
+    if mask == "tree":
+        qo = kw["qo_indptr"].tolist()
+        kw.update(topk=2, custom_mask=torch.cat([torch.eye(qo[b + 1] - qo[b], dtype=torch.bool).flatten()
+                                                 for b in range(len(qo) - 1)]).to(kw["q"].device))
+    oracle = _assert_like_the_oracle(kw)
+    assert oracle[:last].isfinite().all()  # the drafts the key is hidden from
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_sdpa_gives_nan_where_every_score_of_a_row_is_minus_inf(device, is_causal):
+    """q = +Inf in a dim where every key of its request is negative: every score of that row is
+    -Inf, softmax is 0/0 = NaN in the oracle, the chain and the kernels. SDPA's math backend
+    returns 0 for such a row (its safe softmax treats it as fully masked)."""
+    kw = va_kw(device, o=None, is_causal=is_causal)
+    t0, t1 = (int(x) for x in kw["qo_indptr"][:2])
+    idx = kw["kv_indices"][int(kw["kv_indptr"][0]): int(kw["kv_indptr"][1])].long()
+    kw["k_buffer"][idx, :, 5] = -kw["k_buffer"][idx, :, 5].abs() - 0.25
+    kw["k"][t0:t1, :, 5] = -kw["k"][t0:t1, :, 5].abs() - 0.25
+    kw["q"][t0, 1, 5] = float("inf")
+    oracle = _assert_like_the_oracle(kw)
+    assert oracle[t0, 1].isnan().all() and oracle[t0 + 1:].isfinite().all()
+
+
 # ----------------------------------------------------------------------------- 4. meta tensors
 
 @pytest.mark.parametrize("name,arg", [pytest.param(n, a, id=f"{n}-{a}") for n in ALL_FNS for a in _tensor_args(n)])
@@ -365,6 +439,27 @@ def test_verify_attention_refuses_empty_batches_everywhere(device, name, what):
     with pytest.raises(checks.VerifyParityInputError) as info:
         fn(**kw)
     assert info.value.arg == "qo_indptr"
+
+
+@pytest.mark.parametrize("indices", ["kept", "empty"])
+@pytest.mark.parametrize("name", list(VA_FNS))
+def test_an_empty_prefix_is_answered_everywhere(device, name, indices):
+    """No request has a prefix (kv_indptr all zero; kv_indices kept, or empty): the drafts attend
+    only to each other. Legal input: the split-KV and shared-KV kernels refused it with a plain
+    ValueError ("empty kv_indices") where the reference chain answers; every entry point now
+    answers, within the chain's allowance of the fp64 oracle."""
+    from harness import compare, tolerance
+
+    fn, build = ALL_FNS[name]
+    kw = build(device, o=None)
+    kw["kv_indptr"] = torch.zeros_like(kw["kv_indptr"])
+    if indices == "empty":
+        kw["kv_indices"] = kw["kv_indices"][:0]
+    got = fn(**kw)["o"]
+    oracle = rv.verify_attention_oracle(**kw)["o"]
+    rec = compare.numeric("o", got, oracle, rv.verify_attention(**kw)["o"],
+                          tolerance.lookup("verify_attention", "o", torch.bfloat16))
+    assert rec.passed and got.isfinite().all(), (rec.err, rec.allowed, rec.worst)
 
 
 # ----------------------------------------------------------------------------- 6, 7. modes and bools

@@ -314,7 +314,6 @@ def test_gate_rejects_unknown_family():
 REFUSALS = {
     # case: (kernel, words in the reason)
     "ragged-widths": ("split_kv", "ragged"),
-    "empty-prefix-all": ("shared_kv", "empty kv_indices"),
     "group-6-odd": ("shared_kv", "KV_GROUP_NUM 6 % BLOCK_H 4"),
     "group-3-hkv2": ("shared_kv", "KV_GROUP_NUM 3 % BLOCK_H 2"),
 }
@@ -334,7 +333,7 @@ def test_can_handle_refuses_with_a_reason(device, name):
     (dict(H=4, Hkv=1, D=72, Dv=64), "rope part"),
 ])
 def test_shape_refusals(shape, words):
-    kw = {**dict(uniform=True, kv_dtype=torch.bfloat16, n_prefix=10), **shape}
+    kw = {**dict(uniform=True, kv_dtype=torch.bfloat16), **shape}
     for kind in ("split_kv", "shared_kv"):
         verdict = fused.shape_can_handle(kind, **kw)
         assert isinstance(verdict, str) and words in verdict
@@ -525,7 +524,7 @@ def test_unwritten_split_mutant_refuses_where_every_split_is_written(registry, d
 
 
 @pytest.mark.parametrize("impl", ["fused-shared-kv", "fused-split-kv"])
-@pytest.mark.parametrize("name", UNWRITTEN_SPLIT_CASES)
+@pytest.mark.parametrize("name", (*UNWRITTEN_SPLIT_CASES, "empty-prefix-all"))
 def test_clean_kernels_read_only_partials_they_wrote(spec, registry, device, impl, name):
     """The kernels' own scratch goes through the poison (o, mid_acc, mid_ml) and every
     partial the combine reads was written: the poisoned-allocator run passes."""
@@ -573,7 +572,7 @@ def test_tolerance_does_not_hide_a_dropped_key_or_zeros(spec, device):
 
 def test_fp8_flavour_refused_where_the_arch_cannot_convert():
     """e4m3fnuz is gfx942's format, e4m3fn sm90's / gfx950's: the other one falls back, never crashes."""
-    kw = dict(uniform=True, H=4, Hkv=1, D=64, Dv=64, n_prefix=10)
+    kw = dict(uniform=True, H=4, Hkv=1, D=64, Dv=64)
     for kind in ("split_kv", "shared_kv"):
         assert "unsupported on sm90" in fused.shape_can_handle(kind, kv_dtype=torch.float8_e4m3fnuz, arch_name="sm90",
                                                                **kw)

@@ -142,6 +142,8 @@ def _unwritten_split_can_handle(case, device):
     if verdict is not True:
         return verdict
     lengths = c.prefix_lengths(case.prefix, case.B, case.seed)
+    if not any(lengths):  # prefix_splits = 0 reads as "all of them": the mutant would be the real kernel
+        return "no request has a prefix: there is no split to leave out of the prefix grid"
     if active_splits(lengths, case.splits) == case.splits:
         return f"each of the {case.splits} splits holds keys of some request: no split is left unwritten"
     return True

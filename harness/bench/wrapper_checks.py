@@ -10,7 +10,7 @@ GQA B 8 x L 4, H 16, D 256, prefix 4K, 8 splits (split-KV, shared-KV and the dis
 
   wrapper_us     the wrapper as it is (validate + allocate + launch, + can_handle where it has one)
   unchecked_us   the same call with the shared validators (``reference.<op>.validate`` and, for the
-                 MLA step, ``validate_pool``) replaced by a stub returning their result
+                 MLA step, ``validate_pool`` and ``validate_tensors``) replaced by a stub returning their result
   validate_us    the validators alone; checks_frac = (wrapper - unchecked) / wrapper
   *_syncs        host syncs of one call (CUDA: ``torch.cuda.set_sync_debug_mode``; -1 on the CPU)
 
@@ -104,6 +104,10 @@ def _mla_entries(dev, small: bool) -> list[Entry]:
         return {k: kw[k] for k in ("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "kv_descale", "fp8_policy")} \
             | {"loc": kw["decode_kernel_loc"]}
 
+    # the step checks the data tensors before it asks covered() about them (a checkout older than
+    # validate_tensors has no such call)
+    tensors_args = lambda kw: {k: v for k, v in step_validate_args(kw).items() if k != "loc"}  # noqa: E731
+    tensors_first = ((r, "validate_tensors", tensors_args),) if hasattr(r, "validate_tensors") else ()
     shape = f"T={T},H={H},Dn={Dn},R={R}"
     return [
         Entry("mla_fp8_prepare", "fused.mla_fp8_prepare", shape, build_kernel, f.mla_fp8_prepare,
@@ -112,7 +116,7 @@ def _mla_entries(dev, small: bool) -> list[Entry]:
               f.mla_fp8_prepare_step,
               ((r, "validate_pool", lambda kw: {k: kw[k] for k in ("kv_buffer", "out_cache_loc", "slot_map",
                                                                      "decode_kernel_loc")}),
-               (r, "validate", step_validate_args))),
+               *tensors_first, (r, "validate", step_validate_args))),
     ]
 
 

@@ -30,8 +30,7 @@ def _kernel_can_handle(kind):
 
         kv = torch.bfloat16 if case.kv_dtype == "bf16" else FP8_DTYPES[case.kv_dtype]
         return f.shape_can_handle(kind, uniform=len(set(c.widths(case))) == 1, H=case.H, Hkv=case.Hkv, D=case.D,
-                                  Dv=case.Dv, kv_dtype=kv, n_prefix=sum(c.prefix_lengths(case.prefix, case.B,
-                                                                                         case.seed)))
+                                  Dv=case.Dv, kv_dtype=kv)
     return can_handle
 
 
