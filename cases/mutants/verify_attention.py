@@ -103,13 +103,16 @@ def _padded_draft_keys_unmasked(**kw):
 
 def _shared_kv_at_topk_gt_1(**kw):
     """The backend behind a gate that forgets topk == 1: trees go to the shared-KV kernel, which
-    reads no tree mask and applies the causal chain rule instead."""
+    reads no tree mask and applies the causal chain rule instead. The kernel's wrapper refuses a
+    tree, so the mutant does what such a backend's launch does: hands the kernel the request
+    without its mask, as a chain."""
     from fused import verify_attention as f
 
-    def bad_gate(*, topk, **g):
-        return f.gate(topk=1, **g)
-
-    return f.verify_attention(gate_fn=bad_gate, **kw)
+    if kw.get("topk", 1) > 1:
+        chain = {**kw, "topk": 1, "custom_mask": None}
+        if f.can_handle("shared_kv", **chain) is True:
+            return f.verify_shared_kv(**chain)
+    return f.verify_attention(**kw)
 
 
 def active_splits(lengths: list[int], splits: int) -> int:
