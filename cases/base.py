@@ -36,12 +36,13 @@ def parse_case(case_type: type, text: str):
     return case_type(**kwargs)
 
 
-def draw(strategy, n: int, *, rng_seed: int = 0) -> list:
-    """``n`` distinct cases from a strategy, deterministic for a given seed (no shrinking)."""
+def draw(strategy, n: int, *, rng_seed: int = 0, slack: int = 10) -> list:
+    """``n`` distinct cases from a strategy (fewer if it repeats itself), deterministic for a given
+    seed (no shrinking), on a budget of ``n + n // 3 + slack`` hypothesis examples."""
     out, seen = [], set()
 
     @seed(rng_seed)
-    @settings(max_examples=n + n // 3 + 10, deadline=None, database=None, phases=[Phase.generate],
+    @settings(max_examples=n + n // 3 + slack, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(__import__("hypothesis").HealthCheck))
     @given(strategy)
     def collect(c):

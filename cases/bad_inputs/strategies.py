@@ -2,7 +2,6 @@
 bad inputs, and the plan: the jobs of a run, each rebuilt exactly from its fields."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,23 +54,10 @@ def bad_inputs(op: str, cls: str, a: str, device) -> st.SearchStrategy[BadInput]
 
 def draw(strategy, n: int, *, rng_seed: int = 0) -> list:
     """Up to ``n`` distinct examples, deterministic for a seed, on a budget of about n hypothesis
-    runs (``cases.base.draw`` spends n + 10: too slow for some 500 strategies per plan)."""
-    from hypothesis import HealthCheck, Phase, given, seed, settings
+    runs (``cases.base.draw``'s default slack of 10 is too slow for some 500 strategies per plan)."""
+    from cases import base
 
-    out, seen = [], set()
-
-    @seed(rng_seed)
-    @settings(max_examples=n + n // 3 + 1, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def collect(x):
-        key = dataclasses.astuple(x)
-        if key not in seen and len(out) < n:
-            seen.add(key)
-            out.append(x)
-
-    collect()
-    return out
+    return base.draw(strategy, n, rng_seed=rng_seed, slack=1)
 
 
 @dataclass(frozen=True)
