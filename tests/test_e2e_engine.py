@@ -1,4 +1,4 @@
-"""Micro-models and the speculative engine (issue 6, items 2-3): with random weights, speculative
+"""Micro-models and the speculative engine: with random weights, speculative
 output equals plain greedy output token for token on the reference path and on the fused path,
 drafters control acceptance, and path mutants change the output."""
 from __future__ import annotations

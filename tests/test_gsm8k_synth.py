@@ -1,4 +1,4 @@
-"""The GSM8K-style generator and its shipped splits (issue 6, item 1)."""
+"""The GSM8K-style generator and its shipped splits."""
 from __future__ import annotations
 
 import random

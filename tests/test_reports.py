@@ -188,7 +188,7 @@ def test_cli_run_writes_junit_beside_the_csv(tmp_path):
 
 
 def test_summary_and_html_show_each_implementations_fp8_policy(runs):
-    """The report states the fp8 overflow policy per implementation (issue 3), as its rows say."""
+    """The report states the fp8 overflow policy per implementation, as its rows say."""
     from harness.suite import summary
 
     _, clean, _ = runs
