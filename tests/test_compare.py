@@ -152,3 +152,26 @@ def test_unknown_precision_names_are_named():
         with pytest.raises(ValueError) as info:
             tolerance.parse_precision(bad)
         assert words in str(info.value), (bad, str(info.value))
+
+
+def test_topk_unique_only_answers_when_every_algorithm_agrees():
+    """``compare._topk_unique`` (the worst elements off the CPU): when it answers, a stable sort
+    gives the same indices in the same order; with a tie at or above the k-th value it defers
+    (None) to the CPU's own tie order."""
+    g = torch.Generator().manual_seed(1)
+    answered = deferred = 0
+    for n, k, levels in ((50, 3, 1000), (50, 3, 4), (8, 3, 2), (200, 1, 3), (5, 3, 10 ** 6)):
+        for _ in range(40):
+            flat = torch.randint(0, levels, (n,), generator=g).double()
+            got = compare._topk_unique(flat, k)
+            v = torch.sort(flat, descending=True, stable=True)
+            tied = (flat >= v.values[k - 1]).sum() > k or (v.values[:k - 1] == v.values[1:k]).any()
+            if got is None:
+                assert tied
+                deferred += 1
+            else:
+                assert not tied and got == v.indices[:k].tolist()
+                answered += 1
+    assert answered and deferred
+    zeros = torch.zeros(10, dtype=torch.float64)  # an exact output: every scaled error 0
+    assert compare._topk_unique(zeros, 3) is None
