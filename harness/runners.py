@@ -113,12 +113,15 @@ def _output_records(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: 
 
 
 def _effect_records(spec: OpSpec, impl: Impl, case, oracle, inputs: dict, ref_inputs: dict, before: dict,
-                    suffix: str = "") -> list[compare.Record]:
-    """The records of ``spec.effects``: a function of every input (the write set comes from them)
-    and of ``before``'s writable buffers. Compared on the buffers' device."""
+                    suffix: str = "", seen: dict | None = None) -> list[compare.Record]:
+    """The records of ``spec.effects``: a function of the inputs ``spec.effects`` reads (host
+    copies of them land in ``seen``), the effect buffers and ``before``'s. Compared on the buffers' device."""
     recs = []
     is_ref = impl.kind == "reference"
-    for eff in spec.effects(case, _HostView(inputs), oracle):
+    view = _HostView(inputs)
+    if seen is not None:
+        view._host = seen
+    for eff in spec.effects(case, view, oracle):
         buf, rbuf = inputs[eff.buffer].detach(), ref_inputs[eff.buffer].cpu()
         rows = eff.rows.cpu().long()
         if rows.numel():
@@ -164,15 +167,22 @@ def _same(pairs) -> bool:
 
 
 class _FirstRun:
-    """The first run's outputs, inputs (after the call), writable buffers before it and records:
-    a later run whose outputs (or inputs and ``before``) hold the same bytes gets those records
-    under its suffix instead of comparing again (every field equal: the records are functions of
-    those bytes alone; ``_output_records``, ``_effect_records``)."""
+    """The first run's records and the bytes they were computed from: a later run holding the same
+    bytes gets those records under its suffix instead of comparing again (every field equal: the
+    records are functions of those bytes alone; ``_output_records``, ``_effect_records``). The
+    bytes are copies taken when the records were made: a later call may write a buffer the first
+    one returned or was given (a persistent output, a captured pointer)."""
 
-    def __init__(self, out: dict, inputs: dict, before: dict, out_recs: list, eff_recs: list):
-        # the outputs' bytes as they were compared: a later call may write a buffer the first returned
+    def __init__(self, spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
+                 ref_inputs: dict, before: dict, allowance: Allowance | None):
+        self.out_recs = _output_records(spec, impl, case, out, oracle, ref_out, allowance=allowance)
+        self.seen: dict = {}  # host copies of the inputs spec.effects read
+        self.eff_recs = _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, seen=self.seen)
+        self.seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.seen.items()}  # CPU: not copies
+        self.keys = set(inputs)
         self.out = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
-        self.inputs, self.before, self.out_recs, self.eff_recs = inputs, before, out_recs, eff_recs
+        self.written = {b: inputs[b].detach().clone() for b in spec.writable}
+        self.before = before
 
     @staticmethod
     def _renamed(recs: list, suffix: str) -> list[compare.Record]:
@@ -186,8 +196,10 @@ class _FirstRun:
             recs = self._renamed(self.out_recs, suffix)
         else:
             recs = _output_records(spec, impl, case, out, oracle, ref_out, suffix, allowance)
-        if set(inputs) == set(self.inputs) and set(before) == set(self.before) and \
-                _same([(self.inputs[k], inputs[k]) for k in inputs] + [(self.before[k], before[k]) for k in before]):
+        host = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
+        if set(inputs) == self.keys and set(before) == set(self.before) and _same(
+                [(v, host(inputs[k])) for k, v in self.seen.items()]
+                + [(v, inputs[b]) for b, v in self.written.items()] + [(v, before[b]) for b, v in self.before.items()]):
             return recs + self._renamed(self.eff_recs, suffix)
         return recs + _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, suffix)
 
@@ -331,10 +343,8 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
         with stages.timed("impl"):
             out, seconds = _call(impl.fn, inputs, dev)
         with stages.timed("compare"):
-            out_recs = _output_records(spec, impl, case, out, oracle, ref_out, allowance=allow)
-            eff_recs = _effect_records(spec, impl, case, oracle, inputs, st.ref_after, before)
-            first = _FirstRun(out, inputs, before, out_recs, eff_recs)
-            recs += out_recs + eff_recs
+            first = _FirstRun(spec, impl, case, out, oracle, ref_out, inputs, st.ref_after, before, allow)
+            recs += first.out_recs + first.eff_recs
             recs += _untouched_inputs(spec, impl, inputs, st.pristine)
         alloc = poisoned_alloc and impl.kind not in POISONED_ALLOC_SKIPS
         if determinism or alloc:  # one rerun serves both: a clean run cannot depend on the poison

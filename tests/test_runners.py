@@ -237,3 +237,28 @@ def test_reused_records_equal_a_full_comparison(registry, device, monkeypatch, o
     full = runners.run_case(spec, impl, case, device)
     assert _fields(fast) == _fields(full)
     assert any(r.check.endswith("@poisoned") for r in fast.records)
+
+
+def test_a_rerun_writing_the_first_runs_buffer_is_compared(device):
+    """A kernel that keeps the first call's buffer pointer (a captured graph, a cached workspace)
+    and writes it on every later call: the rerun's own buffer stays unwritten, and its effect
+    check fails although the first run's buffer holds the right rows."""
+    from harness.registry import Effect
+
+    x = torch.tensor([2.0, 4.0, 8.0, 0.5])
+    spec = OpSpec(name="toy-buf", case_type=object, catalog=lambda **_: [], strategy=lambda: None,
+                  build_inputs=lambda case, dev: {"x": x.clone(), "buf": torch.zeros(3, 4)},
+                  reference=lambda x, buf: (buf[1].copy_(1 / x), {})[1], oracle=lambda x, buf: {"row": 1 / x.double()},
+                  outputs=(), effects=lambda case, inputs, oracle: [Effect("buf", torch.tensor([1]), oracle["row"][None])],
+                  writable=("buf",))
+    captured = {}
+
+    def stale_pointer(x, buf):
+        captured.setdefault("buf", buf)[1] = 1 / x
+        return {}
+
+    res = runners.run_case(spec, Impl("toy-buf", "stale-pointer", "external", stale_pointer), None, device)
+    by = {r.check: r for r in res.records}
+    assert by["effect:buf"].passed and by["untouched:buf"].passed, by["effect:buf"]
+    assert not by["effect:buf@poisoned-alloc"].passed and not by["finite:buf@poisoned"].passed  # NaN: finite owns it
+    assert not by["determinism"].passed
