@@ -4,7 +4,11 @@
 against the fp64 oracle and the reference chain's own error on the elements both hold finite
 (a NaN is never a precision failure: ``finite`` owns it); ``exact`` compares bytes (uint8 views);
 ``untouched`` checks that rows nobody should write kept their bytes; ``unchanged`` that a whole
-input kept its bytes (on its device). None of them raises on a mismatch: ``Record.passed`` says.
+input kept its bytes. None of them raises on a mismatch: ``Record.passed`` says.
+
+Every check computes on the checked tensor's device (the other tensor is copied there): fp64
+abs, sub, div, comparisons and max are correctly rounded IEEE on a GPU as on the CPU, so a
+record is the same wherever it is made; the host gets the scalars and the few worst elements.
 """
 from __future__ import annotations
 

@@ -14,6 +14,12 @@
                  that depends on it is a bug either way); without determinism it is a run of its own
   poisoned       caller-provided outputs pre-filled with NaN and writable buffers poisoned
                  with 0xFF bytes: every element must still be written, nothing else touched
+
+A rerun or poisoned run whose outputs hold the first run's bytes gets the first run's output
+records under its suffix (``_FirstRun``: the records are functions of those bytes); its effect
+records likewise when the inputs the effects read, the buffers and their before-copies match.
+Any byte that differs is compared in full; determinism, ``untouched:<input>`` and the aliasing
+check always run.
 """
 from __future__ import annotations
 
