@@ -4,7 +4,11 @@
 against the fp64 oracle and the reference chain's own error on the elements both hold finite
 (a NaN is never a precision failure: ``finite`` owns it); ``exact`` compares bytes (uint8 views);
 ``untouched`` checks that rows nobody should write kept their bytes; ``unchanged`` that a whole
-input kept its bytes (on its device). None of them raises on a mismatch: ``Record.passed`` says.
+input kept its bytes. None of them raises on a mismatch: ``Record.passed`` says.
+
+Every check computes on the checked tensor's device (the other tensor is copied there): fp64
+abs, sub, div, comparisons and max are correctly rounded IEEE on a GPU as on the CPU, so a
+record is the same wherever it is made; the host gets the scalars and the few worst elements.
 """
 from __future__ import annotations
 
@@ -34,9 +38,17 @@ class Record:
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """Shape (*t.shape, itemsize) uint8 on the CPU (a 0-d tensor: (itemsize,)); 0 elements give 0 bytes."""
-    return t.detach().contiguous().cpu().view(torch.uint8).reshape(*t.shape, t.element_size()) if t.dim() else \
-        t.detach().cpu().reshape(1).contiguous().view(torch.uint8)
+    """The bytes of ``t``'s elements, on its device. Shape: (*t.shape, itemsize); (itemsize,) for a 0-d ``t``.
+
+    0 elements give 0 bytes (the itemsize is spelled out: a -1 cannot be inferred from none).
+    """
+    return t.detach().contiguous().view(torch.uint8).reshape(*t.shape, t.element_size()) if t.dim() else \
+        t.detach().reshape(1).contiguous().view(torch.uint8)
+
+
+def _on(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` on ``like``'s device (itself when it is there already)."""
+    return t if t.device == like.device else t.to(like.device)
 
 
 def _scaled(x: torch.Tensor, o: torch.Tensor, tol: Tolerance) -> torch.Tensor:
@@ -50,20 +62,51 @@ def _special_mismatch(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         (torch.isneginf(x) != torch.isneginf(o))
 
 
+def _finite(a: torch.Tensor) -> torch.Tensor:
+    """``torch.isfinite(a)`` from ``a.abs()`` (NaN < inf is False), in one op instead of several."""
+    return a < float("inf")
+
+
 def _idx(i: int, shape) -> tuple[int, ...]:
     return tuple(int(v) for v in torch.unravel_index(torch.tensor(i), shape))
 
 
+def _topk_unique(flat: torch.Tensor, k: int) -> list[int] | None:
+    """``torch.topk(flat, k).indices`` when that answer is the only one (the ``k`` largest values
+    are distinct and no other element equals the ``k``-th: any algorithm gives it), else None.
+    Shape: flat (n,), 1 <= k <= n."""
+    v, i = torch.topk(flat, k)
+    unique = (flat >= v[-1]).sum() == k
+    if k > 1:
+        unique &= (v[:-1] > v[1:]).all()
+    return i.tolist() if bool(unique) else None
+
+
+def _topk_indices(flat: torch.Tensor, k: int) -> list[int]:
+    """``torch.topk(flat, k).indices`` as the CPU computes it, ties included, for ``flat`` on any
+    device: off the CPU the device's answer when it is the only one (``_topk_unique``), else the
+    CPU's on a copy (the CPU orders tied elements by its algorithm, which a GPU's need not share).
+    Shape: flat (n,)."""
+    if k <= 0:
+        return []
+    if flat.device.type == "cpu":
+        return torch.topk(flat, k).indices.tolist()
+    found = _topk_unique(flat, k)
+    return found if found is not None else torch.topk(flat.cpu(), k).indices.tolist()
+
+
 def _as_f64(check: str, got: torch.Tensor | None, oracle: torch.Tensor):
-    """(None, got, oracle) in fp64 on the CPU, or (the record that ends the check: output missing,
-    wrong shape, empty; None, None)."""
+    """(None, got, oracle) in fp64 on ``got``'s device (fp64 arithmetic is IEEE there as on the CPU,
+    so every measure is the same), or (the record that ends the check: output missing, wrong
+    shape, empty; None, None)."""
     if got is None:
         return Record(check, False, detail="output missing (None)"), None, None
     if tuple(got.shape) != tuple(oracle.shape):
         return Record(check, False, detail=f"shape {tuple(got.shape)} != oracle {tuple(oracle.shape)}"), None, None
     if oracle.numel() == 0:
         return Record(check, True, detail="empty"), None, None
-    return None, got.detach().cpu().double(), oracle.detach().cpu().double()
+    x = got.detach().double()
+    return None, x, _on(oracle.detach(), x).double()
 
 
 def finite(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> Record:
@@ -78,48 +121,65 @@ def finite(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> Record
     if not n:
         return Record(check, True, mismatch_frac=0.0)
     fo, fx = torch.isfinite(o).flatten(), torch.isfinite(x).flatten()
-    first = torch.nonzero(bad).flatten()[:WORST_K].tolist()
-    worst = "; ".join(f"{_idx(i, o.shape)}: {float(x.flatten()[i]):.6g}/{float(o.flatten()[i]):.6g}" for i in first)
+    first = torch.nonzero(bad).flatten()[:WORST_K]
+    vals = torch.stack((x.flatten()[first], o.flatten()[first])).tolist()
+    worst = "; ".join(f"{_idx(i, o.shape)}: {float(vx):.6g}/{float(vo):.6g}"
+                      for i, vx, vo in zip(first.tolist(), *vals))
+    counts = torch.stack(((bad & fo).sum(), (bad & ~fo & fx).sum(), (bad & ~fo & ~fx).sum())).tolist()
     return Record(check, False, mismatch_frac=n / o.numel(), nan_inf_mismatch=n, worst=worst + "  (got/oracle)",
-                  detail=f"{n} of {o.numel()} elements: {int((bad & fo).sum())} non-finite where the oracle is "
-                         f"finite, {int((bad & ~fo & fx).sum())} finite where it is not, "
-                         f"{int((bad & ~fo & ~fx).sum())} the wrong non-finite value (NaN for ±Inf, or the sign)")
+                  detail=f"{n} of {o.numel()} elements: {counts[0]} non-finite where the oracle is "
+                         f"finite, {counts[1]} finite where it is not, "
+                         f"{counts[2]} the wrong non-finite value (NaN for ±Inf, or the sign)")
 
 
 def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: torch.Tensor | None, tol: Tolerance,
             *, is_reference: bool = False) -> Record:
     """Scaled error of ``got`` (and ``ref``) against the fp64 ``oracle`` on the elements where
     both are finite; see harness.tolerance. NaN/±Inf placement does not fail it (``finite``
-    does): ``nan_inf_mismatch`` counts those elements for information."""
+    does): ``nan_inf_mismatch`` counts those elements for information. Computed on ``got``'s
+    device; the host gets the scalars and the ``WORST_K`` worst elements."""
     done, x, o = _as_f64(check, got, oracle)
     if done is not None:
         return done
-    finite_o = o[torch.isfinite(o)]
-    if finite_o.numel() and finite_o.abs().max() < 100 * tol.atol:
-        return Record(check, False, detail=f"degenerate case: oracle max |o| = {float(finite_o.abs().max()):.3g} "
-                                           f"is under 100×atol, writing zeros would pass")
-    e = _scaled(x, o, tol)
-    err = float(e.max())
-    ref_err = float("nan")
+    oa = o.abs()
+    fo = _finite(oa)
+    both = fo & _finite(x.abs())  # the elements measured
+    outside = ~both
+    den = oa * tol.rtol + tol.atol  # = tol.atol + tol.rtol * |o| (one rounding each, as _scaled)
+    diff = (x - o).abs_().masked_fill_(outside, 0.0)  # |x - o| where both are finite, else 0
+    e = (diff / den).masked_fill_(outside, 0.0)  # = _scaled(x, o, tol)
     r = None
+    ref_err = e.new_full((), float("nan"))
     if ref is not None:
-        r = ref.detach().cpu().double()
-        ref_err = float(_scaled(r, o, tol).max()) if r.shape == o.shape else float("nan")
+        r = _on(ref.detach(), x).double()
+        if r.shape == o.shape:  # = _scaled(r, o, tol).max()
+            ref_err = (r - o).abs_().div_(den).masked_fill_(~(fo & _finite(r.abs())), 0.0).max()
+    # one transfer for the scalars: finite oracle elements, whether one has |o| >= 100 atol, err,
+    # ref_err, max_abs, max_rel (NaN where the oracle holds a NaN, as diff / clamp_min(NaN) says), n_both
+    stats = torch.stack((fo.sum().double(), (fo & (oa >= 100 * tol.atol)).any().double(), e.max(), ref_err,
+                         diff.max(), (diff / oa.clamp_min_(tol.atol)).max(), both.sum().double())).tolist()
+    n_fo, big, err, ref_err, max_abs, max_rel, n_both = stats
+    n_both = int(n_both)
+    if n_fo and not big:
+        return Record(check, False, detail=f"degenerate case: oracle max |o| = {float(o.abs()[fo].max()):.3g} "
+                                           f"is under 100×atol, writing zeros would pass")
+    n_special = int(_special_mismatch(x, o).sum()) if n_both < o.numel() else 0  # all finite: no mismatch
     allowed = tol.allowed(ref_err, is_reference=is_reference)
-    n_special = int(_special_mismatch(x, o).sum())
-    both = torch.isfinite(o) & torch.isfinite(x)  # the elements measured
-    n_both = int(both.sum())
-    diff = torch.where(both, (x - o).abs(), torch.zeros_like(o))
-    rel = diff / o.abs().clamp_min(tol.atol)
-    flat = torch.where(both, e, torch.full_like(e, -1.0)).flatten()
+    n_over = int((e > allowed).sum())
+    flat = e.masked_fill_(outside, -1.0).flatten()
     worst = []
-    for i in torch.topk(flat, min(WORST_K, n_both)).indices.tolist():
-        rv = f"/{float(r.flatten()[i]):.6g}" if r is not None and r.shape == o.shape else ""
-        worst.append(f"{_idx(i, o.shape)}: {float(x.flatten()[i]):.6g}/{float(o.flatten()[i]):.6g}{rv}")
+    idx = _topk_indices(flat, min(WORST_K, n_both))
+    if idx:
+        at = torch.tensor(idx, device=x.device)
+        with_ref = r is not None and r.shape == o.shape
+        vals = torch.stack((x.flatten()[at], o.flatten()[at]) + ((r.flatten()[at],) if with_ref else ())).tolist()
+        for j, i in enumerate(idx):
+            rv = f"/{vals[2][j]:.6g}" if with_ref else ""
+            worst.append(f"{_idx(i, o.shape)}: {vals[0][j]:.6g}/{vals[1][j]:.6g}{rv}")
     return Record(
         check, passed=err <= allowed,
-        max_abs=float(diff.max()), max_rel=float(rel.max()), err=err, ref_err=ref_err, allowed=allowed,
-        mismatch_frac=float((e > allowed).double().sum()) / max(1, n_both), nan_inf_mismatch=n_special,
+        max_abs=max_abs, max_rel=max_rel, err=err, ref_err=ref_err, allowed=allowed,
+        mismatch_frac=float(n_over) / max(1, n_both), nan_inf_mismatch=n_special,
         worst="; ".join(worst) + "  (got/oracle/ref)" if worst else "",
         detail=f"{n_special} elements with NaN/Inf placement unlike the oracle's are left out (see finite:)"
         if n_special else "",
@@ -127,12 +187,14 @@ def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: tor
 
 
 def exact(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Record:
-    """Byte-identical contract (fp8 bytes, cache rows, indices)."""
+    """Byte-identical contract (fp8 bytes, cache rows, indices). Compared on ``got``'s device; the
+    host gets the count and the first ``WORST_K`` differing elements' bytes."""
     if got is None:
         return Record(check, False, detail="output missing (None)")
     if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
         return Record(check, False, detail=f"{tuple(got.shape)} {got.dtype} != expected {tuple(want.shape)} {want.dtype}")
-    gb, wb = _bytes(got), _bytes(want)
+    gb = _bytes(got)
+    wb = _bytes(_on(want, gb))
     bad = (gb != wb)
     n = int(bad.sum())
     worst = ""
@@ -145,15 +207,20 @@ def exact(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Record:
 
 
 def untouched(check: str, after: torch.Tensor, before: torch.Tensor, written_rows: torch.Tensor) -> Record:
-    """Every row of ``after`` not listed in ``written_rows`` is byte-identical to ``before``."""
+    """Every row of ``after`` not listed in ``written_rows`` is byte-identical to ``before``.
+    Compared on ``after``'s device (the row mask is built on the host)."""
     keep = torch.ones(after.shape[0], dtype=torch.bool)
     if written_rows.numel():
         keep[written_rows.cpu().long()] = False
-    ab, bb = _bytes(after)[keep], _bytes(before)[keep]
+    n_keep = int(keep.sum())
+    ab = _bytes(after)
+    bb = _bytes(_on(before, ab))
+    keep_d = _on(keep, ab)
+    ab, bb = ab[keep_d], bb[keep_d]
     bad_rows = (ab != bb).flatten(1).any(-1)
     n = int(bad_rows.sum())
-    rows = torch.nonzero(keep).flatten()[bad_rows][:WORST_K].tolist()
-    return Record(check, n == 0, mismatch_frac=n / max(1, int(keep.sum())),
+    rows = torch.nonzero(keep_d).flatten()[bad_rows][:WORST_K].tolist() if n else []
+    return Record(check, n == 0, mismatch_frac=n / max(1, n_keep),
                   worst="" if n == 0 else f"rows {rows} changed",
                   detail="" if n == 0 else f"{n} rows outside the write set changed")
 

@@ -1,6 +1,9 @@
 """compare.* return records that describe what went wrong; the policy decides."""
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 
 from harness import compare, tolerance
@@ -165,3 +168,71 @@ def test_unknown_precision_names_are_named():
         with pytest.raises(ValueError) as info:
             tolerance.parse_precision(bad)
         assert words in str(info.value), (bad, str(info.value))
+
+
+def test_topk_unique_only_answers_when_every_algorithm_agrees():
+    """``compare._topk_unique`` (the worst elements off the CPU): when it answers, a stable sort
+    gives the same indices in the same order; with a tie at or above the k-th value it defers
+    (None) to the CPU's own tie order."""
+    g = torch.Generator().manual_seed(1)
+    answered = deferred = 0
+    for n, k, levels in ((50, 3, 1000), (50, 3, 4), (8, 3, 2), (200, 1, 3), (5, 3, 10 ** 6)):
+        for _ in range(40):
+            flat = torch.randint(0, levels, (n,), generator=g).double()
+            got = compare._topk_unique(flat, k)
+            v = torch.sort(flat, descending=True, stable=True)
+            tied = (flat >= v.values[k - 1]).sum() > k or (v.values[:k - 1] == v.values[1:k]).any()
+            if got is None:
+                assert tied
+                deferred += 1
+            else:
+                assert not tied and got == v.indices[:k].tolist()
+                answered += 1
+    assert answered and deferred
+    zeros = torch.zeros(10, dtype=torch.float64)  # an exact output: every scaled error 0
+    assert compare._topk_unique(zeros, 3) is None
+
+
+def _same_record(a: compare.Record, b: compare.Record) -> bool:
+    nan = lambda v: "nan" if isinstance(v, float) and v != v else v  # noqa: E731
+    return [nan(v) for v in dataclasses.astuple(a)] == [nan(v) for v in dataclasses.astuple(b)]
+
+
+@pytest.mark.gpu
+def test_records_on_the_gpu_equal_the_cpus():
+    """The checks compute on the checked tensor's device: every field of every record is what the
+    CPU gives for the same values, ties among the worst elements (an exact output: every scaled
+    error 0), NaN/±Inf placements, degenerate oracles and wrong shapes included."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(2)
+    n = 0
+    for trial in range(120):
+        shape = [(7,), (3, 5), (2, 3, 4), (64,), (16, 8, 64)][trial % 5]
+        dt = [torch.bfloat16, torch.float16, torch.float32][trial % 3]
+        tol = tolerance.DTYPE_FLOORS[dt]
+        o = torch.randn(shape, generator=g, dtype=torch.float64)
+        if trial % 7 == 0:
+            o = o.round()  # exact outputs: all-tied errors
+        if trial % 13 == 4:
+            o = o * 1e-9  # degenerate
+        x = o.to(dt) if trial % 4 != 1 else (o + 0.01 * torch.randn(shape, generator=g, dtype=torch.float64)).to(dt)
+        if trial % 5 == 2:
+            x.view(-1)[0], x.view(-1)[-1], o.view(-1)[1] = float("nan"), float("-inf"), float("inf")
+        if trial % 11 == 3:
+            o.view(-1)[2] = float("nan")
+        r = None if trial % 3 == 0 else o[..., :1].to(dt) if trial % 9 == 1 else o.to(dt)
+        xs = [x, x[..., :1] if x.dim() > 1 else x[:-1]] if trial % 17 == 5 else [x]
+        for xx in xs:
+            assert _same_record(compare.finite("f", xx.to(dev), o), compare.finite("f", xx, o)), trial
+            for ref_chain in (True, False):
+                assert _same_record(compare.numeric("n", xx.to(dev), o, r, tol, is_reference=ref_chain),
+                                    compare.numeric("n", xx, o, r, tol, is_reference=ref_chain)), trial
+            n += 1
+        b = torch.randint(0, 255, (10, 4), generator=g, dtype=torch.uint8)
+        b2 = b.clone()
+        b2[trial % 10, trial % 4] ^= trial % 2
+        rows = torch.tensor([trial % 10, (3 * trial) % 10]) if trial % 3 else torch.empty(0, dtype=torch.long)
+        assert _same_record(compare.exact("e", b2.to(dev), b), compare.exact("e", b2, b))
+        assert _same_record(compare.untouched("u", b2.to(dev), b, rows), compare.untouched("u", b2, b, rows))
+        assert _same_record(compare.unchanged("c", b2.to(dev), b.to(dev)), compare.unchanged("c", b2, b))
+    assert n >= 120

@@ -5,6 +5,7 @@ element the implementation never wrote."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -151,3 +152,113 @@ def test_compiled_impls_skip_the_poisoned_alloc_run(device):
     """torch.compile would recompile under every fresh mode (runners.POISONED_ALLOC_SKIPS)."""
     res = runners.run_case(_Toy.spec(), Impl("toy", "compiled", "compiled", _Toy.right), None, device)
     assert res.records and not any(r.check.endswith("@poisoned-alloc") for r in res.records)
+
+
+# ----------------------------------------------------------------------------- reruns that reuse the first run's records
+
+def _toy_changing_on_call(call: int, plant):
+    """A toy implementation right on every call but number ``call`` (1-based), where ``plant(y)`` edits its output."""
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        y = _Toy.right(x)["y"]
+        if len(calls) == call:
+            plant(y)
+        return {"y": y}
+
+    return fn
+
+
+def _nan_at_3(y):
+    y[3] = float("nan")
+
+
+def test_a_rerun_differing_in_one_element_is_still_reported(device):
+    """The rerun and the poisoned run reuse the first run's records only when their bytes are the
+    first run's: one element that differs in the rerun fails determinism and its @poisoned-alloc
+    checks; in the poisoned run, its @poisoned checks; the first run's records stay clean."""
+    res = runners.run_case(_Toy.spec(), Impl("toy", "rerun-differs", "external", _toy_changing_on_call(2, _nan_at_3)),
+                           None, device)
+    by = {r.check: r for r in res.records}
+    assert not by["determinism"].passed and "(3,)" in by["determinism"].worst, by["determinism"]
+    f = by["finite:y@poisoned-alloc"]
+    assert not f.passed and f.nan_inf_mismatch == 1 and f.worst.startswith("(3,): nan/"), f
+    assert by["numeric:y@poisoned-alloc"].nan_inf_mismatch == 1
+    assert all(by[c].passed for c in ("finite:y", "numeric:y", "finite:y@poisoned", "numeric:y@poisoned"))
+
+    def one_ulp(y):
+        y[5] = torch.nextafter(y[5], torch.tensor(float("inf")))
+
+    res = runners.run_case(_Toy.spec(), Impl("toy", "poisoned-differs", "external", _toy_changing_on_call(3, one_ulp)),
+                           None, device)
+    by = {r.check: r for r in res.records}
+    assert by["determinism"].passed and by["numeric:y@poisoned"].err > by["numeric:y"].err, by["numeric:y@poisoned"]
+    assert by["numeric:y@poisoned"].worst.startswith("(5,)") and by["numeric:y@poisoned-alloc"] == \
+        dataclasses.replace(by["numeric:y"], check="numeric:y@poisoned-alloc")
+
+
+def test_a_rerun_writing_the_first_runs_output_buffer_is_compared(device):
+    """An implementation returning one persistent buffer from every call: the rerun's write
+    changes the first run's output too, so the rerun is compared on its own bytes, not matched
+    against the first run's (now overwritten) tensor."""
+    buf = {}
+
+    def persistent(x):
+        y = buf.setdefault("y", torch.empty_like(x))
+        torch.reciprocal(x, out=y)
+        buf["n"] = buf.get("n", 0) + 1
+        if buf["n"] == 2:
+            y[3] = float("nan")
+        return {"y": y}
+
+    res = runners.run_case(_Toy.spec(), Impl("toy", "persistent", "external", persistent), None, device)
+    by = {r.check: r for r in res.records}
+    assert by["finite:y"].passed and not by["finite:y@poisoned-alloc"].passed, by["finite:y@poisoned-alloc"]
+
+
+def _fields(res):
+    return [tuple("nan" if isinstance(v, float) and v != v else v for v in dataclasses.astuple(r)) for r in res.records]
+
+
+@pytest.mark.parametrize("op, name", [("qk_norm_rope", "dsv4-decode-b1-h16"), ("qk_norm_rope", "caller-q-out"),
+                                      ("mla_fp8_prepare", None)])
+def test_reused_records_equal_a_full_comparison(registry, device, monkeypatch, op, name):
+    """Every field of every record (names, verdicts, errors, worst elements) is what comparing
+    the rerun and the poisoned run in full gives (``runners._same`` forced False), for ops with
+    effect rows (the ring, the KV pool) and a caller-provided output."""
+    from cases import qk_norm_rope as qk_cases
+
+    spec = registry.ops[op]
+    case = mla_cases.catalog()[0] if name is None else {c.name: c for c in qk_cases.catalog()}[name]
+    impl = registry.impls[f"{op}/fused"]
+    fast = runners.run_case(spec, impl, case, device)
+    monkeypatch.setattr(runners, "_same", lambda pairs: False)
+    full = runners.run_case(spec, impl, case, device)
+    assert _fields(fast) == _fields(full)
+    assert any(r.check.endswith("@poisoned") for r in fast.records)
+
+
+def test_a_rerun_writing_the_first_runs_buffer_is_compared(device):
+    """A kernel that keeps the first call's buffer pointer (a captured graph, a cached workspace)
+    and writes it on every later call: the rerun's own buffer stays unwritten, and its effect
+    check fails although the first run's buffer holds the right rows."""
+    from harness.registry import Effect
+
+    x = torch.tensor([2.0, 4.0, 8.0, 0.5])
+    spec = OpSpec(name="toy-buf", case_type=object, catalog=lambda **_: [], strategy=lambda: None,
+                  build_inputs=lambda case, dev: {"x": x.clone(), "buf": torch.zeros(3, 4)},
+                  reference=lambda x, buf: (buf[1].copy_(1 / x), {})[1], oracle=lambda x, buf: {"row": 1 / x.double()},
+                  outputs=(), effects=lambda case, inputs, oracle: [Effect("buf", torch.tensor([1]), oracle["row"][None])],
+                  writable=("buf",))
+    captured = {}
+
+    def stale_pointer(x, buf):
+        captured.setdefault("buf", buf)[1] = 1 / x
+        return {}
+
+    res = runners.run_case(spec, Impl("toy-buf", "stale-pointer", "external", stale_pointer), None, device)
+    by = {r.check: r for r in res.records}
+    assert by["effect:buf"].passed and by["untouched:buf"].passed, by["effect:buf"]
+    assert not by["effect:buf@poisoned-alloc"].passed and not by["finite:buf@poisoned"].passed  # NaN: finite owns it
+    assert not by["determinism"].passed
