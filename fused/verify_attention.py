@@ -225,7 +225,7 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
                   scale=sm_scale * k_scale, v_scale=v_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1),
                   stride_kb_s=k_buffer.stride(0), stride_kb_h=k_buffer.stride(1),
                   stride_vb_s=v_buffer.stride(0), stride_vb_h=v_buffer.stride(1),
-                  KV_GROUP_NUM=group, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages, **dims)
+                  kv_group_num=group, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages, **dims)
     if "prefix" not in stages:
         pass
     elif kind == "shared_kv":
@@ -238,7 +238,7 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
     kern._verify_combine_kernel[(B, triton.cdiv(H, cbh))](
         o_ptr=o, mid_acc_ptr=mid_acc, mid_ml_ptr=mid_ml, q_ptr=q, k_ptr=k, v_ptr=v, L=L, H=H, num_kv_splits=S,
         sm_scale=sm_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_k_t=k.stride(0),
-        stride_k_h=k.stride(1), stride_v_t=v.stride(0), stride_v_h=v.stride(1), KV_GROUP_NUM=group,
+        stride_k_h=k.stride(1), stride_v_t=v.stride(0), stride_v_h=v.stride(1), kv_group_num=group,
         HAS_KV_HEADS=(Hkv > 1) if kind == "shared_kv" else True, IS_CAUSAL=bool(is_causal), BLOCK_H=cbh,
         L_PAD=l_pad_for(L, cbh), L_KEYS=max(16, triton.next_power_of_2(L)), SINGLE_P_DOT=single_p_dot,
         num_warps=num_warps, **dims)
@@ -329,26 +329,26 @@ def compile_specs():
                    "v_buffer_ptr": f"*{kv}", "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "L": "i32",
                    "H": "i32", "num_kv_splits": "i32", "scale": "fp32", "v_scale": "fp32",
                    **{s: "i32" for s in ("stride_q_t", "stride_q_h", "stride_kb_s", "stride_kb_h", "stride_vb_s",
-                                         "stride_vb_h")}}
+                                         "stride_vb_h", "kv_group_num")}}
         tag = f"D={D},Dv={Dv},hkv={hkv},kv={kv}"
         specs.append((f"_verify_split_kv_prefix_kernel[{tag}]", kern._verify_split_kv_prefix_kernel, pre_sig,
-                      dict(KV_GROUP_NUM=group, L_PAD=l_pad_for(4, 1), BLOCK_N=block_n, **dims), warps))
+                      dict(L_PAD=l_pad_for(4, 1), BLOCK_N=block_n, **dims), warps))
         for single in (False, True):  # p_precision bf16x2 / bf16
             specs.append((f"_verify_shared_kv_prefix_kernel[{tag}{',single_p_dot' if single else ''}]",
                           kern._verify_shared_kv_prefix_kernel, pre_sig,
-                          dict(KV_GROUP_NUM=group, HAS_KV_HEADS=hkv > 1, BLOCK_H=bh, L_PAD=l_pad_for(4, bh),
+                          dict(HAS_KV_HEADS=hkv > 1, BLOCK_H=bh, L_PAD=l_pad_for(4, bh),
                                BLOCK_N=block_n, SINGLE_P_DOT=single, **dims), warps))
         comb_sig = {"o_ptr": "*bf16", "mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16",
                     "k_ptr": "*bf16", "v_ptr": "*bf16", "L": "i32", "H": "i32", "num_kv_splits": "i32",
                     "sm_scale": "fp32",
                     **{s: "i32" for s in ("stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
-                                          "stride_v_h")}}
+                                          "stride_v_h", "kv_group_num")}}
         # the single-dot combine causal, and non-causal where its shared-KV user is (DSpark: several KV heads)
         for causal, single in ((True, False), (False, False), (True, True), (False, True)):
             if single and not causal and hkv == 1:
                 continue
             specs.append((f"_verify_combine_kernel[{tag},causal={int(causal)}{',single_p_dot' if single else ''}]",
                           kern._verify_combine_kernel, comb_sig,
-                          dict(KV_GROUP_NUM=group, HAS_KV_HEADS=hkv > 1, IS_CAUSAL=causal, BLOCK_H=bh,
+                          dict(HAS_KV_HEADS=hkv > 1, IS_CAUSAL=causal, BLOCK_H=bh,
                                L_PAD=l_pad_for(4, bh), L_KEYS=16, SINGLE_P_DOT=single, **dims), warps))
     return specs

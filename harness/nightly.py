@@ -44,6 +44,14 @@ PARITY_WEIGHT = {"verify_attention": 2}
 # step either: each catalog case recompiles (35-54 s a case when it ran niced, with one inductor compile
 # thread: 41 of 42 cases of a third of the catalog in its 414 s), so its cases are the other long pole
 BACKGROUND_NICE = 5
+# The warmup collects on the catalog plus this many generated cases per op, not the steps' whole plan.
+# Its collect pass builds every case's inputs and calls every implementation (about 0.1 s a case and
+# implementation on the H200 host); on the whole nightly plan that alone outlasted the warmup's 10 % of
+# a 530 s budget on a fresh H200 (2026-12-01), nothing got compiled, and verify_attention's parity
+# workers compiled 784 kernels themselves (608 s summed). Variants are products of a few discrete
+# parameters (dtypes, head dims, block sizes, flags): a sample of the draws meets nearly all of them,
+# and a variant it misses is compiled by the first step that launches it (its compile_s shows that).
+WARMUP_GENERATED = 300
 
 
 @dataclass
@@ -81,8 +89,9 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
          generated: int | None = None, timelines: int | None = None, cores: int | None = None,
          gate_jobs: int | None = None, compiled_shards: int = 1, day: int | None = None, warmup: bool = True,
          case_timeout_s: float | None = None) -> list[Step]:
-    """The steps, with their time limits: on a GPU first the warmup alone (``harness.warmup``: every
-    Triton variant the parity steps launch, compiled once in parallel into Triton's cache) in 10 % of
+    """The steps, with their time limits: on a GPU first the warmup alone (``harness.warmup``: the
+    Triton variants the parity steps launch on their catalogs and the first ``WARMUP_GENERATED``
+    generated cases per op, compiled once in parallel into Triton's cache) in 10 % of
     the budget, then correctness in 70 %, benchmarks in 20 %. Parity and timeline steps run every case under ``case_timeout_s`` (default: the device's,
     ``harness.suite.default_case_timeout``): a stalled case is a ``timeout`` row, never a slow step.
     ``generated`` overrides the generated parity cases per op (default: the profile's),
@@ -117,9 +126,14 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
     watchdog = ["--case-timeout-s", f"{limit:g}"]
     steps = []
     if warmup and device != "cpu":  # the interpreter compiles nothing
+        from cases import profiles
+
+        warm_gen = min(generated if generated is not None else profiles.PROFILES[profile].generated,
+                       WARMUP_GENERATED)
         steps.append(Step("warmup", py + ["warmup", "--device", device, "--profile", profile, "--jobs",
                                           str(min(cores, 16)), "--kind", "fused", "--kind", "external"]
-                          + [a for op in ops or OPS for a in ("--op", op)] + gen, 0.1 * budget_s, phase=-1))
+                          + [a for op in ops or OPS for a in ("--op", op)] + ["--generated", str(warm_gen)],
+                          0.1 * budget_s, phase=-1))
     steps += [Step(f"parity:{op}", py + ["run", "--op", op, "--device", device, "--profile", profile, "--quiet",
                                        "--jobs", str(max(workers["parity"],
                                                          min(workers["parity"] * PARITY_WEIGHT.get(op, 1), cores // 4))),

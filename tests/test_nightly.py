@@ -169,8 +169,8 @@ def test_spawned_workers_and_nightly_steps_run_one_intra_op_thread(tmp_path, mon
 
 
 def test_warmup_compiles_the_parity_plan_first_and_every_case_has_a_limit(tmp_path):
-    """On a GPU the warmup runs alone first, on the parity steps' plan (profile, ops, generated, the
-    kinds that launch Triton); parity and timeline steps run under a per-case limit and print their
+    """On a GPU the warmup runs alone first, on the parity steps' plan (profile, ops, the kinds that
+    launch Triton) with at most ``WARMUP_GENERATED`` generated cases per op; parity and timeline steps run under a per-case limit and print their
     stage times. On the CPU there is no warmup (the interpreter compiles nothing) and the limit is
     the interpreter's."""
     from harness import suite
@@ -180,7 +180,13 @@ def test_warmup_compiles_the_parity_plan_first_and_every_case_has_a_limit(tmp_pa
     warm = steps[0]
     arg = lambda s, flag: [s.argv[i + 1] for i, a in enumerate(s.argv) if a == flag]  # noqa: E731
     assert warm.name == "warmup" and warm.phase == -1 and warm.argv[2:4] == ["harness", "warmup"]
-    assert arg(warm, "--profile") == ["nightly"] and arg(warm, "--generated") == ["1700"]
+    assert arg(warm, "--profile") == ["nightly"] and arg(warm, "--generated") == [str(nightly.WARMUP_GENERATED)]
+    small = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=520, jobs=2, layouts=None,
+                         families=None, bench=False, gate=False, generated=40, cores=16)[0]
+    assert small.name == "warmup" and arg(small, "--generated") == ["40"]  # never more than the steps run
+    dflt = nightly.plan(tmp_path, profile="dev", device="cuda", budget_s=520, jobs=2, layouts=None,
+                        families=None, bench=False, gate=False, cores=16)[0]
+    assert arg(dflt, "--generated") == [str(min(30, nightly.WARMUP_GENERATED))]  # the dev profile's 30
     assert arg(warm, "--op") == list(nightly.OPS) and arg(warm, "--kind") == ["fused", "external"]
     for s in steps:
         if s.name.startswith(("parity:", "timelines:")):

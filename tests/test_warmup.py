@@ -112,3 +112,16 @@ def test_warmup_finds_exactly_the_variants_the_parity_run_launches(tmp_path):
         r = subprocess.run([sys.executable, "-c", SAME_VARIANTS, op, str(generated)], cwd=ROOT, capture_output=True,
                            text=True, env=subprocess_env(OMP_NUM_THREADS="1"), timeout=600)
         assert r.returncode == 0, f"{op}: {r.stdout}{r.stderr[-3000:]}"
+
+
+def test_head_grouping_does_not_multiply_verify_attention_compiles(tmp_path):
+    """The KV-head group (H / Hkv) is a runtime argument of the verify kernels, neither a constexpr
+    nor specialised (``do_not_specialize``): groups 4, 8 and 16 share their variants, which differ
+    only in the tile shape (BLOCK_H) the group picks. As a constexpr it multiplied the ci profile's
+    verify_attention variants from 154 to 227 (dry run for sm90). Planted: the group back as a
+    ``tl.constexpr`` lists ``KV_GROUP_NUM(3: 16,4,8)`` among what varies."""
+    r = _cli(["warmup", "--target", "sm90", "--list", "--jobs", "1", "--op", "verify_attention", "--generated", "0",
+              "--case", "qwen35-tp-", "--impl", "fused-shared-kv"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "_verify_shared_kv_prefix_kernel: " in r.stdout and "BLOCK_H(" in r.stdout, r.stdout
+    assert not re.search(r"(?i)kv_group_num\(", r.stdout), r.stdout

@@ -136,7 +136,8 @@ def _store_partial(mid_acc_ptr, mid_ml_ptr, row_tok, row_head, row_mask, split, 
              mask=row_mask[:, None] & (offs_dv[None, :] < DV))
 
 
-@triton.jit(do_not_specialize=["L", "H", "num_kv_splits"])  # one compile per layout, not per batch shape
+@triton.jit(do_not_specialize=["L", "H", "num_kv_splits", "kv_group_num"])  # one compile per layout, not
+# per batch shape or head grouping
 def _verify_split_kv_prefix_kernel(
     mid_acc_ptr,  # (T, H, S, DV) fp32 out: v_scale·Σ p·v per split
     mid_ml_ptr,  # (T, H, S, 2) fp32 out: (max, sum) per split
@@ -151,7 +152,7 @@ def _verify_split_kv_prefix_kernel(
     v_scale,
     stride_q_t, stride_q_h,
     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
-    KV_GROUP_NUM: tl.constexpr,  # H / Hkv
+    kv_group_num,  # H / Hkv
     L_PAD: tl.constexpr,  # rows: next_power_of_2(L), at least 16 (tl.dot)
     BLOCK_N: tl.constexpr,
     NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr,
@@ -168,7 +169,7 @@ def _verify_split_kv_prefix_kernel(
     row_tok = b * L + offs_r
     row_head = tl.zeros([L_PAD], dtype=tl.int32) + head
     kv_start, lo, hi = _split_bounds(kv_indptr_ptr, b, split, num_kv_splits)
-    kv_head = head // KV_GROUP_NUM
+    kv_head = head // kv_group_num
     q_nope, q_pe = _load_q_rows(q_ptr, row_tok, row_head, row_mask, stride_q_t, stride_q_h, offs_dn, offs_dp,
                                 NOPE_DIM=NOPE_DIM, PE_DIM=PE_DIM, R=L_PAD, BLOCK_DPE=BLOCK_DPE)
     m, l, acc = _prefix_partial(q_nope, q_pe, k_buffer_ptr, v_buffer_ptr, kv_indices_ptr, kv_start, lo, hi,
@@ -180,14 +181,15 @@ def _verify_split_kv_prefix_kernel(
                    offs_dv, DV=DV)
 
 
-@triton.jit(do_not_specialize=["L", "H", "num_kv_splits"])  # one compile per layout, not per batch shape
+@triton.jit(do_not_specialize=["L", "H", "num_kv_splits", "kv_group_num"])  # one compile per layout, not
+# per batch shape or head grouping
 def _verify_shared_kv_prefix_kernel(
     mid_acc_ptr, mid_ml_ptr,  # as the split-KV kernel
     q_ptr, k_buffer_ptr, v_buffer_ptr, kv_indptr_ptr, kv_indices_ptr,
     L, H, num_kv_splits, scale, v_scale,
     stride_q_t, stride_q_h,
     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
-    KV_GROUP_NUM: tl.constexpr,  # H / Hkv; the wrapper guarantees KV_GROUP_NUM % BLOCK_H == 0
+    kv_group_num,  # H / Hkv; the wrapper guarantees kv_group_num % BLOCK_H == 0
     HAS_KV_HEADS: tl.constexpr,  # several KV heads (offset per head block) vs one (MLA / MQA)
     BLOCK_H: tl.constexpr,  # query heads per program, all on one KV head
     L_PAD: tl.constexpr,  # drafts per head, padded: BLOCK_H·L_PAD ≥ 16
@@ -209,7 +211,7 @@ def _verify_shared_kv_prefix_kernel(
     row_tok = b * L + row_l
     kv_start, lo, hi = _split_bounds(kv_indptr_ptr, b, split, num_kv_splits)
     if HAS_KV_HEADS:
-        kv_head = head_start // KV_GROUP_NUM  # seed 003: valid because BLOCK_H divides the group
+        kv_head = head_start // kv_group_num  # seed 003: valid because BLOCK_H divides the group
     else:
         kv_head = 0
     q_nope, q_pe = _load_q_rows(q_ptr, row_tok, row_head, row_mask, stride_q_t, stride_q_h, offs_dn, offs_dp,
@@ -223,7 +225,8 @@ def _verify_shared_kv_prefix_kernel(
                    offs_dv, DV=DV)
 
 
-@triton.jit(do_not_specialize=["L", "H", "num_kv_splits"])  # one compile per layout, not per batch shape
+@triton.jit(do_not_specialize=["L", "H", "num_kv_splits", "kv_group_num"])  # one compile per layout, not
+# per batch shape or head grouping
 def _verify_combine_kernel(
     o_ptr,  # (T, H, DV) bf16 out, contiguous
     mid_acc_ptr, mid_ml_ptr,  # partials of the prefix kernel
@@ -232,7 +235,8 @@ def _verify_combine_kernel(
     L, H, num_kv_splits,
     sm_scale,  # drafts: no k_scale / v_scale
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
-    KV_GROUP_NUM: tl.constexpr, HAS_KV_HEADS: tl.constexpr,
+    kv_group_num,  # H / Hkv
+    HAS_KV_HEADS: tl.constexpr,
     IS_CAUSAL: tl.constexpr,  # draft i sees drafts j ≤ i (else all L)
     BLOCK_H: tl.constexpr, L_PAD: tl.constexpr,
     L_KEYS: tl.constexpr,  # draft key tile: next_power_of_2(L), at least 16
@@ -252,7 +256,7 @@ def _verify_combine_kernel(
     row_mask = (row_l < L) & (row_head < H)
     row_tok = b * L + row_l
     if HAS_KV_HEADS:
-        kv_head = head_start // KV_GROUP_NUM
+        kv_head = head_start // kv_group_num
     else:
         kv_head = 0
     q_nope, q_pe = _load_q_rows(q_ptr, row_tok, row_head, row_mask, stride_q_t, stride_q_h, offs_dn, offs_dp,
