@@ -109,6 +109,7 @@ def _spec() -> OpSpec:
         writable=("kv_buffer",),
         inputs=("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "out_cache_loc", "slot_map", "decode_kernel_loc",
                 "save_kv_cache", "fused_switch", "kv_descale", "fp8_policy"),
+        bench="harness.bench.mla_fp8_prepare",  # its GPU benchmark (harness.bench.perf per-op API)
         doc="fp8 KV/Q prepare for Kimi-K3 absorbed MLA: byte-identical q8 and KV rows, each row written "
             "exactly once at the physical slot (seed 001)",
     )

@@ -65,6 +65,7 @@ def _qk_spec() -> OpSpec:
         out_args=("q_out",),
         inputs=("q", "kv", "kv_norm_weight", "q_norm_weight", "eps", "rope_dim", "cos", "sin", "positions",
                 "rope_style", "ring", "loc", "forward_mode", "q_out"),
+        bench="harness.bench.qk_norm_rope",  # its GPU benchmark (harness.bench.perf per-op API)
         doc="qk RMSNorm + RoPE (DeepSeek-V4 MQA); the verify step must not store into the ring (seed 000)",
     )
 
