@@ -134,6 +134,14 @@ class OpSpec:
     bench: str = ""  # module of its benchmark (harness.bench.perf's per-op API); "": none
 
 
+    def tolerance(self, output: str, dtype) -> tolerance.Tolerance:
+        """The tolerance of ``output`` (an output or written buffer) in ``dtype``: its override in
+        ``tolerances``, else the dtype's floor (``harness.tolerance``)."""
+        if output in self.tolerances:
+            return self.tolerances[output]
+        return tolerance.floor(self.name, output, dtype)
+
+
 @dataclass(frozen=True)
 class Impl:
     op: str
