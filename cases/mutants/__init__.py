@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from typing import TYPE_CHECKING
 
-from harness.registry import Registry
+if TYPE_CHECKING:  # an annotation only: harness.registry.default_registry imports this package
+    from harness.registry import Registry
 
 
 def register(reg: Registry) -> None:
