@@ -80,23 +80,5 @@ MUTANTS = [
          catches=("numeric:kv_out", "effect:ring")),
 ]
 
-# Targeted catalogs for the kill matrix: one fixed subset per op (the same for every
-# implementation of that op, clean or not), chosen to contain each per-op proof case.
-PARITY_CASES: dict[str, tuple[str, ...]] = {
-    "qk_norm_rope": ("dsv4-verify-b1-l3-h16", "dsv4-decode-b1-h16", "tiny-rows-eps-visible", "neox-decode-q-weight"),
-    "mla_fp8_prepare": ("k3-verify-b1-l3-h8", "translated-pool", "translated-pool-no-capture-loc",
-                        "nan-policy-overflow", "descale-0.37"),
-    "verify_attention": ("qwen35-tp-h4-l2", "dspark-hkv2-h8-noncausal", "k3-mla-h4-l2-e4m3fnuz", "gqa-hkv2-h4-d128",
-                         "tile-boundary-pm1", "tile-boundary-split2", "dspark-hkv4-h8-l7-noncausal",
-                         "tree-topk2-qwen35", "many-splits-short-prefix"),
-}
-
-# Timelines per op for an op-level implementation: the families that use the op, one
-# short named timeline each (plus the one that makes a value-dependent bug reachable).
-OP_TIMELINES: dict[str, tuple[str, ...]] = {
-    "qk_norm_rope": ("dsv4-mqa-ring/accept-0-to-L", "dsv4-mqa-ring/tiny-activations"),
-    "mla_fp8_prepare": ("k3-mla-fp8/accept-0-to-L", "k3-mla-fp8/fallback-write"),
-    "verify_attention": ("dspark-noncausal/accept-0-to-L", "qwen35-gqa/accept-0-to-L", "dsv4-mqa-ring/accept-0-to-L",
-                         "k3-mla-fp8/accept-0-to-L"),
-}
+# The kill matrix's targeted catalog subset and timelines per op: its OpSpec.kill (harness/ops/<op>.py).
 PATH_TIMELINE = "accept-0-to-L"  # a path mutant runs its families' timeline of this script

@@ -18,9 +18,15 @@ import functools
 
 import torch
 
-from harness.registry import Effect, Impl, OpSpec, OutputSpec, Registry
+from harness.registry import Effect, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 OP = "mla_fp8_prepare"
+
+# kill matrix: the targeted catalog subset (each per-op proof case) and the family's timelines
+KILL = KillPlan(clean=("reference", "fused"),
+                cases=("k3-verify-b1-l3-h8", "translated-pool", "translated-pool-no-capture-loc", "nan-policy-overflow",
+                       "descale-0.37"),
+                timelines=("k3-mla-fp8/accept-0-to-L", "k3-mla-fp8/fallback-write"))
 
 
 def _effects(case, inputs, oracle):
@@ -109,6 +115,8 @@ def _spec() -> OpSpec:
         writable=("kv_buffer",),
         inputs=("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "out_cache_loc", "slot_map", "decode_kernel_loc",
                 "save_kv_cache", "fused_switch", "kv_descale", "fp8_policy"),
+        role="prepare",  # the prepare step of the timeline family k3-mla-fp8 (cases.timelines)
+        kill=KILL,
         bench="harness.bench.mla_fp8_prepare",  # its GPU benchmark (harness.bench.perf per-op API)
         doc="fp8 KV/Q prepare for Kimi-K3 absorbed MLA: byte-identical q8 and KV rows, each row written "
             "exactly once at the physical slot (seed 001)",

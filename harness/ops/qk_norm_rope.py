@@ -5,7 +5,7 @@ import functools
 
 import torch
 
-from harness.registry import Effect, Impl, OpSpec, OutputSpec, Registry
+from harness.registry import Effect, Impl, KillPlan, OpSpec, OutputSpec, Registry
 from harness.tolerance import Tolerance
 
 # overrides of the bf16 floor (harness.tolerance), each with its reason
@@ -19,6 +19,13 @@ TOLERANCES = {
     "ring": Tolerance(
         atol=1e-5, rtol=2.0 ** -8, floor=1.02, factor=1.0, rationale="ring rows are kv_out rows stored as bf16"),
 }
+
+# kill matrix: the targeted catalog subset (the same for every implementation, clean or not: it
+# contains each per-op proof case) and the timelines of the families using the op, one short
+# named timeline each plus the one that makes a value-dependent bug reachable
+KILL = KillPlan(clean=("reference", "fused"),
+                cases=("dsv4-verify-b1-l3-h16", "dsv4-decode-b1-h16", "tiny-rows-eps-visible", "neox-decode-q-weight"),
+                timelines=("dsv4-mqa-ring/accept-0-to-L", "dsv4-mqa-ring/tiny-activations"))
 
 
 def _qk_effects(case, inputs, oracle):
@@ -79,6 +86,8 @@ def _qk_spec() -> OpSpec:
         inputs=("q", "kv", "kv_norm_weight", "q_norm_weight", "eps", "rope_dim", "cos", "sin", "positions",
                 "rope_style", "ring", "loc", "forward_mode", "q_out"),
         tolerances=TOLERANCES,
+        role="prepare",  # the prepare step of the timeline family dsv4-mqa-ring (cases.timelines)
+        kill=KILL,
         bench="harness.bench.qk_norm_rope",  # its GPU benchmark (harness.bench.perf per-op API)
         doc="qk RMSNorm + RoPE (DeepSeek-V4 MQA); the verify step must not store into the ring (seed 000)",
     )

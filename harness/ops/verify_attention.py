@@ -14,7 +14,16 @@ import functools
 
 import torch
 
-from harness.registry import Impl, OpSpec, OutputSpec, Registry
+from harness.registry import Impl, KillPlan, OpSpec, OutputSpec, Registry
+
+# kill matrix: its clean paths, the targeted catalog subset (each per-op proof case) and one short
+# timeline of every family (all of them attend through it)
+KILL = KillPlan(clean=("reference", "fused", "fused-split-kv", "fused-shared-kv", "sdpa"),
+                cases=("qwen35-tp-h4-l2", "dspark-hkv2-h8-noncausal", "k3-mla-h4-l2-e4m3fnuz", "gqa-hkv2-h4-d128",
+                       "tile-boundary-pm1", "tile-boundary-split2", "dspark-hkv4-h8-l7-noncausal", "tree-topk2-qwen35",
+                       "many-splits-short-prefix"),
+                timelines=("dspark-noncausal/accept-0-to-L", "qwen35-gqa/accept-0-to-L", "dsv4-mqa-ring/accept-0-to-L",
+                           "k3-mla-fp8/accept-0-to-L"))
 
 
 def _kernel_can_handle(kind):
@@ -98,6 +107,8 @@ def _spec() -> OpSpec:
         out_args=("o",),
         inputs=("q", "k", "v", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr", "kv_indices", "sm_scale", "is_causal",
                 "k_scale", "v_scale", "num_kv_splits", "custom_mask", "o", "topk", "model_family", "splitkv_switch"),
+        role="attn",  # the attention of every timeline family and of the end-to-end engine
+        kill=KILL,
         bench="harness.bench.verify_attention",  # its GPU benchmark (harness.bench.perf per-op API)
         doc="target-verify attention over a paged prefix + drafts (GQA / MLA, fp8 KV); shared-KV vs per-head "
             "split-KV (seeds 002, 003)",
