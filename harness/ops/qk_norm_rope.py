@@ -5,7 +5,7 @@ import functools
 
 import torch
 
-from harness.registry import Effect, Impl, KillPlan, OpSpec, OutputSpec, Registry
+from harness.registry import Effect, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 from harness.tolerance import Tolerance
 
 # overrides of the bf16 floor (harness.tolerance), each with its reason
@@ -26,6 +26,11 @@ TOLERANCES = {
 KILL = KillPlan(clean=("reference", "fused"),
                 cases=("dsv4-verify-b1-l3-h16", "dsv4-decode-b1-h16", "tiny-rows-eps-visible", "neox-decode-q-weight"),
                 timelines=("dsv4-mqa-ring/accept-0-to-L", "dsv4-mqa-ring/tiny-activations"))
+
+# GPU-only checks (harness.gpu_runners): one grid (cdiv(T, BLOCK_T), H + 1) for q and kv; the chain
+# launches q and kv (+ the ring store in decode)
+GPU = GpuPlan(("dsv4-verify-b8-l3-h128",), "dsv4-verify-b256-l3-h64", 1, ("q_norm_rope", "kv_norm_rope", "ring_store"),
+              lambda c, kw: 2 + (c.mode == "decode"), "qk_norm_rope_step")
 
 
 def _qk_effects(case, inputs, oracle):
@@ -88,6 +93,7 @@ def _qk_spec() -> OpSpec:
         tolerances=TOLERANCES,
         role="prepare",  # the prepare step of the timeline family dsv4-mqa-ring (cases.timelines)
         kill=KILL,
+        gpu=GPU,
         bench="harness.bench.qk_norm_rope",  # its GPU benchmark (harness.bench.perf per-op API)
         doc="qk RMSNorm + RoPE (DeepSeek-V4 MQA); the verify step must not store into the ring (seed 000)",
     )

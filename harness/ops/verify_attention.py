@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from harness.registry import Impl, KillPlan, OpSpec, OutputSpec, Registry
+from harness.registry import GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 # kill matrix: its clean paths, the targeted catalog subset (each per-op proof case) and one short
 # timeline of every family (all of them attend through it)
@@ -24,6 +24,39 @@ KILL = KillPlan(clean=("reference", "fused", "fused-split-kv", "fused-shared-kv"
                        "many-splits-short-prefix"),
                 timelines=("dspark-noncausal/accept-0-to-L", "qwen35-gqa/accept-0-to-L", "dsv4-mqa-ring/accept-0-to-L",
                            "k3-mla-fp8/accept-0-to-L"))
+
+
+def _batched(kw: dict) -> bool:
+    """Whether the verify reference takes the whole batch at once (three launches) or loops over
+    the requests (three each): ``reference.verify_attention._batchable``."""
+    from reference import verify_attention as r
+
+    return kw.get("custom_mask") is None and r._batchable(kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist(),
+                                                          kw["q"].shape[1], kw["v"].shape[2])
+
+
+def _capture_patches(inputs):
+    """As a CUDA graph runs it: the backend's host metadata (uniform widths, prefix tokens) that of
+    the batch being captured, as SGLang's is, and the chain's validation on shapes only."""
+    from fused import verify_attention as f
+    from reference import verify_attention as ref
+
+    meta = f._shape_of(**inputs)  # host metadata of this batch (reads indptrs: outside capture)
+
+    def shapes_only(*, q, k, v, qo_indptr, **_):
+        return qo_indptr.shape[0] - 1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2]
+
+    return [(ref, "validate", shapes_only), (f, "_shape_of", lambda **_: meta)]
+
+
+# GPU-only checks (harness.gpu_runners): 2 launches on every path (a prefix kernel plus one combine;
+# the backend runs exactly one path); the chain 3 launches, per request unless batchable
+GPU = GpuPlan(("gpu-qwen35-b64-h16-p1024", "k3-mla-h64-l3-e4m3fn"), "gpu-k3-b16-h64-p16k", 2,
+              ("prefix_split_partials", "draft_partial", "combine", "prefix_split_partials_batched",
+               "draft_partial_batched"), lambda c, kw: 3 if _batched(kw) else 3 * c.B, "verify_attention",
+              reference_not_capturable="the chain loops over requests on host copies of qo_indptr / kv_indptr "
+                                       "(.tolist(): a device->host sync, which capture forbids)",
+              capture_patches=_capture_patches)
 
 
 def _kernel_can_handle(kind):
@@ -109,6 +142,7 @@ def _spec() -> OpSpec:
                 "k_scale", "v_scale", "num_kv_splits", "custom_mask", "o", "topk", "model_family", "splitkv_switch"),
         role="attn",  # the attention of every timeline family and of the end-to-end engine
         kill=KILL,
+        gpu=GPU,
         bench="harness.bench.verify_attention",  # its GPU benchmark (harness.bench.perf per-op API)
         doc="target-verify attention over a paged prefix + drafts (GQA / MLA, fp8 KV); shared-KV vs per-head "
             "split-KV (seeds 002, 003)",
