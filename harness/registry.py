@@ -132,6 +132,8 @@ class OpSpec:
     nightly: bool = True  # the nightly runs its parity step
     parity_weight: int = 1  # nightly parity workers relative to the other ops (implementations per case)
     bench: str = ""  # module of its benchmark (harness.bench.perf's per-op API); "": none
+    # role "prepare": zero-argument factory of its harness.timeline.Prepare adapter (harness/prepares/<op>.py)
+    timeline: Callable[[], Any] | None = None
 
 
     def tolerance(self, output: str, dtype) -> tolerance.Tolerance:

@@ -82,9 +82,6 @@ OP_LITERAL_DEBT = {
     ('harness/e2e/gate.py', 'verify_attention'),
     ('harness/e2e/model.py', 'mla_fp8_prepare'),
     ('harness/e2e/model.py', 'qk_norm_rope'),
-    ('harness/timeline.py', 'mla_fp8_prepare'),
-    ('harness/timeline.py', 'qk_norm_rope'),
-    ('harness/timeline.py', 'verify_attention'),
 }
 # files that name ops by design: the op list itself, and a vendor's adapter (a plugin implements named
 # ops, as an entry point does) with the ledger of its known failures

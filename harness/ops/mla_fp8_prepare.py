@@ -159,9 +159,17 @@ def _spec() -> OpSpec:
         kill=KILL,
         gpu=GPU,
         bench="harness.bench.mla_fp8_prepare",  # its GPU benchmark (harness.bench.perf per-op API)
+        timeline=_timeline_adapter,
         doc="fp8 KV/Q prepare for Kimi-K3 absorbed MLA: byte-identical q8 and KV rows, each row written "
             "exactly once at the physical slot (seed 001)",
     )
+
+
+def _timeline_adapter():
+    """How it runs as a timeline family's prepare step (``harness.timeline.Prepare``)."""
+    from harness.prepares import mla_fp8_prepare as p
+
+    return p.ADAPTER
 
 
 def register(reg: Registry) -> None:

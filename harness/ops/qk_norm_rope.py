@@ -95,8 +95,16 @@ def _qk_spec() -> OpSpec:
         kill=KILL,
         gpu=GPU,
         bench="harness.bench.qk_norm_rope",  # its GPU benchmark (harness.bench.perf per-op API)
+        timeline=_timeline_adapter,
         doc="qk RMSNorm + RoPE (DeepSeek-V4 MQA); the verify step must not store into the ring (seed 000)",
     )
+
+
+def _timeline_adapter():
+    """How it runs as a timeline family's prepare step (``harness.timeline.Prepare``)."""
+    from harness.prepares import qk_norm_rope as p
+
+    return p.ADAPTER
 
 
 def register(reg: Registry) -> None:
