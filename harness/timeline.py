@@ -118,6 +118,27 @@ class Prepare:
                                                     (0, fam.D - fam.Dv))), 1)  # (T, 2, Hkv, D)
         return rows, q, True
 
+    def serve(self, engine, mode, layer, pr, pos_t, loc_logical, loc_phys, buf):
+        """The prepare in the end-to-end engine (``harness.e2e.engine``) on the micro-model's
+        projections ``pr`` -> (rows (T, *row_shape) or None when the op wrote them all, q (T, H, D)
+        bf16, kv_returned)."""
+        fam, m, T = engine.fam, engine.model, pos_t.shape[0]
+        q = m.rope(pr["q"].view(T, fam.H, fam.D), pos_t)
+        k = m.rope(pr["k"].view(T, fam.Hkv, fam.D), pos_t)
+        v = torch.nn.functional.pad(pr["v"].view(T, fam.Hkv, fam.Dv), (0, fam.D - fam.Dv))
+        return torch.stack((k, v), 1), q, True  # rows (T, 2, Hkv, D)
+
+    def train(self, model, pr, pos, layer):
+        """The micro-model's training forward (fp32, dense: ``harness.e2e.model.Micro.forward``) of
+        the projections ``pr`` at positions ``pos`` -> (q (N, H, D), k (N, Hkv, D), v (N, Hkv, Dv))."""
+        from reference.qk_norm_rope import _rope_fp32
+
+        fam = model.fam
+        q = _rope_fp32(pr["q"].view(-1, fam.H, fam.D), model.cos[pos], model.sin[pos], model.rope_dim, model.rope_style)
+        k = _rope_fp32(pr["k"].view(-1, fam.Hkv, fam.D), model.cos[pos], model.sin[pos], model.rope_dim,
+                       model.rope_style)
+        return q, k, pr["v"].view(-1, fam.Hkv, fam.Dv)
+
 
 class OneRowPrepare(Prepare):
     """A prepare op whose pool row is one vector of D per token, read as k (and its first Dv as v)."""

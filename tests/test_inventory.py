@@ -77,11 +77,6 @@ OP_LITERAL_DEBT = {
     ('harness/bench/wrapper_checks.py', 'qk_norm_rope'),
     ('harness/bench/wrapper_checks.py', 'verify_attention'),
     ('harness/cli.py', 'verify_attention'),
-    ('harness/e2e/engine.py', 'mla_fp8_prepare'),
-    ('harness/e2e/engine.py', 'qk_norm_rope'),
-    ('harness/e2e/gate.py', 'verify_attention'),
-    ('harness/e2e/model.py', 'mla_fp8_prepare'),
-    ('harness/e2e/model.py', 'qk_norm_rope'),
 }
 # files that name ops by design: the op list itself, and a vendor's adapter (a plugin implements named
 # ops, as an entry point does) with the ledger of its known failures

@@ -46,5 +46,27 @@ class MlaFp8Prepare(OneRowPrepare):
                 compare.untouched("gate:prepare-writes-only-its-rows", buf, before, loc_phys[valid]))
         return rows, out["q8"][:T].to(torch.bfloat16), True  # fp8 -> bf16 exact
 
+    def serve(self, engine, mode, layer, pr, pos_t, loc_logical, loc_phys, buf):
+        fam, m, T = engine.fam, engine.model, pos_t.shape[0]
+        dn, R = fam.D - fam.rope_dim, fam.rope_dim
+        out = engine.path.prepare.fn(
+            q_nope=pr["q_nope"].view(T, fam.H, dn), q_rope=m.rope(pr["q_rope"].view(T, fam.H, R), pos_t),
+            k_nope=pr["k_nope"], k_rope=m.rope(pr["k_rope"], pos_t), kv_buffer=buf, out_cache_loc=loc_logical,
+            slot_map=engine.kv.slot_map, decode_kernel_loc=loc_phys, save_kv_cache=True, fused_switch=True,
+            kv_descale=fam.kv_descale, fp8_policy="saturate")
+        return None, out["q8"].to(torch.bfloat16), True  # fp8 -> bf16, exact; the op wrote every row
+
+    def train(self, model, pr, pos, layer):
+        from harness.e2e.model import _fake_fp8
+        from reference.qk_norm_rope import _rope_fp32
+
+        fam, cos, sin = model.fam, model.cos[pos], model.sin[pos]
+        dn, R = fam.D - fam.rope_dim, fam.rope_dim
+        qr = _rope_fp32(pr["q_rope"].view(-1, fam.H, R), cos, sin, R, model.rope_style)
+        kr = _rope_fp32(pr["k_rope"], cos, sin, R, model.rope_style)
+        q = _fake_fp8(torch.cat((pr["q_nope"].view(-1, fam.H, dn), qr), -1), 1.0)
+        k = _fake_fp8(torch.cat((pr["k_nope"], kr), -1), fam.kv_descale)[:, None]
+        return q, k, k[..., : fam.Dv]
+
 
 ADAPTER = MlaFp8Prepare()

@@ -52,5 +52,27 @@ class QkNormRopePrepare(OneRowPrepare):
                                                               detail="" if kv_out is not None else "prepare kept kv"))
         return kv_val[:T].contiguous(), q_out[:T], kv_out is not None
 
+    def serve(self, engine, mode, layer, pr, pos_t, loc_logical, loc_phys, buf):
+        from harness.e2e.model import EPS
+
+        fam, m, T = engine.fam, engine.model, pos_t.shape[0]
+        out = engine.path.prepare.fn(
+            forward_mode=mode, ring=buf, loc=loc_phys, q_out=None, q=pr["q"].view(T, fam.H, fam.D), kv=pr["kv"],
+            kv_norm_weight=m.w(f"l{layer}.kv_norm").to(torch.bfloat16), q_norm_weight=None, eps=EPS,
+            rope_dim=m.rope_dim, cos=m.cos, sin=m.sin, positions=pos_t, rope_style=m.rope_style)
+        q, kv_out = out["q_out"], out.get("kv_out")
+        kv_returned = kv_out is not None
+        return (kv_out if kv_returned else buf[loc_phys.clamp(min=0)]), q, kv_returned
+
+    def train(self, model, pr, pos, layer):
+        from harness.e2e.model import EPS
+
+        fam, cos, sin = model.fam, model.cos[pos], model.sin[pos]
+        q = qk_ref._rope_fp32(qk_ref._rms_norm_fp32(pr["q"].view(-1, fam.H, fam.D), None, EPS),
+                              cos, sin, model.rope_dim, model.rope_style)
+        kv = qk_ref._rope_fp32(qk_ref._rms_norm_fp32(pr["kv"], model.w(f"l{layer}.kv_norm"), EPS),
+                               cos, sin, model.rope_dim, model.rope_style)
+        return q, kv[:, None], kv[:, None]
+
 
 ADAPTER = QkNormRopePrepare()
