@@ -127,7 +127,7 @@ def build(reg: Registry, dev, *, only: str | None = None, progress=print, record
         t0 = time.perf_counter()
         if kind == "path-mutant":
             par_bad, par_first, states = set(), "", []
-            for key in subj.uses:  # the kernels it runs, on their own targeted catalogs
+            for key in subj.kernels(reg):  # the kernels it runs, on their own targeted catalogs
                 s, bad, first = _parity(reg, reg.impls[key], dev, record)
                 states.append(s)
                 par_bad |= bad

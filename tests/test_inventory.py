@@ -68,15 +68,11 @@ OP_LITERAL_DEBT = {
     ('cases/mutants/gpu.py', 'mla_fp8_prepare'),
     ('cases/mutants/gpu.py', 'qk_norm_rope'),
     ('cases/mutants/gpu.py', 'verify_attention'),
-    ('cases/mutants/timelines.py', 'mla_fp8_prepare'),
-    ('cases/mutants/timelines.py', 'qk_norm_rope'),
-    ('cases/mutants/timelines.py', 'verify_attention'),
     ('cases/timelines.py', 'mla_fp8_prepare'),
     ('cases/timelines.py', 'qk_norm_rope'),
     ('harness/bench/wrapper_checks.py', 'mla_fp8_prepare'),
     ('harness/bench/wrapper_checks.py', 'qk_norm_rope'),
     ('harness/bench/wrapper_checks.py', 'verify_attention'),
-    ('harness/cli.py', 'verify_attention'),
 }
 # files that name ops by design: the op list itself, and a vendor's adapter (a plugin implements named
 # ops, as an entry point does) with the ledger of its known failures

@@ -97,7 +97,7 @@ def test_store_before_attention_passes_kernel_parity_and_fails_timelines(registr
     own (per-kernel parity on the targeted catalogs passes), yet the path is wrong — and only
     the timeline's attention / visible-KV checks (not just the gate) catch it."""
     m = {x.name: x for x in mt.PATH_MUTANTS}["path-store-before-attention"]
-    for key in m.uses:
+    for key in m.kernels(registry):
         impl = registry.impls[key]
         spec = registry.ops[impl.op]
         for name in spec.kill.cases[:2]:
