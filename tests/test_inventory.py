@@ -70,9 +70,6 @@ OP_LITERAL_DEBT = {
     ('cases/mutants/gpu.py', 'verify_attention'),
     ('cases/timelines.py', 'mla_fp8_prepare'),
     ('cases/timelines.py', 'qk_norm_rope'),
-    ('harness/bench/wrapper_checks.py', 'mla_fp8_prepare'),
-    ('harness/bench/wrapper_checks.py', 'qk_norm_rope'),
-    ('harness/bench/wrapper_checks.py', 'verify_attention'),
 }
 # files that name ops by design: the op list itself, and a vendor's adapter (a plugin implements named
 # ops, as an entry point does) with the ledger of its known failures
