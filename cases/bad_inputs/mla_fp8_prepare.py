@@ -1,0 +1,44 @@
+"""Bad inputs of ``mla_fp8_prepare`` (``cases.bad_inputs``): the arguments of its public call, its public
+entry points, and the small valid cases every one of them takes."""
+from __future__ import annotations
+
+import dataclasses
+
+from cases.bad_inputs.declared import Arg, Target
+
+OP = "mla_fp8_prepare"
+R, F = "reference", "fused"
+
+# its public call's arguments, as the classes see them
+ARGS = (
+    Arg("q_nope", "data", "any"), Arg("q_rope", "data", "any"),
+    Arg("k_nope", "data", "any"), Arg("k_rope", "data", "any"),
+    Arg("kv_buffer", "buffer", "any"),
+    Arg("out_cache_loc", "slots"), Arg("slot_map", "map", "", (("pool", "translated"),)),
+    Arg("decode_kernel_loc", "slots", "", (("capture_loc", True),)),
+    Arg("kv_descale", "float"), Arg("fp8_policy", "enum"),
+    Arg("save_kv_cache", "bool"), Arg("fused_switch", "bool"),
+)
+
+# its public entry points, each called like the step (Target.call) unless it says otherwise
+TARGETS = (
+    Target("reference.mla_fp8_prepare:mla_fp8_prepare_step", OP, R,
+           "reference.mla_fp8_prepare:mla_fp8_prepare_step"),
+    Target("reference.mla_fp8_prepare:mla_fp8_prepare", OP, R,
+           "reference.mla_fp8_prepare:mla_fp8_prepare", "mla-bare"),
+    Target("fused.mla_fp8_prepare:mla_fp8_prepare_step", OP, F,
+           "reference.mla_fp8_prepare:mla_fp8_prepare_step"),
+    Target("fused.mla_fp8_prepare:mla_fp8_prepare", OP, F,
+           "reference.mla_fp8_prepare:mla_fp8_prepare", "mla-bare", "mla"),
+)
+
+
+def base_cases(device):
+    """Small valid cases that every target of the op takes on ``device`` (the op's own strategy,
+    narrowed: the fused kernels' coverage, the device's fp8 formats)."""
+    from cases import mla_fp8_prepare as c
+    from fused import mla_fp8_prepare as f
+
+    return c.cases(max_tokens=6, max_heads=3, head_dims=((64, 16), (17, 5), (512, 64)),
+                   formats=f.kernel_fp8_formats(device), policies=("saturate",)).map(
+        lambda k: k if k.q_layout != "inner_strided" else dataclasses.replace(k, q_layout="model"))

@@ -1,0 +1,59 @@
+"""Bad inputs of ``verify_attention`` (``cases.bad_inputs``): the arguments of its public call, its public
+entry points, and the small valid cases every one of them takes."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from cases.bad_inputs.declared import Arg, Target
+
+OP = "verify_attention"
+R, F = "reference", "fused"
+
+# its public call's arguments, as the classes see them
+ARGS = (
+    Arg("q", "data", "rows"), Arg("k", "data", "rows"), Arg("v", "data", "rows"),
+    Arg("k_buffer", "data", "rows"), Arg("v_buffer", "data", "rows"),
+    Arg("qo_indptr", "indptr"), Arg("kv_indptr", "indptr"), Arg("kv_indices", "index"),
+    Arg("o", "out", "contiguous"),
+    Arg("sm_scale", "float"), Arg("k_scale", "float"), Arg("v_scale", "float"),
+    Arg("num_kv_splits", "int"), Arg("topk", "int"),
+    Arg("is_causal", "bool"), Arg("splitkv_switch", "bool"), Arg("model_family", "enum"),
+)
+
+# its public entry points, each called like the step (Target.call) unless it says otherwise
+TARGETS = (
+    Target("reference.verify_attention:verify_attention", OP, R,
+           "reference.verify_attention:verify_attention"),
+    Target("reference.verify_attention:verify_attention_sdpa", OP, "external",
+           "reference.verify_attention:verify_attention"),
+    Target("fused.verify_attention:verify_attention", OP, F,
+           "reference.verify_attention:verify_attention"),
+    Target("fused.verify_attention:verify_split_kv", OP, F,
+           "reference.verify_attention:verify_attention", limit="split_kv"),
+    Target("fused.verify_attention:verify_shared_kv", OP, F,
+           "reference.verify_attention:verify_attention", limit="shared_kv"),
+)
+
+
+def base_cases(device):
+    """Small valid cases that every target of the op takes on ``device`` (the op's own strategy,
+    narrowed: the fused kernels' coverage, the device's fp8 formats)."""
+    from cases import verify_attention as c
+    from cases.bad_inputs.targets import pow2_floor
+    from fused import verify_attention as f
+    from harness.ops.verify_attention import _kernel_can_handle
+
+    ok_kv = tuple(n for n, d in (("bf16", torch.bfloat16), ("e4m3fn", torch.float8_e4m3fn),
+                                 ("e4m3fnuz", torch.float8_e4m3fnuz))
+                  if device.interpreted or d in f.ARCH_KV_DTYPES.get(device.arch, f.KV_DTYPES))
+
+    def legal(k):
+        kind, n = k.prefix.split(":")
+        return dataclasses.replace(k, ragged=False, topk=1, prefix=f"{kind}:{max(1, int(n))}",
+                                   H=k.Hkv * pow2_floor(k.H // k.Hkv), kv_dtype=k.kv_dtype if k.kv_dtype in ok_kv
+                                   else "bf16")
+
+    return c.cases(max_batch=2, max_width=3, max_heads=4, max_prefix=10, max_splits=2, head_dims=(64,)).map(
+        legal).filter(lambda k: all(_kernel_can_handle(kind)(k, device) is True for kind in ("split_kv", "shared_kv")))
