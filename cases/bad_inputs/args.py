@@ -5,12 +5,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-import torch
 
-from cases.bad_inputs.declared import DECODE, Arg  # noqa: F401  (re-exported)
+from cases.bad_inputs.declared import DECODE, FP8, Arg  # noqa: F401  (re-exported)
 from harness.ops import BUILTIN
-
-FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 # the ops with a cases/bad_inputs/<op>.py, in harness.ops.BUILTIN order, and that module of each
 MODULES = {op: importlib.import_module(f"cases.bad_inputs.{op}") for op in BUILTIN

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
 
 @dataclass(frozen=True)
 class Arg:

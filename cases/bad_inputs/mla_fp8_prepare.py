@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from cases.bad_inputs.declared import Arg, Target
+from cases.bad_inputs.declared import FP8, Arg, Target
 
 OP = "mla_fp8_prepare"
 R, F = "reference", "fused"
@@ -19,6 +19,13 @@ ARGS = (
     Arg("kv_descale", "float"), Arg("fp8_policy", "enum"),
     Arg("save_kv_cache", "bool"), Arg("fused_switch", "bool"),
 )
+
+# tensor arguments whose contract takes other dtypes than bf16
+DTYPES = {"kv_buffer": FP8}
+# shape-<which>-mismatch: the arguments given one more token row / head / last-axis element than the others
+# ("token-names": the arguments a token mismatch's error may name besides the broken one)
+MISMATCHED = {"token": ("q_rope", "k_nope", "k_rope", "out_cache_loc", "decode_kernel_loc"), "head": ("q_rope",),
+              "dim": ("k_nope", "k_rope", "kv_buffer"), "token-names": ("q_nope", "out_cache_loc", "decode_kernel_loc")}
 
 # its public entry points, each called like the step (Target.call) unless it says otherwise
 TARGETS = (

@@ -2,6 +2,8 @@
 entry points, and the small valid cases every one of them takes."""
 from __future__ import annotations
 
+import torch
+
 from cases.bad_inputs.declared import DECODE, Arg, Target
 
 OP = "qk_norm_rope"
@@ -18,6 +20,13 @@ ARGS = (
     Arg("q_out", "out", "contiguous", (("q_out", "provided"),)),
     Arg("eps", "float"), Arg("rope_dim", "int"), Arg("rope_style", "enum"), Arg("forward_mode", "enum"),
 )
+
+# tensor arguments whose contract takes other dtypes than bf16
+DTYPES = {"kv_norm_weight": (torch.bfloat16, torch.float32), "q_norm_weight": (torch.bfloat16, torch.float32),
+          "cos": (torch.float32,), "sin": (torch.float32,)}
+# shape-<which>-mismatch: the arguments given one more token row / head / last-axis element than the others
+MISMATCHED = {"token": ("kv", "positions", "loc", "q_out"), "head": ("q_out",),
+              "dim": ("kv", "kv_norm_weight", "q_norm_weight", "cos", "sin", "ring", "q_out")}
 
 # its public entry points, each called like the step (Target.call) unless it says otherwise
 TARGETS = (

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from cases.bad_inputs.declared import Arg, Target
+from cases.bad_inputs.declared import FP8, Arg, Target
 
 OP = "verify_attention"
 R, F = "reference", "fused"
@@ -21,6 +21,12 @@ ARGS = (
     Arg("num_kv_splits", "int"), Arg("topk", "int"),
     Arg("is_causal", "bool"), Arg("splitkv_switch", "bool"), Arg("model_family", "enum"),
 )
+
+# tensor arguments whose contract takes other dtypes than bf16
+DTYPES = {"k_buffer": (torch.bfloat16, *FP8), "v_buffer": (torch.bfloat16, *FP8)}
+# shape-<which>-mismatch: the arguments given one more token row / head / last-axis element than the others
+MISMATCHED = {"token": ("k", "v", "o"), "head": ("v", "k_buffer", "v_buffer", "o"),
+              "dim": ("k", "k_buffer", "v_buffer", "o")}
 
 # its public entry points, each called like the step (Target.call) unless it says otherwise
 TARGETS = (
