@@ -51,9 +51,6 @@ SCANNED = ("harness", "cases", "reports", "reference", "fused")  # + noxfile.py
 OP_LITERAL_DEBT = {
     ('cases/bad_inputs/badclass.py', 'verify_attention'),
     ('cases/bad_inputs/call.py', 'verify_attention'),
-    ('cases/bad_inputs/classes_values.py', 'mla_fp8_prepare'),
-    ('cases/bad_inputs/classes_values.py', 'qk_norm_rope'),
-    ('cases/bad_inputs/classes_values.py', 'verify_attention'),
     ('cases/mutants/gpu.py', 'mla_fp8_prepare'),
     ('cases/mutants/gpu.py', 'qk_norm_rope'),
     ('cases/mutants/gpu.py', 'verify_attention'),

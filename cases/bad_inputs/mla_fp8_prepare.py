@@ -27,6 +27,10 @@ DTYPES = {"kv_buffer": FP8}
 MISMATCHED = {"token": ("q_rope", "k_nope", "k_rope", "out_cache_loc", "decode_kernel_loc"), "head": ("q_rope",),
               "dim": ("k_nope", "k_rope", "kv_buffer"), "token-names": ("q_nope", "out_cache_loc", "decode_kernel_loc")}
 
+# value-nan-unread: pool rows the call does not write
+UNREAD = ("kv_buffer",)
+HUGE_IS_MAX = True  # value-huge-data: the activations' largest finite value (1e15 for the other ops)
+
 # its public entry points, each called like the step (Target.call) unless it says otherwise
 TARGETS = (
     Target("reference.mla_fp8_prepare:mla_fp8_prepare_step", OP, R,
@@ -49,3 +53,16 @@ def base_cases(device):
     return c.cases(max_tokens=6, max_heads=3, head_dims=((64, 16), (17, 5), (512, 64)),
                    formats=f.kernel_fp8_formats(device), policies=("saturate",)).map(
         lambda k: k if k.q_layout != "inner_strided" else dataclasses.replace(k, q_layout="model"))
+
+
+def nan_unread(kw, a, p, ctx):
+    """NaN in the pool rows off the physical write rows."""
+    import torch
+
+    from cases.bad_inputs.classes_values import fill_unread_nan
+
+    phys = kw["decode_kernel_loc"] if kw["decode_kernel_loc"] is not None else kw["out_cache_loc"]
+    used, size = phys.long().cpu(), kw["kv_buffer"].shape[0]
+    if kw["slot_map"] is not None and kw["decode_kernel_loc"] is None:
+        used = torch.where(used >= 0, kw["slot_map"].cpu().long()[used.clamp(min=0)], -1)
+    fill_unread_nan(kw[a], used, size)

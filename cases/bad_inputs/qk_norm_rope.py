@@ -28,6 +28,9 @@ DTYPES = {"kv_norm_weight": (torch.bfloat16, torch.float32), "q_norm_weight": (t
 MISMATCHED = {"token": ("kv", "positions", "loc", "q_out"), "head": ("q_out",),
               "dim": ("kv", "kv_norm_weight", "q_norm_weight", "cos", "sin", "ring", "q_out")}
 
+# value-nan-unread: rope-table rows off the positions, ring rows the call does not write
+UNREAD = ("cos", "sin", "ring")
+
 # its public entry points, each called like the step (Target.call) unless it says otherwise
 TARGETS = (
     Target("reference.qk_norm_rope:qk_norm_rope_step", OP, R, "reference.qk_norm_rope:qk_norm_rope_step"),
@@ -43,3 +46,18 @@ def base_cases(device):
     from cases import qk_norm_rope as c
 
     return c.cases(max_tokens=6, max_heads=3, head_dims=(64, 128), rope_dims=(16, 32, 64), max_positions=64)
+
+
+def value_args(kind: str) -> tuple[str, ...]:
+    """What value-<kind>-data breaks: subnormal and huge rows in the activations only, NaN/Inf in any float input."""
+    from cases.bad_inputs.args import args_of
+
+    return ("q", "kv") if kind in ("subnormal", "huge") else args_of(OP, "data", "param", "table")
+
+
+def nan_unread(kw, a, p, ctx):
+    """NaN in the rope-table rows off the positions, or in the ring rows off the write slots."""
+    from cases.bad_inputs.classes_values import fill_unread_nan
+
+    used = kw["positions"].long().cpu() if a in ("cos", "sin") else kw["loc"].long().cpu()
+    fill_unread_nan(kw[a], used, kw[a].shape[0])

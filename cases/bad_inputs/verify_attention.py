@@ -28,6 +28,9 @@ DTYPES = {"k_buffer": (torch.bfloat16, *FP8), "v_buffer": (torch.bfloat16, *FP8)
 MISMATCHED = {"token": ("k", "v", "o"), "head": ("v", "k_buffer", "v_buffer", "o"),
               "dim": ("k", "k_buffer", "v_buffer", "o")}
 
+# value-nan-unread: pool rows off the prefix (slot 0 included)
+UNREAD = ("k_buffer",)
+
 # its public entry points, each called like the step (Target.call) unless it says otherwise
 TARGETS = (
     Target("reference.verify_attention:verify_attention", OP, R,
@@ -63,3 +66,52 @@ def base_cases(device):
 
     return c.cases(max_batch=2, max_width=3, max_heads=4, max_prefix=10, max_splits=2, head_dims=(64,)).map(
         legal).filter(lambda k: all(_kernel_can_handle(kind)(k, device) is True for kind in ("split_kv", "shared_kv")))
+
+
+def value_args(kind: str) -> tuple[str, ...]:
+    """What value-<kind>-data breaks: the data tensors; an Inf not in v, where it meets 0 weights
+    (0·inf: its NaN placement is the product's order)."""
+    from cases.bad_inputs.args import args_of
+
+    if kind == "inf":
+        return ("q", "k", "k_buffer")
+    return args_of(OP, "data")
+
+
+def prefix_swap_away_slot0(kw):
+    """kv_indices never read pool row 0 (SGLang's reserved padding slot): swap it for an unread row."""
+    idx, n = kw["kv_indices"], int(kw["kv_indptr"][-1])
+    used = set(idx[:n].tolist())
+    if 0 in used:
+        free = next(r for r in range(1, kw["k_buffer"].shape[0]) if r not in used)
+        idx[idx == 0] = free
+
+
+def _unread_rows(kw) -> torch.Tensor:
+    n = int(kw["kv_indptr"][-1])
+    keep = torch.ones(kw["k_buffer"].shape[0], dtype=torch.bool)
+    keep[kw["kv_indices"][:n].long().cpu()] = False
+    return torch.nonzero(keep).flatten()
+
+
+def nan_unread(kw, a, p, ctx):
+    """NaN in every pool row the prefix does not read (slot 0 swapped away first)."""
+    from cases.bad_inputs.surgery import fill_rows_nan
+
+    prefix_swap_away_slot0(kw)
+    rows = _unread_rows(kw)
+    fill_rows_nan(kw["k_buffer"], rows)
+    if kw["v_buffer"].untyped_storage().data_ptr() != kw["k_buffer"].untyped_storage().data_ptr():
+        fill_rows_nan(kw["v_buffer"], rows)
+
+
+def nan_unread_case(case):
+    """value-nan-unread's case: two requests and a mixed prefix (rows read and rows not)."""
+    from cases.bad_inputs.badclass import _replace
+
+    return _replace(case, B=max(2, getattr(case, "B", 1)), prefix="mixed:6")
+
+
+def nan_unread_canon(kw):
+    """The legal equivalent: the same slot swap (the NaN rows are legal, unread)."""
+    prefix_swap_away_slot0(kw)
