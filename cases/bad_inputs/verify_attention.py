@@ -115,3 +115,12 @@ def nan_unread_case(case):
 def nan_unread_canon(kw):
     """The legal equivalent: the same slot swap (the NaN rows are legal, unread)."""
     prefix_swap_away_slot0(kw)
+
+
+# caller-provided outputs its cases leave to the op (o=None): a job on one gets it, NaN-filled (provide_out)
+PROVIDED_OUTS = ("o",)
+
+
+def provide_out(kw, name, ctx):
+    q, v = kw["q"], kw["v"]
+    kw["o"] = torch.full((q.shape[0], q.shape[1], v.shape[2]), float("nan"), dtype=q.dtype, device=q.device)
