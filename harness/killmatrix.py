@@ -116,7 +116,7 @@ def build(reg: Registry, dev, *, only: str | None = None, progress=print, record
         subjects += [("clean", reg.impls[f"{spec.name}/{n}"]) for n in (spec.kill.clean if spec.kill else ())]
     subjects += [("mutant", i) for i in reg.impls.values() if i.kind == "mutant"]
     subjects += [("path-mutant", m) for m in mt.PATH_MUTANTS]
-    if progress and not only:  # cases/mutants/gpu.py: flagged only by harness.gpu_checks, never judged here
+    if progress and not only:  # cases/mutants/gpu/: flagged only by harness.gpu_checks, never judged here
         from cases.mutants import gpu
 
         progress(f"skipped  {gpu.skip_note()}")

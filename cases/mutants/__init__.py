@@ -4,7 +4,7 @@ list ``MUTANTS`` of ``Impl(kind="mutant")`` (and, for store-timing bugs only a t
 class, and in ``catches`` the checks that must flag it. ``nox -s mutants`` (and
 ``tests/test_mutants.py``) fail if one survives.
 
-``cases/mutants/gpu.py`` is not loaded here (no op is called "gpu"): its mutants compute the
+``cases/mutants/gpu/`` is not loaded here (no op is called "gpu"): its mutants compute the
 right numbers the wrong way (extra launches, a gate that flips between graph capture and
 replay), so only ``harness.gpu_checks`` on a GPU can flag them; the kill matrix says so.
 """
