@@ -3,6 +3,6 @@
 Importing this package decides interpreter vs compiler for every kernel below it (Triton
 makes that choice when ``@triton.jit`` runs), so it asks ``harness.devices`` first.
 """
-from harness import devices as _devices
+from harness.devices import prepare_triton as _prepare_triton
 
-_devices.prepare_triton()
+_prepare_triton()

@@ -9,8 +9,6 @@ combine kernel that adds the draft triangle and merges by log-sum-exp:
 """
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -49,15 +47,11 @@ _DEFAULT_ARCH = "sm90"
 COMBINE_ROWS = {"sm90": 16}
 
 
-@functools.cache
-def _gpu_arch() -> str:
-    from harness.devices import _gpu_device
-
-    return _gpu_device().arch
-
-
 def arch() -> str:
-    return "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else _gpu_arch()
+    """``"interpreter"`` or the GPU's arch: the key of the per-arch tables above."""
+    from harness.devices import kernel_arch
+
+    return kernel_arch()
 
 
 def block_config(head_dim: int, arch_name: str | None = None) -> tuple[int, int, int, int]:

@@ -259,7 +259,7 @@ def _check_path(reg, family: str, prepare: str, attn: str, flag: str = "--path")
     from cases import timelines as tl
 
     op = tl.FAMILIES[family].prepare  # "projection": plain projections, the prepare name is not used
-    for slot, name in ((op, prepare), ("verify_attention", attn)):
+    for slot, name in ((op, prepare), (reg.attention().name, attn)):
         impls = reg.impls.values() if slot == "projection" else reg.for_op(slot)
         if name not in {i.name for i in impls}:
             raise UsageError(flag, f"{prepare}+{attn}: no {'' if slot == 'projection' else slot + ' '}implementation "

@@ -11,6 +11,7 @@ On the CPU the format is whatever the run asks for (both run under the interpret
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -61,6 +62,18 @@ def _gpu_device() -> Device:
         return Device("rocm", props.name, arch, fp8_format_for_arch(arch), "")
     arch = f"sm{props.major}{props.minor}"
     return Device("cuda", props.name, arch, fp8_format_for_arch(arch), "")
+
+
+@functools.cache
+def _gpu_arch() -> str:
+    return _gpu_device().arch
+
+
+def kernel_arch() -> str:
+    """The target Triton kernels run on: ``"interpreter"`` under ``TRITON_INTERPRET=1`` (read at
+    every call), else GPU 0's arch (``sm90``, ``gfx942``; asked once). The one device helper
+    ``fused/`` uses besides ``prepare_triton``."""
+    return "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else _gpu_arch()
 
 
 def prepare_triton() -> None:

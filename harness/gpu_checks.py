@@ -5,7 +5,7 @@ through the CPU interpreter. The checks themselves: ``harness.gpu_runners``.
     python -m harness.gpu_checks [--out DIR] [--op OP] [--impl NAME] [--check launches|graph|determinism]
 
 Implementations: by default each op's reference and fused ones plus the GPU-only mutants of
-``cases/mutants/gpu.py`` (registered here, not in the CPU registry); ``--impl`` picks by name
+``cases/mutants/gpu/`` (registered here, not in the CPU registry); ``--impl`` picks by name
 (or ``module:attr``). A GPU mutant counts as flagged when a check named in its ``catches``
 fails. Prints one line per row, a summary table, and a repro line per failure; ``--out DIR``
 writes ``DIR/gpu_checks.csv`` (``GpuCheckRow``, provenance on every row). Exit 1 when a
@@ -161,9 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = usage.ArgumentParser(prog="python -m harness.gpu_checks", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=usage.output_dir, default=None, help="directory for gpu_checks.csv")
-    p.add_argument("--op", action="append", choices=BUILTIN, help="op(s) to check (default: all)")
+    p.add_argument("--op", action="append", choices=[op for op in BUILTIN if op in PLANS],
+                   help="op(s) to check (default: every op with a GPU plan)")
     p.add_argument("--impl", action="append", help="implementation name or module:attr (repeatable; default: "
-                                                   "reference, fused and the GPU mutants of cases/mutants/gpu.py)")
+                                                   "reference, fused and the GPU mutants of cases/mutants/gpu/)")
     p.add_argument("--check", action="append", choices=CHECKS, help="check family (default: all)")
     p.add_argument("--seed", type=int, default=0, help="added to the replay inputs' seed")
     return p
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args) -> int:
-    ops = tuple(args.op or BUILTIN)
+    ops = tuple(args.op or (op for op in BUILTIN if op in PLANS))  # default: every op with a GPU plan (OpSpec.gpu)
     checks = tuple(args.check or CHECKS)
     reg = registry()  # no kernel module imported yet: names are checked on any machine
     impls = _select(reg, args, ops)

@@ -2,7 +2,7 @@
 (``harness.gpu_checks`` runs them over the ops and writes the rows).
 
   launches     device kernels of one call (``harness.profiling.count_launches``) against the
-               design. Fused: qk_norm_rope 1 (one grid (cdiv(T, BLOCK_T), H + 1) for q and kv,
+               design (each op's ``OpSpec.gpu``, with its capture patches). Fused: qk_norm_rope 1 (one grid (cdiv(T, BLOCK_T), H + 1) for q and kv,
                ``fused/qk_norm_rope.py``); mla_fp8_prepare 1 (one grid for q8 and the KV rows,
                ``fused/mla_fp8_prepare.py``); verify_attention 2 on every path — a prefix kernel
                (split-KV grid (B, H, S) or shared-KV grid (B, H/BLOCK_H, S)) plus one combine
@@ -36,53 +36,22 @@ import copy
 import dataclasses
 import importlib
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from harness.ops import builtin_specs
+from harness.registry import GpuPlan
+
 REPLAY_SEED_OFFSET = 7919  # replay inputs: the case's seed + this + the run's seed
 
 
-@dataclass(frozen=True)
-class OpPlan:
-    cases: tuple[str, ...]  # catalog names for launches and graph: realistic verify batches
-    full: str  # catalog name for the determinism rerun: the largest real shape of the catalog
-    fused_launches: int  # device kernels of one fused call, by design (module docstring)
-    stages: tuple[str, ...]  # the reference chain's launch functions in reference/<op>.py
-    expected_stages: Callable[[object, dict], int]  # calls of them in one reference call of (case, inputs)
-    step: str  # the function of fused/<op>.py that takes ``gate_fn``
-
-
-PLANS = {
-    "qk_norm_rope": OpPlan(("dsv4-verify-b8-l3-h128",), "dsv4-verify-b256-l3-h64", 1,
-                           ("q_norm_rope", "kv_norm_rope", "ring_store"), lambda c, kw: 2 + (c.mode == "decode"),
-                           "qk_norm_rope_step"),
-    "mla_fp8_prepare": OpPlan(("k3-verify-b4-l3-h16",), "k3-verify-b64-l3-h128", 1,
-                              ("concat_q", "cast_fp8", "scatter_kv"), lambda c, kw: 4 + c.save_kv_cache,
-                              "mla_fp8_prepare_step"),
-    "verify_attention": OpPlan(("gpu-qwen35-b64-h16-p1024", "k3-mla-h64-l3-e4m3fn"), "gpu-k3-b16-h64-p16k", 2,
-                               ("prefix_split_partials", "draft_partial", "combine", "prefix_split_partials_batched",
-                                "draft_partial_batched"), lambda c, kw: 3 if _va_batched(kw) else 3 * c.B,
-                               "verify_attention"),
-}
-
-
-def _va_batched(kw: dict) -> bool:
-    """Whether the verify reference takes the whole batch at once (three launches) or loops over
-    the requests (three each): ``reference.verify_attention._batchable``."""
-    from reference import verify_attention as r
-
-    return kw.get("custom_mask") is None and r._batchable(kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist(),
-                                                          kw["q"].shape[1], kw["v"].shape[2])
-
-
-REFERENCE_NOT_CAPTURABLE = {
-    "mla_fp8_prepare": "launch 5 (scatter_kv) selects the written rows with a boolean mask (loc >= 0): a "
-                       "device->host sync, which capture forbids",
-    "verify_attention": "the chain loops over requests on host copies of qo_indptr / kv_indptr (.tolist(): a "
-                        "device->host sync, which capture forbids)",
-}
+OpPlan = GpuPlan  # an op's plan: its OpSpec.gpu (harness/ops/<op>.py)
+# the built-in ops' plans by op name (what the checks run of each and expect)
+PLANS: dict[str, GpuPlan] = {name: spec.gpu for name, spec in builtin_specs().items() if spec.gpu}
+# op -> why its reference chain cannot be captured, for those that cannot
+REFERENCE_NOT_CAPTURABLE = {name: plan.reference_not_capturable for name, plan in PLANS.items()
+                            if plan.reference_not_capturable}
 
 
 # ----------------------------------------------------------------------------- making a call capturable
@@ -103,48 +72,13 @@ def _no_data_check(*args, **kwargs) -> None:
     """Stands in for ``check_index_range`` / ``check_unique`` after the validated eager call."""
 
 
-def _uncounted_pool_type():
-    from reference import mla_fp8_prepare as r
-
-    class UncountedPool(r.KVPool):
-        """The pool model without its write counter (``record`` masks rows: a sync)."""
-
-        def __post_init__(self):
-            self.writes = None
-
-        def record(self, phys_loc) -> None:
-            pass
-
-    return UncountedPool
-
-
 @contextlib.contextmanager
 def capture_safe(op: str, inputs: dict):
     """Calls of ``op``'s implementations on ``inputs`` as a CUDA graph runs them (module docstring).
     Enter it only after a validated eager call on the same inputs."""
     ref = importlib.import_module(f"reference.{op}")
     patches = [(ref, n, _no_data_check) for n in ("check_index_range", "check_unique") if hasattr(ref, n)]
-    if op == "mla_fp8_prepare":
-        from fused import mla_fp8_prepare as f
-
-        made, orig = {}, f.k_mul_tensor
-
-        def k_mul_once(kv_descale, device):
-            key = (kv_descale, str(device))
-            if key not in made:
-                made[key] = orig(kv_descale, device)
-            return made[key]
-
-        patches += [(ref, "KVPool", _uncounted_pool_type()), (f, "k_mul_tensor", k_mul_once)]
-    if op == "verify_attention":
-        from fused import verify_attention as f
-
-        meta = f._shape_of(**inputs)  # host metadata of this batch (reads indptrs: outside capture)
-
-        def shapes_only(*, q, k, v, qo_indptr, **_):
-            return qo_indptr.shape[0] - 1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2]
-
-        patches += [(ref, "validate", shapes_only), (f, "_shape_of", lambda **_: meta)]
+    patches += PLANS[op].capture_patches(inputs)  # the op's own (its OpSpec.gpu)
     with _patched(patches):
         yield
 

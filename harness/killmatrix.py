@@ -3,7 +3,7 @@ targeted runs for the clean implementations, which must pass all of them.
 
   parity    the op suite (``harness.runners.run_case``: the first run and the poisoned-allocator
             run, which sees scratch read before it is written) on a fixed targeted catalog subset
-            per op (``cases.mutants.timelines.PARITY_CASES``); for a path mutant, the registered
+            per op (``OpSpec.kill``); for a path mutant, the registered
             kernels it runs — which are clean, so parity is *expected* to let it through;
   timeline  ``harness.timeline`` checks (prepare, visible_kv, attn, state) on the op's targeted
             timelines, the op implementation plugged into each family's clean fused path; a path
@@ -26,8 +26,6 @@ from cases.mutants import timelines as mt
 from harness import runners, timeline
 from harness.registry import Impl, Registry
 
-CLEAN = {"qk_norm_rope": ("reference", "fused"), "mla_fp8_prepare": ("reference", "fused"),
-         "verify_attention": ("reference", "fused", "fused-split-kv", "fused-shared-kv", "sdpa")}
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ def _catalog(spec, names):
 def _parity(reg: Registry, impl: Impl, dev, record=None) -> tuple[str, set, str]:
     spec = reg.ops[impl.op]
     bad, ran, first = set(), 0, ""
-    for case in _catalog(spec, mt.PARITY_CASES[impl.op]):
+    for case in _catalog(spec, spec.kill.cases if spec.kill else ()):
         res = runners.run_case(spec, impl, case, dev, determinism=False, poisoned=False, poisoned_alloc=True)
         if record:
             record(impl, case, res)
@@ -91,9 +89,10 @@ def _timelines(paths_and_timelines, dev, *, stop_at_kill: bool) -> tuple[str, st
 
 def _op_paths(reg: Registry, impl: Impl):
     named = {t.name: t for t in tl.catalog()}
-    for tname in mt.OP_TIMELINES[impl.op]:
+    spec = reg.ops[impl.op]
+    slot = "attn" if spec.role == "attn" else "prepare"
+    for tname in spec.kill.timelines if spec.kill else ():
         t = named[tname]
-        slot = "attn" if impl.op == "verify_attention" else "prepare"
         path = timeline.clean_path(reg, t.family)
         path = timeline.Path(f"{t.family}:{impl.key}", t.family, *(
             (path.prepare, impl) if slot == "attn" else (impl, path.attn)))
@@ -113,11 +112,11 @@ def build(reg: Registry, dev, *, only: str | None = None, progress=print, record
     rows = []
     named = {t.name: t for t in tl.catalog()}
     subjects = []
-    for op, names in CLEAN.items():
-        subjects += [("clean", reg.impls[f"{op}/{n}"]) for n in names]
+    for spec in reg.ops.values():  # OpSpec.kill.clean: the implementations that must pass everything
+        subjects += [("clean", reg.impls[f"{spec.name}/{n}"]) for n in (spec.kill.clean if spec.kill else ())]
     subjects += [("mutant", i) for i in reg.impls.values() if i.kind == "mutant"]
     subjects += [("path-mutant", m) for m in mt.PATH_MUTANTS]
-    if progress and not only:  # cases/mutants/gpu.py: flagged only by harness.gpu_checks, never judged here
+    if progress and not only:  # cases/mutants/gpu/: flagged only by harness.gpu_checks, never judged here
         from cases.mutants import gpu
 
         progress(f"skipped  {gpu.skip_note()}")
@@ -128,7 +127,7 @@ def build(reg: Registry, dev, *, only: str | None = None, progress=print, record
         t0 = time.perf_counter()
         if kind == "path-mutant":
             par_bad, par_first, states = set(), "", []
-            for key in subj.uses:  # the kernels it runs, on their own targeted catalogs
+            for key in subj.kernels(reg):  # the kernels it runs, on their own targeted catalogs
                 s, bad, first = _parity(reg, reg.impls[key], dev, record)
                 states.append(s)
                 par_bad |= bad

@@ -32,11 +32,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-OPS = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention")
-# parity workers of an op relative to the others: verify_attention runs five implementations per case
-# (the others two or three). Measured on the H200 with 2 workers each: qk_norm_rope 1,732 cases in 310 s,
-# mla_fp8_prepare 1,744 in 300 s, verify_attention 1,211 of 1,755 when its 390 s ran out
-PARITY_WEIGHT = {"verify_attention": 2}
+from harness.ops import builtin_specs
+
+# the ops with a parity step (OpSpec.nightly), in harness.ops.BUILTIN order
+OPS = tuple(name for name, spec in builtin_specs().items() if spec.nightly)
+# parity workers of an op relative to the others (OpSpec.parity_weight: implementations per case)
+PARITY_WEIGHT = {name: spec.parity_weight for name, spec in builtin_specs().items() if spec.parity_weight != 1}
 # Phase 0 oversubscribes the host (H200 nightly of 2026-11-29: 26 processes on 16 cores). The gate's runs
 # are the longest that cannot be split (600 problems each; the plain greedy run 183-205 s there), and two
 # layouts ran out of their 384 s while parity and timelines finished in 230-358 s: every step but the gate
@@ -329,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="worker processes per parity and per timelines step (default: by cores)")
     ap.add_argument("--gate-jobs", type=usage.positive_int, default=None,
                     help="worker processes per gate layout (default: by cores)")
-    ap.add_argument("--op", action="append", choices=OPS, help="parity ops (default: all three)")
+    ap.add_argument("--op", action="append", choices=OPS, help="parity ops (default: all)")
     ap.add_argument("--generated", type=usage.count, default=None,
                     help="generated parity cases per op (default: the profile's)")
     ap.add_argument("--timelines", type=usage.count, default=None,

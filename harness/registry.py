@@ -73,6 +73,32 @@ class Effect:
 
 
 @dataclass(frozen=True)
+class KillPlan:
+    """The op's row set in the mutant kill matrix (``harness.killmatrix``)."""
+    clean: tuple[str, ...]  # implementations that must pass every family (clean rows)
+    cases: tuple[str, ...]  # catalog names: the fixed targeted parity subset, the same for every implementation
+    timelines: tuple[str, ...] = ()  # ``family/name`` timelines of cases.timelines: the families that use the op
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """What ``harness.gpu_checks`` runs of the op and expects (``harness.gpu_runners`` docstring)."""
+    cases: tuple[str, ...]  # catalog names for launches and graph: realistic verify batches
+    full: str  # catalog name for the determinism rerun: the largest real shape of the catalog
+    fused_launches: int  # device kernels of one fused call, by design
+    stages: tuple[str, ...]  # the reference chain's launch functions in reference/<op>.py
+    expected_stages: Callable[[Any, dict], int]  # calls of them in one reference call of (case, inputs)
+    step: str  # the function of fused/<op>.py that takes ``gate_fn``
+    reference_not_capturable: str = ""  # why the reference chain cannot be captured ("": it can)
+    # inputs -> [(module, attribute, value)] patched while a call runs as a CUDA graph runs it, beyond
+    # the generic ones (``harness.gpu_runners.capture_safe``); called outside capture
+    capture_patches: Callable[[dict], list] = lambda inputs: []
+
+
+ROLES = ("", "prepare", "attn")  # "prepare": a timeline family's prepare step; "attn": the attention of every family
+
+
+@dataclass(frozen=True)
 class OpSpec:
     name: str
     case_type: type
@@ -97,6 +123,25 @@ class OpSpec:
     # costs: the rounded chain runs once per entry (keyword overrides; {} = the case as built) and
     # the allowance is the largest of their errors, since a kernel's own choice is not known
     rounding_variants: tuple[Mapping[str, Any], ...] = ({},)
+    # --- what the shared machinery needs about the op (it loops over the registry, naming no op)
+    # output or written buffer name -> its tolerance, replacing the dtype's floor (harness.tolerance)
+    tolerances: Mapping[str, tolerance.Tolerance] = field(default_factory=dict)
+    role: str = ""  # ROLES: the op's place in the timeline / end-to-end models, looked up by role
+    kill: KillPlan | None = None  # its rows in the kill matrix (None: none)
+    gpu: GpuPlan | None = None  # its GPU-only checks (None: none)
+    nightly: bool = True  # the nightly runs its parity step
+    parity_weight: int = 1  # nightly parity workers relative to the other ops (implementations per case)
+    bench: str = ""  # module of its benchmark (harness.bench.perf's per-op API); "": none
+    # role "prepare": zero-argument factory of its harness.timeline.Prepare adapter (harness/prepares/<op>.py)
+    timeline: Callable[[], Any] | None = None
+
+
+    def tolerance(self, output: str, dtype) -> tolerance.Tolerance:
+        """The tolerance of ``output`` (an output or written buffer) in ``dtype``: its override in
+        ``tolerances``, else the dtype's floor (``harness.tolerance``)."""
+        if output in self.tolerances:
+            return self.tolerances[output]
+        return tolerance.floor(self.name, output, dtype)
 
 
 @dataclass(frozen=True)
@@ -161,7 +206,20 @@ class Registry:
         unknown = sorted(set(spec.roundings) - (set(tolerance.PRECISION_CLASSES) - {tolerance.EXACT}))
         if unknown:
             raise ValueError(f"op {spec.name!r}: roundings {unknown} are not precision classes of harness.tolerance")
+        if spec.role not in ROLES:
+            raise ValueError(f"op {spec.name!r}: role {spec.role!r} is not one of {ROLES}")
         self.ops[spec.name] = spec
+
+    def by_role(self, role: str) -> list[OpSpec]:
+        """The registered ops with ``role`` (registration order)."""
+        return [s for s in self.ops.values() if s.role == role]
+
+    def attention(self) -> OpSpec:
+        """The one op with role ``attn``: the attention step of every timeline family."""
+        found = self.by_role("attn")
+        if len(found) != 1:
+            raise LookupError(f"expected one op with role 'attn', got {[s.name for s in found]}")
+        return found[0]
 
     def validate(self, impl: Impl) -> None:
         """What can be checked of an implementation before it runs: its op, a name a repro line

@@ -106,7 +106,7 @@ def _output_records(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: 
         if o.contract == "exact":
             recs.append(compare.exact(f"exact:{o.name}{suffix}", got, ref_out[o.name]))
         else:
-            tol = tolerance.lookup(spec.name, o.name, got.dtype if got is not None else ref_out[o.name].dtype)
+            tol = spec.tolerance(o.name, got.dtype if got is not None else ref_out[o.name].dtype)
             recs.append(compare.finite(f"finite:{o.name}{suffix}", got, oracle[o.name]))
             chains = (ref_out,) if allowance is None else allowance.outs
             rec = max((compare.numeric(f"numeric:{o.name}{suffix}", got, oracle[o.name], chain.get(o.name), tol,
@@ -135,7 +135,7 @@ def _effect_records(spec: OpSpec, impl: Impl, case, oracle, inputs: dict, ref_in
             if eff.contract == "exact":
                 recs.append(compare.exact(f"effect:{eff.buffer}{suffix}", got, rbuf[rows]))
             else:
-                tol = tolerance.lookup(spec.name, eff.buffer, buf.dtype)
+                tol = spec.tolerance(eff.buffer, buf.dtype)
                 recs.append(compare.finite(f"finite:{eff.buffer}{suffix}", got, eff.oracle_rows))
                 recs.append(compare.numeric(f"effect:{eff.buffer}{suffix}", got, eff.oracle_rows, rbuf[rows], tol,
                                             is_reference=is_ref))

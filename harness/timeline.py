@@ -9,7 +9,7 @@ mutant) + the backend's store policy:
            the chunk's slots as history) or ``post`` (after attention);
            ``as-history`` is seed 000's bug: store first, then attend 1-source over the ring,
            every chunk token seen as history by every other one.
-The op's own gate decides what the prepare launch stores (``fused.qk_norm_rope.gate``); when
+The op's own gate decides what the prepare launch stores (e.g. the qk prepare's gate); when
 a verify prepare hands no kv back the backend has nothing to attend to but the ring, which is
 exactly the seed's failure mode, so the runner follows it (and the gate check says so).
 
@@ -27,21 +27,25 @@ Checks per (step, layer), each a ``harness.compare.Record`` tagged with its fami
             that verify attention was 2-source.
 The truth is teacher-forced: layer k's oracle takes the path's own inputs to layer k, so
 rounding differences do not compound while a wrong KV row is still caught at the first read.
+
+The ops enter by role: a family's prepare step is the op its ``Family.prepare`` names, run through
+that op's ``Prepare`` adapter (``OpSpec.timeline``, in ``harness/prepares/<op>.py``); attention is
+the registry's one op of role ``attn``. ``Prepare`` itself is the family without a fused prepare
+(plain q/k/v projections).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
 from cases import timelines as tl
-from harness import compare, tolerance
-from harness.registry import Impl, Registry
+from harness import compare
+from harness.ops import builtin_specs
+from harness.registry import Impl, OpSpec, Registry
 from reference import kv_model
-from reference import mla_fp8_prepare as mla_ref
-from reference import qk_norm_rope as qk_ref
-from reference import verify_attention as va_ref
 
 VERIFY_STORES = ("pre", "post", "as-history", "none")
 
@@ -50,8 +54,8 @@ VERIFY_STORES = ("pre", "post", "as-history", "none")
 class Path:
     name: str
     family: str
-    prepare: Impl | None  # qk_norm_rope / mla_fp8_prepare implementation (None: plain projections)
-    attn: Impl  # verify_attention implementation for decode and verify steps
+    prepare: Impl | None  # implementation of the family's prepare op (None: plain projections)
+    attn: Impl  # implementation of the attention op (role "attn") for decode and verify steps
     verify_store: str = ""  # "" = the family's clean policy
     decode_store_first: bool = True  # 1-source decode: store, then attend
     keep_rejected: bool = False  # rollback leaves rejected drafts in the slot table (stale KV)
@@ -75,24 +79,130 @@ def _exact(check: str, got: torch.Tensor, want: torch.Tensor) -> compare.Record:
     return compare.exact(check, got, want)
 
 
+class Prepare:
+    """How a family's prepare step enters the model: the projections it takes, the pool rows it
+    makes, who stores them, and its call with its checks at one (step, layer). This base is the
+    family without a fused prepare (plain q/k/v projections, k and v stacked in a row, the backend
+    storing them); an op of role ``prepare`` provides a subclass (``OpSpec.timeline``)."""
+    fp8_rows = False  # pool rows in the run's fp8 dtype (else bf16)
+    writes_rows = False  # the prepare writes every pool row itself: the backend stores none, and
+    # attention reads the chunk back from the pool (1-source)
+
+    def projections(self, fam: tl.Family) -> dict[str, int]:
+        """Projection name -> output width (the columns of its d_model x width weight)."""
+        return {"q": fam.H * fam.D, "k": fam.Hkv * fam.D, "v": fam.Hkv * fam.Dv}
+
+    def row_shape(self, fam: tl.Family) -> tuple[int, ...]:
+        """One pool row."""
+        return (2, fam.Hkv, fam.D)  # k and v stacked
+
+    def kv_views(self, fam: tl.Family, buf: torch.Tensor):
+        """Pool rows -> (k_buffer (S, Hkv, D), v_buffer (S, Hkv, Dv)) as attention reads them."""
+        return buf[:, 0], buf[:, 1, :, : fam.Dv]
+
+    def chunk_kv(self, fam: tl.Family, rows: torch.Tensor):
+        """Logical KV rows of chunk tokens -> bf16 (k (T, Hkv, D), v (T, Hkv, Dv)) as drafts."""
+        return rows[:, 0].contiguous(), rows[:, 1, :, : fam.Dv].contiguous()
+
+    def backend_stores(self, mode: str, kv_returned: bool) -> bool:
+        """Whether the backend stores the chunk's rows (the rest: the prepare op does)."""
+        return not self.writes_rows
+
+    def run(self, tr: TimelineRun, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf):
+        """The prepare at one layer, recording its checks on ``tr`` -> (chunk rows (T, *row_shape),
+        q (T, H, D) bf16, kv_returned: whether rows were handed back rather than only stored)."""
+        fam, T = tr.fam, pos_t.shape[0]
+        q = proj["q"][:T].view(T, fam.H, fam.D)
+        rows = torch.stack((proj["k"][:T].view(T, fam.Hkv, fam.D),
+                            torch.nn.functional.pad(proj["v"][:T].view(T, fam.Hkv, fam.Dv),
+                                                    (0, fam.D - fam.Dv))), 1)  # (T, 2, Hkv, D)
+        return rows, q, True
+
+    def serve(self, engine, mode, layer, pr, pos_t, loc_logical, loc_phys, buf):
+        """The prepare in the end-to-end engine (``harness.e2e.engine``) on the micro-model's
+        projections ``pr`` -> (rows (T, *row_shape) or None when the op wrote them all, q (T, H, D)
+        bf16, kv_returned)."""
+        fam, m, T = engine.fam, engine.model, pos_t.shape[0]
+        q = m.rope(pr["q"].view(T, fam.H, fam.D), pos_t)
+        k = m.rope(pr["k"].view(T, fam.Hkv, fam.D), pos_t)
+        v = torch.nn.functional.pad(pr["v"].view(T, fam.Hkv, fam.Dv), (0, fam.D - fam.Dv))
+        return torch.stack((k, v), 1), q, True  # rows (T, 2, Hkv, D)
+
+    def train(self, model, pr, pos, layer):
+        """The micro-model's training forward (fp32, dense: ``harness.e2e.model.Micro.forward``) of
+        the projections ``pr`` at positions ``pos`` -> (q (N, H, D), k (N, Hkv, D), v (N, Hkv, Dv))."""
+        from reference.qk_norm_rope import _rope_fp32
+
+        fam = model.fam
+        q = _rope_fp32(pr["q"].view(-1, fam.H, fam.D), model.cos[pos], model.sin[pos], model.rope_dim, model.rope_style)
+        k = _rope_fp32(pr["k"].view(-1, fam.Hkv, fam.D), model.cos[pos], model.sin[pos], model.rope_dim,
+                       model.rope_style)
+        return q, k, pr["v"].view(-1, fam.Hkv, fam.Dv)
+
+
+class OneRowPrepare(Prepare):
+    """A prepare op whose pool row is one vector of D per token, read as k (and its first Dv as v)."""
+
+    def row_shape(self, fam: tl.Family) -> tuple[int, ...]:
+        return (fam.D,)
+
+    def kv_views(self, fam: tl.Family, buf: torch.Tensor):
+        return buf[:, None, :], buf[:, None, : fam.Dv]
+
+
+PROJECTION = Prepare()
+
+
+def prepare_of(fam: tl.Family) -> Prepare:
+    """The family's prepare step: the adapter of the op ``fam.prepare`` names, or ``PROJECTION``."""
+    return _prepare(fam.prepare)
+
+
+@functools.cache
+def _prepare(op: str) -> Prepare:
+    if op == "projection":
+        return PROJECTION
+    spec = builtin_specs()[op]
+    if spec.role != "prepare" or spec.timeline is None:
+        raise ValueError(f"op {op!r} has no timeline prepare adapter (OpSpec.timeline)")
+    return spec.timeline()
+
+
+@functools.cache
+def attention_spec() -> OpSpec:
+    """The attention of every family: the built-in op of role ``attn``."""
+    (spec,) = [s for s in builtin_specs().values() if s.role == "attn"]
+    return spec
+
+
+def _row_shape(fam: tl.Family) -> tuple[int, ...]:
+    return prepare_of(fam).row_shape(fam)
+
+
+def _kv_views(fam: tl.Family, buf: torch.Tensor):
+    return prepare_of(fam).kv_views(fam, buf)
+
+
+def _chunk_kv(fam: tl.Family, rows: torch.Tensor):
+    return prepare_of(fam).chunk_kv(fam, rows)
+
+
 def clean_path(reg: Registry, family: str, *, prepare: str = "fused", attn: str = "fused", **kw) -> Path:
     fam = tl.FAMILIES[family]
     p = None if fam.prepare == "projection" else reg.impls[f"{fam.prepare}/{prepare}"]
-    return Path(f"{family}:{prepare}+{attn}", family, p, reg.impls[f"verify_attention/{attn}"], **kw)
+    return Path(f"{family}:{prepare}+{attn}", family, p, reg.impls[f"{reg.attention().name}/{attn}"], **kw)
 
 
 def backend_policy(fam: tl.Family, path: Path, store: str, mode: str, kv_returned: bool):
     """The backend's decisions for one layer call -> (policy, backend_stores, store_first, one_source).
     Shared by the timeline runner and the end-to-end engine (``harness.e2e.engine``)."""
-    if fam.prepare == "qk_norm_rope":  # the op stores in decode; the backend stores what it is handed
-        backend_stores = mode != "decode" and kv_returned
-    else:  # mla: the prepare writes every row; plain projections: the backend writes them all
-        backend_stores = fam.prepare == "projection"
+    prep = prepare_of(fam)
+    backend_stores = prep.backend_stores(mode, kv_returned)
     policy = {"extend": "post", "decode": "decode", "target_verify": store}[mode]
     if mode == "target_verify" and not kv_returned:
         policy = "as-history"  # no chunk handed back: the ring is all the backend can attend to
     store_first = policy in ("pre", "as-history") or (policy == "decode" and path.decode_store_first)
-    one_source = fam.prepare == "mla_fp8_prepare" or policy in ("decode", "as-history")
+    one_source = prep.writes_rows or policy in ("decode", "as-history")
     return policy, backend_stores, store_first, one_source
 
 
@@ -103,13 +213,7 @@ class _Weights:
         g = torch.Generator().manual_seed(1000 + t.seed)
         dm = fam.d_model
         r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).to(device)  # noqa: E731
-        if fam.prepare == "qk_norm_rope":
-            outs = {"q": fam.H * fam.D, "kv": fam.D}
-        elif fam.prepare == "mla_fp8_prepare":
-            dn = fam.D - fam.rope_dim
-            outs = {"q_nope": fam.H * dn, "q_rope": fam.H * fam.rope_dim, "k_nope": dn, "k_rope": fam.rope_dim}
-        else:
-            outs = {"q": fam.H * fam.D, "k": fam.Hkv * fam.D, "v": fam.Hkv * fam.Dv}
+        outs = prepare_of(fam).projections(fam)
         self.proj = [{k: r(dm, n, scale=1.5 / math.sqrt(dm)) for k, n in outs.items()} for _ in range(fam.layers)]
         self.wo = [r(fam.H * fam.Dv, dm, scale=1.0 / math.sqrt(fam.H * fam.Dv)) for _ in range(fam.layers)]
         self.kv_norm = [(1.0 + 0.2 * r(fam.D)).to(torch.bfloat16) for _ in range(fam.layers)]
@@ -119,31 +223,6 @@ class _Weights:
             ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None]
             self.cos, self.sin = ang.cos().float().to(device), ang.sin().float().to(device)
         self.g = g
-
-
-def _row_shape(fam: tl.Family) -> tuple[int, ...]:
-    if fam.prepare == "qk_norm_rope":
-        return (fam.D,)
-    if fam.prepare == "mla_fp8_prepare":
-        return (fam.D,)
-    return (2, fam.Hkv, fam.D)  # k and v stacked
-
-
-def _kv_views(fam: tl.Family, buf: torch.Tensor):
-    """Pool rows -> (k_buffer (S, Hkv, D), v_buffer (S, Hkv, Dv)) as attention reads them."""
-    if fam.prepare == "projection":
-        return buf[:, 0], buf[:, 1, :, : fam.Dv]
-    return buf[:, None, :], buf[:, None, : fam.Dv]
-
-
-def _chunk_kv(fam: tl.Family, rows: torch.Tensor):
-    """Logical KV rows of chunk tokens -> bf16 (k (T, Hkv, D), v (T, Hkv, Dv)) as drafts."""
-    if fam.prepare == "projection":
-        return rows[:, 0].contiguous(), rows[:, 1, :, : fam.Dv].contiguous()
-    if fam.prepare == "mla_fp8_prepare":
-        k = (rows.float() * fam.kv_descale).to(torch.bfloat16)[:, None, :]  # exact: power-of-two scale
-        return k, k[..., : fam.Dv]
-    return rows[:, None, :], rows[:, None, :]
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -158,7 +237,7 @@ class TimelineRun:
             raise ValueError(f"verify_store: expected one of {VERIFY_STORES}, got {self.store!r}")
         self.B = tl.num_requests(t)
         top = tl.max_len(t)
-        dtype = fp8_dtype if fam.prepare == "mla_fp8_prepare" else torch.bfloat16
+        dtype = fp8_dtype if prepare_of(fam).fp8_rows else torch.bfloat16
         self.kv = kv_model.KVModel(kv_model.KVLayout(fam.layout, self.B, t.window, t.L, _row_shape(fam), dtype,
                                                      translated=fam.translated and t.translated, seed=t.seed),
                                    fam.layers, top, self.device)
@@ -242,16 +321,8 @@ class TimelineRun:
         W = self.w.proj[layer]
         proj = {k: (xa.float() @ w).to(torch.bfloat16) for k, w in W.items()}
         pad_loc = torch.full((pad,), -1, dtype=torch.int64, device=self.device)
-        kv_returned = True
-        if fam.prepare == "qk_norm_rope":
-            rows, q, kv_returned = self._prepare_qk(step, mode, layer, proj, pos_t, loc_phys, pad_loc, buf)
-        elif fam.prepare == "mla_fp8_prepare":
-            rows, q = self._prepare_mla(step, mode, layer, proj, loc_logical, loc_phys, pad_loc, buf)
-        else:
-            q = proj["q"][:T].view(T, fam.H, fam.D)
-            rows = torch.stack((proj["k"][:T].view(T, fam.Hkv, fam.D),
-                                torch.nn.functional.pad(proj["v"][:T].view(T, fam.Hkv, fam.Dv),
-                                                        (0, fam.D - fam.Dv))), 1)  # (T, 2, Hkv, D)
+        rows, q, kv_returned = prepare_of(fam).run(self, step, mode, layer, proj, pos_t, loc_logical, loc_phys,
+                                                   pad_loc, buf)
         # --- backend store policy + attention
         policy, backend_stores, store_first, one_source = backend_policy(fam, self.path, self.store, mode,
                                                                          kv_returned)
@@ -274,63 +345,6 @@ class TimelineRun:
     def _store(self, buf, loc_phys, rows):
         valid = loc_phys >= 0
         buf[loc_phys[valid]] = rows[valid].to(buf.dtype)
-
-    # -- prepares
-    def _prepare_qk(self, step, mode, layer, proj, pos_t, loc_phys, pad_loc, buf):
-        fam, T = self.fam, pos_t.shape[0]
-        n_all = proj["q"].shape[0]
-        q = proj["q"].view(n_all, fam.H, fam.D)
-        positions = torch.cat((pos_t, torch.zeros(n_all - T, dtype=torch.int64, device=self.device)))
-        loc = torch.cat((loc_phys, pad_loc))
-        args = dict(q=q, kv=proj["kv"], kv_norm_weight=self.w.kv_norm[layer], q_norm_weight=None, eps=1e-6,
-                    rope_dim=fam.rope_dim, cos=self.w.cos, sin=self.w.sin, positions=positions,
-                    rope_style="interleaved")
-        before = buf.clone()
-        out = self.path.prepare.fn(forward_mode=mode, ring=buf, loc=loc, q_out=None, **args)
-        q_out, kv_out = out["q_out"], out.get("kv_out")
-        oracle = qk_ref.qk_norm_rope_oracle(**args)
-        ref_q, ref_kv = qk_ref.qk_norm_rope(**args)
-        valid = loc >= 0
-        kv_val = kv_out if kv_out is not None else buf[loc.clamp(min=0)]  # stored by the kernel: read it back
-        tq, tkv = tolerance.lookup("qk_norm_rope", "q_out", torch.bfloat16), tolerance.lookup("qk_norm_rope", "kv_out", torch.bfloat16)
-        self._rec_numeric(step, mode, layer, "prepare:q_out", q_out[:T], oracle["q_out"][:T], ref_q[:T], tq)
-        self._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][valid[:T]], oracle["kv_out"][:T][valid[:T]],
-                          ref_kv[:T][valid[:T]], tkv)
-        # gate: extend/verify store nothing and hand kv back; decode writes exactly the valid rows
-        expect_store = mode == "decode"
-        rows = loc[valid] if expect_store else torch.empty(0, dtype=torch.long)
-        self._rec(step, mode, layer, "gate", compare.untouched("gate:prepare-writes-only-its-rows", buf, before, rows))
-        if expect_store:
-            self._rec(step, mode, layer, "gate", _exact("gate:prepare-stored", buf[loc[valid]], kv_val[valid]))
-        else:
-            self._rec(step, mode, layer, "gate", compare.Record("gate:kv-returned", kv_out is not None,
-                                                                detail="" if kv_out is not None else "prepare kept kv"))
-        return kv_val[:T].contiguous(), q_out[:T], kv_out is not None
-
-    def _prepare_mla(self, step, mode, layer, proj, loc_logical, loc_phys, pad_loc, buf):
-        fam, T = self.fam, loc_logical.shape[0]
-        n_all = proj["q_nope"].shape[0]
-        dn = fam.D - fam.rope_dim
-        args = dict(q_nope=proj["q_nope"].view(n_all, fam.H, dn), q_rope=proj["q_rope"].view(n_all, fam.H, fam.rope_dim),
-                    k_nope=proj["k_nope"], k_rope=proj["k_rope"])
-        out_loc = torch.cat((loc_logical, pad_loc))
-        phys = torch.cat((loc_phys, pad_loc))
-        before = buf.clone()
-        out = self.path.prepare.fn(**args, kv_buffer=buf, out_cache_loc=out_loc, slot_map=self.kv.slot_map,
-                                   decode_kernel_loc=phys if self.t.resolve_loc else None, save_kv_cache=True,
-                                   fused_switch=True, kv_descale=fam.kv_descale, fp8_policy="saturate")
-        q8, kn8, kr8 = mla_ref.quantize_chain(**args, fp8_dtype=buf.dtype, kv_descale=fam.kv_descale,
-                                              fp8_policy="saturate")
-        rows = torch.cat((kn8.view(torch.uint8), kr8.view(torch.uint8)), -1).view(buf.dtype)[:T]  # logical rows
-        valid = loc_phys >= 0
-        self._rec(step, mode, layer, "timeline", _exact("prepare:q8", out["q8"][:T], q8[:T]))
-        self._rec(step, mode, layer, "timeline", _exact("prepare:kv_rows", buf[loc_phys[valid]], rows[valid]))
-        want = torch.zeros(buf.shape[0], dtype=torch.int32)
-        want[loc_phys[valid].cpu()] = 1
-        self._rec(step, mode, layer, "gate", _exact("gate:each-row-written-once", out["kv_writes"].cpu(), want))
-        self._rec(step, mode, layer, "gate",
-                  compare.untouched("gate:prepare-writes-only-its-rows", buf, before, loc_phys[valid]))
-        return rows, out["q8"][:T].to(torch.bfloat16)  # fp8 -> bf16 exact
 
     # -- attention
     def _attend(self, step, mode, layer, q, k_d, v_d, chunk_rows, buf, owners, loc_logical, *, as_history,
@@ -356,8 +370,9 @@ class TimelineRun:
                     qo_indptr=qo, kv_indptr=kvp, kv_indices=idx.contiguous(), sm_scale=1.0 / math.sqrt(fam.D),
                     is_causal=fam.causal, k_scale=fam.kv_descale, v_scale=fam.kv_descale, num_kv_splits=fam.splits,
                     custom_mask=None, o=None, topk=1, model_family=fam.model_family, splitkv_switch=True)
+        attention = attention_spec()
         if mode == "extend":
-            out = va_ref.verify_attention(**args)  # prefill is setup, not the path under test
+            out = attention.reference(**args)  # prefill is setup, not the path under test
         else:
             out = self.path.attn.fn(**args)
         o = out["o"]
@@ -378,9 +393,9 @@ class TimelineRun:
         largs = dict(args, k=lk.contiguous(), v=lv.contiguous(), k_buffer=lkb, v_buffer=lvb, qo_indptr=qo_l,
                      kv_indptr=torch.tensor([0] + lens, device=self.device).cumsum(0).to(torch.int32),
                      kv_indices=torch.arange(sum(lens), dtype=torch.int32, device=self.device))
-        oracle = va_ref.verify_attention_oracle(**largs)["o"]
-        ref = va_ref.verify_attention(**largs)["o"]
-        tol = tolerance.lookup("verify_attention", "o", torch.bfloat16)
+        oracle = attention.oracle(**largs)["o"]
+        ref = attention.reference(**largs)["o"]
+        tol = attention.tolerance("o", torch.bfloat16)
         self._rec_numeric(step, mode, layer, "attn:o", o, oracle, ref, tol)
         return o
 

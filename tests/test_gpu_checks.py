@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from cases.mutants import gpu as gpu_mutants
+from cases.mutants.gpu import qk_norm_rope as qk_gpu_mutants
+from cases.mutants.gpu import verify_attention as va_gpu_mutants
 from harness import gpu_checks as gc
 from harness import gpu_runners as gr
 from harness import runners
@@ -166,9 +168,9 @@ def test_cpu_kill_matrix_says_it_skips_them(registry, device):
 
 def test_flipping_gates_flip_between_two_identical_calls():
     qk = dict(unified=True, forward_mode="target_verify", verify_switch=True)
-    assert gpu_mutants.flipping_qk_gate(**qk) != gpu_mutants.flipping_qk_gate(**qk)
+    assert qk_gpu_mutants.flipping_qk_gate(**qk) != qk_gpu_mutants.flipping_qk_gate(**qk)
     va = dict(model_family="qwen3.5", topk=1, use_mla=False, splitkv_switch=True, num_local_kv_heads=1)
-    assert gpu_mutants.flipping_verify_gate(**va) != gpu_mutants.flipping_verify_gate(**va)
+    assert va_gpu_mutants.flipping_verify_gate(**va) != va_gpu_mutants.flipping_verify_gate(**va)
 
 
 @pytest.mark.parametrize("op,mutant,cases", [

@@ -97,10 +97,10 @@ def test_store_before_attention_passes_kernel_parity_and_fails_timelines(registr
     own (per-kernel parity on the targeted catalogs passes), yet the path is wrong — and only
     the timeline's attention / visible-KV checks (not just the gate) catch it."""
     m = {x.name: x for x in mt.PATH_MUTANTS}["path-store-before-attention"]
-    for key in m.uses:
+    for key in m.kernels(registry):
         impl = registry.impls[key]
         spec = registry.ops[impl.op]
-        for name in mt.PARITY_CASES[impl.op][:2]:
+        for name in spec.kill.cases[:2]:
             case = {c.name: c for c in spec.catalog(big=True)}[name]
             res = runners.run_case(spec, impl, case, device, determinism=False, poisoned=False)
             assert not res.refused and all(r.passed for r in res.records), f"{key} fails parity on {name}"

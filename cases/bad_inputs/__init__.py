@@ -46,7 +46,8 @@ reproduces it as printed.
     python -m cases.bad_inputs [--device cpu|cuda] [--classes NAME|GROUP ...] [--ops ...] [--examples N]
     python -m cases.bad_inputs --list
 
-Modules: ``args`` (each op's arguments), ``targets`` (entry points, their limits, the valid cases),
+Modules: ``<op>`` (one per op: its arguments, entry points and valid cases, of the types in
+``declared``), ``args`` (each op's arguments), ``targets`` (entry points, their limits, the valid cases),
 ``surgery`` (views with junk in their storage, byte snapshots), ``badclass`` and the three families
 ``classes_layout`` / ``classes_values`` / ``classes_call``, ``strategies`` (every class, the plan),
 ``call`` (one call, classified), ``runner`` (the worker subprocess and the pool), ``cli`` (the

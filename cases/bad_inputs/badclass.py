@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from cases.bad_inputs.args import tensor_args
+from cases.bad_inputs.args import args_of, tensor_args
 from reference.checks import VerifyParityInputError
 
 
@@ -70,7 +70,7 @@ def _tokens(case, n: int = 2):
 def _two_rows(op, a, case, p):
     """At least two rows in every tensor (a view of one row is contiguous whatever its strides, and
     a value in the only row leaves nothing finite to measure): two tokens, positions, prefix keys."""
-    if op == "verify_attention":
+    if args_of(op, "indptr"):  # per-request structure: two draft rows per request
         return _tokens(dataclasses.replace(case, L=max(2, case.L)))
     return _replace(_tokens(case), max_pos=max(2, getattr(case, "max_pos", 2)))
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from cases.bad_inputs.args import MODULES
 from cases.bad_inputs.badclass import BadClass, Ctx
 from cases.bad_inputs.strategies import CLASSES, Job
 from cases.bad_inputs.surgery import changed, snapshot
@@ -18,11 +19,6 @@ from reference.checks import VerifyParityInputError
 
 OUTCOMES = ("typed-error", "correct", "crash", "segfault", "hang", "wrong", "partial-write", "refused", "misnamed")
 GOOD = ("typed-error", "correct")
-
-
-def _provide_o(kw, ctx):
-    q, v = kw["q"], kw["v"]
-    kw["o"] = torch.full((q.shape[0], q.shape[1], v.shape[2]), float("nan"), dtype=q.dtype, device=q.device)
 
 
 def _device_fault(exc: BaseException) -> bool:
@@ -46,8 +42,9 @@ def build(job: Job, device) -> tuple[Any, dict, dict, dict, BadClass]:
     case = parse_case(spec.case_type, job.case.split(":", 1)[1])
     c, p, ctx = CLASSES[job.cls], dict(job.params), Ctx(job.op, case, device)
     base = spec.build_inputs(case, device)
-    if job.op == "verify_attention" and job.arg == "o":
-        _provide_o(base, ctx)
+    provide = getattr(MODULES[job.op], "provide_out", None)  # a job on an output the case leaves to the op
+    if provide is not None and job.arg in getattr(MODULES[job.op], "PROVIDED_OUTS", ()):
+        provide(base, job.arg, ctx)
     bad = copy.deepcopy(base)
     c.apply(bad, job.arg, p, ctx)
     return case, base, bad, p, c

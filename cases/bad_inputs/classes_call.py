@@ -10,6 +10,11 @@ from cases.bad_inputs.badclass import BadClass, _A, _E, _any_tensor, _c, _replac
 from reference import checks
 
 
+def _trees(op):
+    """The whole call of an op that takes a tree width (``topk``): it may carry a tree mask."""
+    return ("*",) if args_of(op, "int", only=("topk",)) else ()
+
+
 def _scalar_value(kw, a):
     v = kw[a]
     return 0.5 if v is None else v
@@ -90,33 +95,33 @@ CLASSES: tuple[BadClass, ...] = (  # in report order
     _c("enum-none", "None for an enum string", _E, lambda op: args_of(op, "enum"),
        lambda kw, a, p, ctx: kw.update({a: None}), value=lambda p: "None"),
     _c("knob-splits-huge", "an unbounded num_kv_splits (10**4, 2**16)", _E,
-       lambda op: ("num_kv_splits",) if op == "verify_attention" else (),
+       lambda op: args_of(op, "int", only=("num_kv_splits",)),
        lambda kw, a, p, ctx: kw.update({a: p["v"]}),
        params=lambda op, a: st.sampled_from((10 ** 4, 2 ** 16)).map(lambda v: {"v": v}), value=lambda p: str(p["v"])),
     _c("knob-nonpositive", "0 or -1 for a count (num_kv_splits, topk, rope_dim)", _E, lambda op: args_of(op, "int"),
        lambda kw, a, p, ctx: kw.update({a: p["v"]}), params=lambda op, a: st.sampled_from((0, -1)).map(
            lambda v: {"v": v}), value=lambda p: str(p["v"])),
     _c("knob-rope-dim", "rope_dim odd, larger than head_dim, or not dividing it", _E,
-       lambda op: ("rope_dim",) if op == "qk_norm_rope" else (),
+       lambda op: args_of(op, "int", only=("rope_dim",)),
        lambda kw, a, p, ctx: kw.update({a: {"odd": kw[a] - 1, "wide": 2 * kw["q"].shape[-1],
                                             "non-divisor": 3 * kw["q"].shape[-1] // 4 // 2 * 2 + 2}[p["how"]]}),
        params=lambda op, a: st.sampled_from(("odd", "wide", "non-divisor")).map(lambda h: {"how": h})),
     # ------------------------------------------------------------------ trees (topk > 1)
     _c("tree-topk2", "topk 2 with a tree mask: legal for the chain, the SDPA path and the dispatch (which must "
        "route it away from the kernels); the kernels read no tree mask and must refuse it", _A,
-       lambda op: ("*",) if op == "verify_attention" else (), _identity_tree,
+       _trees, _identity_tree,
        prepare=lambda op, a, case, p: _replace(case, L=max(2, case.L), is_causal=True),
        names=lambda op, a: ("topk", "custom_mask")),
-    _c("tree-mask-at-topk1", "a tree mask at topk 1", _E, lambda op: ("*",) if op == "verify_attention" else (),
+    _c("tree-mask-at-topk1", "a tree mask at topk 1", _E, _trees,
        _tree_then(lambda kw: kw.update(topk=1)), prepare=lambda op, a, case, p: _replace(case, L=max(2, case.L)),
        names=lambda op, a: ("custom_mask", "topk")),
-    _c("tree-topk2-no-mask", "topk 2 without a tree mask", _E, lambda op: ("*",) if op == "verify_attention" else (),
+    _c("tree-topk2-no-mask", "topk 2 without a tree mask", _E, _trees,
        lambda kw, a, p, ctx: kw.update(topk=2, custom_mask=None), names=lambda op, a: ("custom_mask", "topk")),
     _c("tree-mask-length", "a tree mask one element too long", _E,
-       lambda op: ("*",) if op == "verify_attention" else (),
+       _trees,
        _tree_then(lambda kw: kw.update(custom_mask=torch.cat([kw["custom_mask"], kw["custom_mask"][:1]]))),
        prepare=lambda op, a, case, p: _replace(case, L=max(2, case.L)), names=lambda op, a: ("custom_mask",)),
-    _c("tree-mask-not-bool", "a uint8 tree mask", _E, lambda op: ("*",) if op == "verify_attention" else (),
+    _c("tree-mask-not-bool", "a uint8 tree mask", _E, _trees,
        _tree_then(lambda kw: kw.update(custom_mask=kw["custom_mask"].to(torch.uint8))),
        prepare=lambda op, a, case, p: _replace(case, L=max(2, case.L)), names=lambda op, a: ("custom_mask",)),
     # ------------------------------------------------------------------ devices

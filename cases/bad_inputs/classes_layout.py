@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from cases.bad_inputs.args import ARGS, FLOAT_DATA_KINDS, FP8, INDEX_KINDS, arg, args_of, tensor_args
+from cases.bad_inputs.args import ARGS, FLOAT_DATA_KINDS, FP8, INDEX_KINDS, MODULES, OPS, arg, args_of, tensor_args
 from cases.bad_inputs.badclass import BadClass, _A, _E, _any_tensor, _c, _junks, _replace, _set, \
     _two_rows
 from cases.bad_inputs.surgery import cat, fill_, interleaved_view, offset_view, rows_view
@@ -15,21 +15,30 @@ def _swap_fp8(dtype):
     return torch.float8_e4m3fnuz if dtype == torch.float8_e4m3fn else torch.float8_e4m3fn
 
 
+def _per_request(op: str) -> bool:
+    """Whether the op's call has per-request structure (indptr arguments)."""
+    return bool(args_of(op, "indptr"))
+
+
+def _mismatched(which: str):
+    """The op's arguments that ``shape-<which>-mismatch`` breaks (its module's ``MISMATCHED``)."""
+    return lambda op: getattr(MODULES[op], "MISMATCHED", {}).get(which, ())
+
+
 def _t0(kw, a, p, ctx):
-    if ctx.op == "verify_attention":
+    if _per_request(ctx.op):
         for k in ("q", "k", "v"):
             kw[k] = kw[k][:0]
         kw["qo_indptr"] = torch.zeros_like(kw["qo_indptr"])
         return
-    per_token = ("q", "kv", "positions", "loc", "q_out") if ctx.op == "qk_norm_rope" else \
-        ("q_nope", "q_rope", "k_nope", "k_rope", "out_cache_loc", "decode_kernel_loc")
+    per_token = args_of(ctx.op, "data", "index", "slots", "out")
     for k in per_token:
         if kw.get(k) is not None:
             kw[k] = kw[k][:0]
 
 
 def _all_padding(kw, a, p, ctx):
-    for k in (("loc",) if ctx.op == "qk_norm_rope" else ("out_cache_loc", "decode_kernel_loc")):
+    for k in args_of(ctx.op, "slots"):
         if kw.get(k) is not None:
             kw[k] = torch.full_like(kw[k], -1)
 
@@ -60,7 +69,7 @@ def _v_wider(kw, a, p, ctx):
 
 def _foreign_format(kw, a, p, ctx):
     """The KV buffers in the other fp8 format: mla's pool reinterpreted (stale bytes), verify's values converted."""
-    if ctx.op == "mla_fp8_prepare":
+    if args_of(ctx.op, "buffer", only=("kv_buffer",)):  # the pool the prepare writes
         kw["kv_buffer"] = kw["kv_buffer"].view(_swap_fp8(kw["kv_buffer"].dtype))
         return
     other = _swap_fp8(kw["k_buffer"].dtype)
@@ -71,13 +80,13 @@ def _foreign_format(kw, a, p, ctx):
 
 
 FLOATS = (torch.float32, torch.float16, torch.float64, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
-ALLOWED = {  # (op, arg) -> dtypes its contract takes; every other tensor argument: bf16
-    ("qk_norm_rope", "kv_norm_weight"): (torch.bfloat16, torch.float32),
-    ("qk_norm_rope", "q_norm_weight"): (torch.bfloat16, torch.float32),
-    ("qk_norm_rope", "cos"): (torch.float32,), ("qk_norm_rope", "sin"): (torch.float32,),
-    ("mla_fp8_prepare", "kv_buffer"): FP8,
-    ("verify_attention", "k_buffer"): (torch.bfloat16, *FP8), ("verify_attention", "v_buffer"): (torch.bfloat16, *FP8),
-}
+# (op, arg) -> dtypes its contract takes (its module's DTYPES); every other tensor argument: bf16
+ALLOWED = {(op, a): d for op, mod in MODULES.items() for a, d in getattr(mod, "DTYPES", {}).items()}
+
+
+def _fp8_kv(op: str) -> bool:
+    """Whether the op takes KV buffers in fp8."""
+    return any(set(FP8) <= set(d) for (o, _), d in ALLOWED.items() if o == op)
 
 
 def _wrong_float(op, a):
@@ -97,8 +106,8 @@ CLASSES: tuple[BadClass, ...] = (  # in report order
        lambda op: tuple(a.name for a in ARGS[op] if a.kind in ("data", "buffer") and a.layout in ("rows", "any")),
        lambda kw, a, p, ctx: _set(kw, a, lambda t: rows_view(t, p["junk"])), params=_junks("nan", "huge"), prepare=_two_rows),
     _c("stride-inner", "innermost stride 2 (every other element of an interleaved tensor, junk between): qk and "
-       "verify take a unit innermost stride only; mla's contract takes any strides", {
-           "qk_norm_rope": _E, "verify_attention": _E, "mla_fp8_prepare": _A},
+       "verify take a unit innermost stride only; mla's contract takes any strides",
+       {op: _A if args_of(op, "data", layout=("any",)) else _E for op in OPS},
        lambda op: tuple(a.name for a in ARGS[op] if a.kind in ("data", "buffer") and a.layout in ("rows", "any")),
        lambda kw, a, p, ctx: _set(kw, a, lambda t: interleaved_view(t, p["junk"])), params=_junks("nan", "huge"),
        error=checks.LayoutError, prepare=_two_rows),
@@ -131,11 +140,11 @@ CLASSES: tuple[BadClass, ...] = (  # in report order
        error=checks.DTypeError),
     _c("dtype-fp8-foreign-format", "the KV buffers in the other fp8 e4m3 format (e4m3fnuz on NVIDIA, e4m3fn on "
        "gfx942; either on the CPU): legal; a kernel that has no conversion for it refuses with a typed error", _A,
-       lambda op: ("*",) if op != "qk_norm_rope" else (), _foreign_format,
-       prepare=lambda op, a, case, p: _replace(case, kv_dtype="e4m3fn") if op == "verify_attention" and
-       case.kv_dtype == "bf16" else case, names=lambda op, a: ("kv_buffer", "k_buffer", "v_buffer")),
+       lambda op: ("*",) if _fp8_kv(op) else (), _foreign_format,
+       prepare=lambda op, a, case, p: _replace(case, kv_dtype="e4m3fn") if getattr(case, "kv_dtype", None) == "bf16"
+       else case, names=lambda op, a: ("kv_buffer", "k_buffer", "v_buffer")),
     _c("dtype-fp8-mixed", "k_buffer and v_buffer in different fp8 formats", _E,
-       lambda op: ("v_buffer",) if op == "verify_attention" else (),
+       lambda op: args_of(op, "data", only=("v_buffer",)),
        lambda kw, a, p, ctx: _set(kw, a, lambda t: t.view(_swap_fp8(t.dtype))),
        prepare=lambda op, a, case, p: _replace(case, kv_dtype="e4m3fn" if case.kv_dtype == "bf16" else case.kv_dtype),
        error=checks.DTypeError),
@@ -150,39 +159,31 @@ CLASSES: tuple[BadClass, ...] = (  # in report order
     _c("rank-0d", "a 0-d tensor for a tensor argument", _E, _any_tensor,
        lambda kw, a, p, ctx: _set(kw, a, lambda t: t.reshape(-1)[0].clone()), error=checks.RankError),
     _c("shape-token-mismatch", "one more token row than the other per-token arguments", _E,
-       lambda op: {"qk_norm_rope": ("kv", "positions", "loc", "q_out"),
-                   "mla_fp8_prepare": ("q_rope", "k_nope", "k_rope", "out_cache_loc", "decode_kernel_loc"),
-                   "verify_attention": ("k", "v", "o")}[op],
-       lambda kw, a, p, ctx: _set(kw, a, lambda t: cat([t, t[:1]], 0)),
-       names=lambda op, a: (a, *{"mla_fp8_prepare": ("q_nope", "out_cache_loc", "decode_kernel_loc")}.get(op, ()))),
+       _mismatched("token"), lambda kw, a, p, ctx: _set(kw, a, lambda t: cat([t, t[:1]], 0)),
+       names=lambda op, a: (a, *getattr(MODULES[op], "MISMATCHED", {}).get("token-names", ()))),
     _c("shape-head-mismatch", "one more head than the other arguments have", _E,
-       lambda op: {"qk_norm_rope": ("q_out",), "mla_fp8_prepare": ("q_rope",),
-                   "verify_attention": ("v", "k_buffer", "v_buffer", "o")}[op],
-       lambda kw, a, p, ctx: _set(kw, a, lambda t: cat([t, t[:, :1]], 1))),
+       _mismatched("head"), lambda kw, a, p, ctx: _set(kw, a, lambda t: cat([t, t[:, :1]], 1))),
     _c("shape-dim-mismatch", "one more element on the last axis than the other arguments have", _E,
-       lambda op: {"qk_norm_rope": ("kv", "kv_norm_weight", "q_norm_weight", "cos", "sin", "ring", "q_out"),
-                   "mla_fp8_prepare": ("k_nope", "k_rope", "kv_buffer"),
-                   "verify_attention": ("k", "k_buffer", "v_buffer", "o")}[op],
-       lambda kw, a, p, ctx: _set(kw, a, lambda t: cat([t, t[..., :1]], -1))),
+       _mismatched("dim"), lambda kw, a, p, ctx: _set(kw, a, lambda t: cat([t, t[..., :1]], -1))),
     _c("shape-gqa-indivisible", "num_heads not a multiple of num_kv_heads (H + 1 KV heads)", _E,
-       lambda op: ("*",) if op == "verify_attention" else (), _gqa_indivisible, names=lambda op, a: ("k",)),
-    _c("shape-v-wider", "v_head_dim larger than head_dim", _E, lambda op: ("*",) if op == "verify_attention" else (),
+       lambda op: ("*",) if _per_request(op) else (), _gqa_indivisible, names=lambda op, a: ("k",)),
+    _c("shape-v-wider", "v_head_dim larger than head_dim", _E, lambda op: ("*",) if _per_request(op) else (),
        _v_wider, names=lambda op, a: ("v",)),
     # ------------------------------------------------------------------ sizes
     _c("size-t0", "no tokens: legal for qk and mla (empty outputs, nothing written); verify needs a draft token "
-       "per request", {"qk_norm_rope": _A, "mla_fp8_prepare": _A, "verify_attention": _E}, lambda op: ("*",), _t0,
+       "per request", {op: _E if _per_request(op) else _A for op in OPS}, lambda op: ("*",), _t0,
        names=lambda op, a: ("qo_indptr",)),
-    _c("size-b0", "no requests (qo_indptr of one entry)", _E, lambda op: ("*",) if op == "verify_attention" else (),
+    _c("size-b0", "no requests (qo_indptr of one entry)", _E, lambda op: ("*",) if _per_request(op) else (),
        lambda kw, a, p, ctx: kw.update(q=kw["q"][:0], k=kw["k"][:0], v=kw["v"][:0], qo_indptr=kw["qo_indptr"][:1],
                                        kv_indptr=kw["kv_indptr"][:1]), names=lambda op, a: ("qo_indptr",)),
     _c("size-empty-prefix", "every request with an empty prefix (kv_indptr all zero): legal", _A,
-       lambda op: ("*",) if op == "verify_attention" else (),
+       lambda op: ("*",) if _per_request(op) else (),
        lambda kw, a, p, ctx: kw.update(kv_indptr=torch.zeros_like(kw["kv_indptr"]))),
     _c("size-all-padding", "every write slot padding (-1): legal, nothing written", _A,
-       lambda op: ("*",) if op != "verify_attention" else (), _all_padding,
+       lambda op: ("*",) if args_of(op, "slots") else (), _all_padding,
        prepare=lambda op, a, case, p: _replace(case, mode="decode")),
     _c("size-head-dim-0", "an empty head dim (Dn = 0 or R = 0)", _E,
-       lambda op: ("*",) if op == "mla_fp8_prepare" else (), _head_dim0,
+       lambda op: ("*",) if len(args_of(op, "data", only=("q_nope", "q_rope"))) == 2 else (), _head_dim0,
        params=lambda op, a: st.sampled_from(("Dn", "R")).map(lambda w: {"which": w}),
        names=lambda op, a: ("q_nope", "q_rope")),
 )

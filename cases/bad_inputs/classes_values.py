@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from cases.bad_inputs.args import FP8, args_of
+from cases.bad_inputs.args import FP8, MODULES, args_of
 from cases.bad_inputs.badclass import BadClass, _A, _E, _c, _first_real, _junks, _replace, _set, _tokens, \
     _two_rows
 from cases.bad_inputs.surgery import _elem, _junk, fill_, fill_rows_nan
@@ -25,41 +25,16 @@ def _index_high(op: str, a: str, kw: dict) -> int:
     return kw["kv_buffer"].shape[0]  # slot_map, decode_kernel_loc
 
 
-def _prefix_swap_away_slot0(kw):
-    """kv_indices never read pool row 0 (SGLang's reserved padding slot): swap it for an unread row."""
-    idx, n = kw["kv_indices"], int(kw["kv_indptr"][-1])
-    used = set(idx[:n].tolist())
-    if 0 in used:
-        free = next(r for r in range(1, kw["k_buffer"].shape[0]) if r not in used)
-        idx[idx == 0] = free
-
-
-def _unread_rows(kw) -> torch.Tensor:
-    n = int(kw["kv_indptr"][-1])
-    keep = torch.ones(kw["k_buffer"].shape[0], dtype=torch.bool)
-    keep[kw["kv_indices"][:n].long().cpu()] = False
-    return torch.nonzero(keep).flatten()
+def fill_unread_nan(t: torch.Tensor, used: torch.Tensor, size: int) -> None:
+    """NaN in every row of ``t`` (``size`` rows) that ``used`` (row indices, negative = padding) does not name."""
+    keep = torch.ones(size, dtype=torch.bool)
+    keep[used[used >= 0]] = False
+    fill_rows_nan(t, torch.nonzero(keep).flatten())
 
 
 def _nan_unread(kw, a, p, ctx):
-    if ctx.op == "verify_attention":
-        _prefix_swap_away_slot0(kw)
-        rows = _unread_rows(kw)
-        fill_rows_nan(kw["k_buffer"], rows)
-        if kw["v_buffer"].untyped_storage().data_ptr() != kw["k_buffer"].untyped_storage().data_ptr():
-            fill_rows_nan(kw["v_buffer"], rows)
-        return
-    if ctx.op == "qk_norm_rope":
-        used = kw["positions"].long().cpu() if a in ("cos", "sin") else kw["loc"].long().cpu()
-        size = kw[a].shape[0]
-    else:
-        phys = kw["decode_kernel_loc"] if kw["decode_kernel_loc"] is not None else kw["out_cache_loc"]
-        used, size = phys.long().cpu(), kw["kv_buffer"].shape[0]
-        if kw["slot_map"] is not None and kw["decode_kernel_loc"] is None:
-            used = torch.where(used >= 0, kw["slot_map"].cpu().long()[used.clamp(min=0)], -1)
-    keep = torch.ones(size, dtype=torch.bool)
-    keep[used[used >= 0]] = False
-    fill_rows_nan(kw[a], torch.nonzero(keep).flatten())
+    """NaN in every row of ``a`` the call must not read: the op module's ``nan_unread``."""
+    MODULES[ctx.op].nan_unread(kw, a, p, ctx)
 
 
 def _value_at(kind: str):
@@ -81,7 +56,7 @@ def _value_at(kind: str):
         if kind == "subnormal":  # bf16: 2^-3 of the smallest normal; fp8: 2^-9
             val = p["sign"] * (torch.finfo(t.dtype).tiny / 8 if t.dtype not in FP8 else 2.0 ** -9)
         else:
-            big = {"mla_fp8_prepare": float(torch.finfo(t.dtype).max)}.get(ctx.op, 1e15)
+            big = float(torch.finfo(t.dtype).max) if getattr(MODULES[ctx.op], "HUGE_IS_MAX", False) else 1e15
             val = p["sign"] * (float(torch.finfo(t.dtype).max) if t.dtype in FP8 else big)
         fill_(t[rows], val)
     return apply
@@ -95,13 +70,9 @@ def _nan_masked_key(kw, a, p, ctx):
 
 
 def _value_args(op: str, kind: str) -> tuple[str, ...]:
-    if op == "qk_norm_rope":
-        return ("q", "kv") if kind in ("subnormal", "huge") else args_of(op, "data", "param", "table")
-    if op == "mla_fp8_prepare":
-        return args_of(op, "data")
-    if kind == "inf":  # inf in v meets 0 weights (0·inf): its NaN placement is the product's order
-        return ("q", "k", "k_buffer")
-    return args_of(op, "data")
+    """The arguments a value class of ``kind`` breaks: the op module's ``value_args``, else its data."""
+    mod = MODULES[op]
+    return mod.value_args(kind) if hasattr(mod, "value_args") else args_of(op, "data")
 
 
 def _values_params(op, a):
@@ -190,15 +161,13 @@ CLASSES: tuple[BadClass, ...] = (  # in report order
        _value_at("huge"), params=_values_params, prepare=_two_rows),
     _c("value-nan-masked-key", "NaN in the score of a draft key the causal mask hides from every draft but the last "
        "(a dim of k that v does not share): only the last draft's output is NaN", _A,
-       lambda op: ("k",) if op == "verify_attention" else (), _nan_masked_key,
+       lambda op: args_of(op, "data", only=("k",)) if args_of(op, "indptr") else (), _nan_masked_key,
        prepare=lambda op, a, case, p: _replace(case, L=max(2, case.L), is_causal=True)),
     _c("value-nan-unread", "NaN in every row a call must not read (rope-table rows off the positions, pool rows "
        "off the prefix: slot 0 included, ring / KV rows it does not write)", _A,
-       lambda op: {"qk_norm_rope": ("cos", "sin", "ring"), "mla_fp8_prepare": ("kv_buffer",),
-                   "verify_attention": ("k_buffer",)}[op], _nan_unread,
-       prepare=lambda op, a, case, p: _replace(case, B=max(2, getattr(case, "B", 1)), prefix="mixed:6")
-       if op == "verify_attention" else case,
-       canon=lambda kw, a, p, ctx: _prefix_swap_away_slot0(kw) if ctx.op == "verify_attention" else None),
+       lambda op: MODULES[op].UNREAD, _nan_unread,
+       prepare=lambda op, a, case, p: getattr(MODULES[op], "nan_unread_case", lambda case: case)(case),
+       canon=lambda kw, a, p, ctx: getattr(MODULES[ctx.op], "nan_unread_canon", lambda kw: None)(kw)),
     # ------------------------------------------------------------------ scalars
     _c("value-nan-scale", "NaN for a float scalar (eps, kv_descale, sm_scale, k_scale, v_scale)", _E,
        lambda op: args_of(op, "float"), lambda kw, a, p, ctx: kw.update({a: float("nan")}), value=lambda p: "nan"),
@@ -231,7 +200,7 @@ CLASSES: tuple[BadClass, ...] = (  # in report order
        lambda op: args_of(op, "slots"), _padding_junk, prepare=_padding_prepare,
        canon=lambda kw, a, p, ctx: _set(kw, a, lambda t: torch.where(t < 0, torch.full_like(t, -1), t))),
     _c("index-unused-tail", "kv_indices longer than kv_indptr[-1], the unused tail junk: legal", _A,
-       lambda op: ("kv_indices",) if op == "verify_attention" else (), _unused_tail,
+       lambda op: args_of(op, "index", only=("kv_indices",)), _unused_tail,
        params=_junks("huge", "negative"), canon=lambda kw, a, p, ctx: None),
     _c("index-indptr-non-monotone", "an indptr that falls", _E, lambda op: args_of(op, "indptr"),
        _indptr_non_monotone, prepare=lambda op, a, case, p: _replace(case, B=max(2, getattr(case, "B", 1)))),

@@ -59,3 +59,23 @@ MUTANTS = [
          doc="seed 000: in-kernel ring store left on in target-verify; drafts become history",
          catches=("untouched:ring", "numeric:kv_out")),
 ]
+
+
+def _rope_swapped_on_kv(*, forward_mode, ring, loc, q, q_norm_weight, eps, cos, sin, positions, rope_dim,
+                        rope_style, q_out, kv, kv_norm_weight):
+    """kv rotated with the other rope style (neox <-> interleaved); q correct."""
+    other = "neox" if rope_style == "interleaved" else "interleaved"
+    q_res = r.q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out)
+    kv_res = r.kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, other)
+    if forward_mode == "decode":
+        r.ring_store(kv_res, ring, loc)
+    return {"q_out": q_res, "kv_out": kv_res}
+
+
+# store-timing: its bug shows in the timelines (the ring holds mis-rotated keys); registered after
+# every op's MUTANTS (cases.mutants.register)
+TIMELINE_MUTANTS = [
+    Impl("qk_norm_rope", "mutant-rope-style-swapped-kv", "mutant", _rope_swapped_on_kv,
+         doc="seed 000 class: rope style swapped on the kv side only, so the ring holds mis-rotated keys",
+         catches=("numeric:kv_out", "effect:ring")),
+]

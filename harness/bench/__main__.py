@@ -1,6 +1,6 @@
 """Every op benchmark in one run: ``python -m harness.bench --out DIR [--quick] [--op OP ...]``.
 
-Runs qk_norm_rope, mla_fp8_prepare and verify_attention (or the ``--op`` ones) on the GPU, prints
+Runs every op with a benchmark (``OpSpec.bench``; or the ``--op`` ones) on the GPU, prints
 progress and a summary of speedups per (op, impl), and writes DIR/perf.csv (one
 ``reports.rows.PerfRow`` per (op, impl, shape): p20/p50/p80, ratios to the reference chain and to
 torch.compile of it, achieved bandwidth against the measured copy bandwidth, launches) plus each
@@ -11,13 +11,16 @@ launches than it must. Without a GPU: says that nothing was measured, writes not
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
 from harness import usage
-from harness.bench import mla_fp8_prepare, perf, qk_norm_rope, verify_attention
+from harness.bench import perf
+from harness.ops import builtin_specs
 
-OPS = {m.OP: m for m in (qk_norm_rope, mla_fp8_prepare, verify_attention)}
+# op name -> its benchmark module (OpSpec.bench), in harness.ops.BUILTIN order
+OPS = {name: importlib.import_module(spec.bench) for name, spec in builtin_specs().items() if spec.bench}
 
 
 def parser() -> argparse.ArgumentParser:

@@ -184,5 +184,44 @@ def main(argv: list[str] | None = None) -> int:
                         shapes={OP: shapes(args.quick, args.b, args.h)})
 
 
+# ----------------------------------------------------------------------------- wrapper checks
+
+def wrapper_entries(dev, small: bool) -> list:
+    """The fused wrappers' entries for ``harness.bench.wrapper_checks`` (host cost of their argument
+    checks) on hot-path shapes; ``small``: the CPU's."""
+    from cases import mla_fp8_prepare as c
+    from fused import mla_fp8_prepare as f
+    from harness.bench.wrapper_checks import Entry
+    from reference import mla_fp8_prepare as r
+
+    T, H, Dn, R = (8, 4, 64, 16) if small else (256, 64, 512, 64)  # B 64 x L 4
+    case = c.MlaFp8PrepareCase(T=T, H=H, Dn=Dn, R=R, kv_descale=0.37, specials=0.0, seed=1)
+    step_args = ("out_cache_loc", "slot_map", "decode_kernel_loc", "save_kv_cache", "fused_switch")
+
+    def build_kernel():
+        kw = c.build_inputs(case, dev)
+        kw["loc"] = kw["decode_kernel_loc"]
+        return {k: v for k, v in kw.items() if k not in step_args}
+
+    def step_validate_args(kw):  # validate on the rows the kernel writes (the step resolves decode_kernel_loc)
+        return {k: kw[k] for k in ("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "kv_descale", "fp8_policy")} \
+            | {"loc": kw["decode_kernel_loc"]}
+
+    # the step checks the data tensors before it asks covered() about them (a checkout older than
+    # validate_tensors has no such call)
+    tensors_args = lambda kw: {k: v for k, v in step_validate_args(kw).items() if k != "loc"}  # noqa: E731
+    tensors_first = ((r, "validate_tensors", tensors_args),) if hasattr(r, "validate_tensors") else ()
+    shape = f"T={T},H={H},Dn={Dn},R={R}"
+    return [
+        Entry(OP, "fused.mla_fp8_prepare", shape, build_kernel, f.mla_fp8_prepare,
+              ((r, "validate", lambda kw: kw),)),
+        Entry(OP, "fused.mla_fp8_prepare_step", shape, lambda: c.build_inputs(case, dev),
+              f.mla_fp8_prepare_step,
+              ((r, "validate_pool", lambda kw: {k: kw[k] for k in ("kv_buffer", "out_cache_loc", "slot_map",
+                                                                     "decode_kernel_loc")}),
+               *tensors_first, (r, "validate", step_validate_args))),
+    ]
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -147,5 +147,33 @@ def main(argv: list[str] | None = None) -> int:
     return perf.run_ops([sys.modules[__name__]], out=args.out, quick=args.quick, nested=False, prog=ap.prog)
 
 
+# ----------------------------------------------------------------------------- wrapper checks
+
+def wrapper_entries(dev, small: bool) -> list:
+    """The fused wrappers' entries for ``harness.bench.wrapper_checks`` (host cost of their argument
+    checks) on hot-path shapes; ``small``: the CPU's."""
+    from cases import qk_norm_rope as c
+    from fused import qk_norm_rope as f
+    from harness.bench.wrapper_checks import Entry
+    from reference import qk_norm_rope as r
+
+    H, D, R, Ts = (4, 64, 32, (5, 64)) if small else (16, 512, 64, (5, 64, 1280))
+    out = []
+    for T in Ts:
+        for mode in ("target_verify", "decode"):
+            case = c.QkNormRopeCase(T=T, H=H, D=D, R=R, mode=mode, seed=T)
+
+            def build(case=case, mode=mode):
+                kw = c.build_inputs(case, dev)
+                kw.pop("forward_mode")
+                if mode != "decode":  # target-verify: no store in the launch
+                    kw["ring"] = kw["loc"] = None
+                return kw
+
+            out.append(Entry(OP, "fused.qk_norm_rope", f"{mode},T={T},H={H},D={D}", build,
+                             f.qk_norm_rope, ((r, "validate", lambda kw: kw),)))
+    return out
+
+
 if __name__ == "__main__":
     sys.exit(main())

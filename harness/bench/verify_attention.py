@@ -265,5 +265,25 @@ def main(argv: list[str] | None = None) -> int:
                         shapes={OP: picked})
 
 
+# ----------------------------------------------------------------------------- wrapper checks
+
+def wrapper_entries(dev, small: bool) -> list:
+    """The fused wrappers' entries for ``harness.bench.wrapper_checks`` (host cost of their argument
+    checks) on hot-path shapes; ``small``: the CPU's."""
+    from cases import verify_attention as c
+    from fused import verify_attention as f
+    from harness.bench.wrapper_checks import Entry
+    from reference import verify_attention as r
+
+    B, H, D, n = (2, 4, 64, 64) if small else (8, 16, 256, 4096)
+    case = c.VerifyAttentionCase(B=B, L=4, H=H, Hkv=1, D=D, Dv=D, prefix=f"const:{n}", splits=8, family="qwen3.5",
+                                 seed=2)
+    shape = f"gqa,B={B},L=4,H={H},D={D},prefix={n},splits=8"
+    ref_args = lambda kw: kw  # noqa: E731  (the wrappers take validate's arguments)
+    return [Entry(OP, name, shape, lambda: c.build_inputs(case, dev), fn, ((r, "validate", ref_args),))
+            for name, fn in (("fused.verify_split_kv", f.verify_split_kv), ("fused.verify_shared_kv", f.verify_shared_kv),
+                             ("fused.verify_attention", f.verify_attention))]
+
+
 if __name__ == "__main__":
     sys.exit(main())

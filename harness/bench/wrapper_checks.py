@@ -63,80 +63,19 @@ class Entry:
     validators: tuple[tuple[object, str, Callable[[dict], dict]], ...]  # (module, name, kw -> its arguments)
 
 
-def _qk_entries(dev, small: bool) -> list[Entry]:
-    from cases import qk_norm_rope as c
-    from fused import qk_norm_rope as f
-    from reference import qk_norm_rope as r
-
-    H, D, R, Ts = (4, 64, 32, (5, 64)) if small else (16, 512, 64, (5, 64, 1280))
-    out = []
-    for T in Ts:
-        for mode in ("target_verify", "decode"):
-            case = c.QkNormRopeCase(T=T, H=H, D=D, R=R, mode=mode, seed=T)
-
-            def build(case=case, mode=mode):
-                kw = c.build_inputs(case, dev)
-                kw.pop("forward_mode")
-                if mode != "decode":  # target-verify: no store in the launch
-                    kw["ring"] = kw["loc"] = None
-                return kw
-
-            out.append(Entry("qk_norm_rope", "fused.qk_norm_rope", f"{mode},T={T},H={H},D={D}", build,
-                             f.qk_norm_rope, ((r, "validate", lambda kw: kw),)))
-    return out
-
-
-def _mla_entries(dev, small: bool) -> list[Entry]:
-    from cases import mla_fp8_prepare as c
-    from fused import mla_fp8_prepare as f
-    from reference import mla_fp8_prepare as r
-
-    T, H, Dn, R = (8, 4, 64, 16) if small else (256, 64, 512, 64)  # B 64 x L 4
-    case = c.MlaFp8PrepareCase(T=T, H=H, Dn=Dn, R=R, kv_descale=0.37, specials=0.0, seed=1)
-    step_args = ("out_cache_loc", "slot_map", "decode_kernel_loc", "save_kv_cache", "fused_switch")
-
-    def build_kernel():
-        kw = c.build_inputs(case, dev)
-        kw["loc"] = kw["decode_kernel_loc"]
-        return {k: v for k, v in kw.items() if k not in step_args}
-
-    def step_validate_args(kw):  # validate on the rows the kernel writes (the step resolves decode_kernel_loc)
-        return {k: kw[k] for k in ("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "kv_descale", "fp8_policy")} \
-            | {"loc": kw["decode_kernel_loc"]}
-
-    # the step checks the data tensors before it asks covered() about them (a checkout older than
-    # validate_tensors has no such call)
-    tensors_args = lambda kw: {k: v for k, v in step_validate_args(kw).items() if k != "loc"}  # noqa: E731
-    tensors_first = ((r, "validate_tensors", tensors_args),) if hasattr(r, "validate_tensors") else ()
-    shape = f"T={T},H={H},Dn={Dn},R={R}"
-    return [
-        Entry("mla_fp8_prepare", "fused.mla_fp8_prepare", shape, build_kernel, f.mla_fp8_prepare,
-              ((r, "validate", lambda kw: kw),)),
-        Entry("mla_fp8_prepare", "fused.mla_fp8_prepare_step", shape, lambda: c.build_inputs(case, dev),
-              f.mla_fp8_prepare_step,
-              ((r, "validate_pool", lambda kw: {k: kw[k] for k in ("kv_buffer", "out_cache_loc", "slot_map",
-                                                                     "decode_kernel_loc")}),
-               *tensors_first, (r, "validate", step_validate_args))),
-    ]
-
-
-def _va_entries(dev, small: bool) -> list[Entry]:
-    from cases import verify_attention as c
-    from fused import verify_attention as f
-    from reference import verify_attention as r
-
-    B, H, D, n = (2, 4, 64, 64) if small else (8, 16, 256, 4096)
-    case = c.VerifyAttentionCase(B=B, L=4, H=H, Hkv=1, D=D, Dv=D, prefix=f"const:{n}", splits=8, family="qwen3.5",
-                                 seed=2)
-    shape = f"gqa,B={B},L=4,H={H},D={D},prefix={n},splits=8"
-    ref_args = lambda kw: kw  # noqa: E731  (the wrappers take validate's arguments)
-    return [Entry("verify_attention", name, shape, lambda: c.build_inputs(case, dev), fn, ((r, "validate", ref_args),))
-            for name, fn in (("fused.verify_split_kv", f.verify_split_kv), ("fused.verify_shared_kv", f.verify_shared_kv),
-                             ("fused.verify_attention", f.verify_attention))]
-
-
 def entries(dev, small: bool) -> list[Entry]:
-    return _qk_entries(dev, small) + _mla_entries(dev, small) + _va_entries(dev, small)
+    """Every op's entries: ``wrapper_entries(dev, small)`` of its benchmark module (``OpSpec.bench``),
+    in ``harness.ops.BUILTIN`` order."""
+    import importlib
+
+    from harness.ops import builtin_specs
+
+    out = []
+    for spec in builtin_specs().values():
+        mod = importlib.import_module(spec.bench) if spec.bench else None
+        if mod is not None and hasattr(mod, "wrapper_entries"):
+            out += mod.wrapper_entries(dev, small)
+    return out
 
 
 # ----------------------------------------------------------------------------- measuring

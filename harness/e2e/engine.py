@@ -26,9 +26,8 @@ import torch
 
 from harness import timeline
 from harness.e2e import tokenizer as tok
-from harness.e2e.model import EPS, Micro
+from harness.e2e.model import Micro
 from reference import kv_model
-from reference import verify_attention as va_ref
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ class Engine:
         if path.family != model.cfg.layout:
             raise ValueError(f"path {path.name} is for {path.family}, the model is {model.cfg.layout}")
         self.store = path.verify_store or self.fam.verify_store
-        self.kv_dtype = fp8_dtype if self.fam.prepare == "mla_fp8_prepare" else torch.bfloat16
+        self.kv_dtype = fp8_dtype if timeline.prepare_of(self.fam).fp8_rows else torch.bfloat16
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -155,30 +154,10 @@ class Engine:
 
     def _layer(self, mode, layer, x, pos_t, loc_logical, loc_phys, meta):
         fam, m, kv = self.fam, self.model, self.kv
-        buf, T = kv.buffers[layer], x.shape[0]
+        buf = kv.buffers[layer]
         pr = m.project(layer, x)
-        kv_returned, rows = True, None
-        if fam.prepare == "qk_norm_rope":
-            out = self.path.prepare.fn(
-                forward_mode=mode, ring=buf, loc=loc_phys, q_out=None, q=pr["q"].view(T, fam.H, fam.D), kv=pr["kv"],
-                kv_norm_weight=m.w(f"l{layer}.kv_norm").to(torch.bfloat16), q_norm_weight=None, eps=EPS,
-                rope_dim=m.rope_dim, cos=m.cos, sin=m.sin, positions=pos_t, rope_style=m.rope_style)
-            q, kv_out = out["q_out"], out.get("kv_out")
-            kv_returned = kv_out is not None
-            rows = kv_out if kv_returned else buf[loc_phys.clamp(min=0)]
-        elif fam.prepare == "mla_fp8_prepare":
-            dn, R = fam.D - fam.rope_dim, fam.rope_dim
-            out = self.path.prepare.fn(
-                q_nope=pr["q_nope"].view(T, fam.H, dn), q_rope=m.rope(pr["q_rope"].view(T, fam.H, R), pos_t),
-                k_nope=pr["k_nope"], k_rope=m.rope(pr["k_rope"], pos_t), kv_buffer=buf, out_cache_loc=loc_logical,
-                slot_map=kv.slot_map, decode_kernel_loc=loc_phys, save_kv_cache=True, fused_switch=True,
-                kv_descale=fam.kv_descale, fp8_policy="saturate")
-            q = out["q8"].to(torch.bfloat16)  # fp8 -> bf16, exact
-        else:
-            q = m.rope(pr["q"].view(T, fam.H, fam.D), pos_t)
-            k = m.rope(pr["k"].view(T, fam.Hkv, fam.D), pos_t)
-            v = torch.nn.functional.pad(pr["v"].view(T, fam.Hkv, fam.Dv), (0, fam.D - fam.Dv))
-            rows = torch.stack((k, v), 1)  # (T, 2, Hkv, D)
+        rows, q, kv_returned = timeline.prepare_of(fam).serve(self, mode, layer, pr, pos_t, loc_logical, loc_phys,
+                                                              buf)
         policy, stores, store_first, one_source = timeline.backend_policy(fam, self.path, self.store, mode,
                                                                           kv_returned)
         if stores and store_first:
@@ -226,5 +205,5 @@ class Engine:
                     qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, sm_scale=1.0 / math.sqrt(fam.D),
                     is_causal=fam.causal, k_scale=fam.kv_descale, v_scale=fam.kv_descale, num_kv_splits=self.splits,
                     custom_mask=None, o=None, topk=1, model_family=fam.model_family, splitkv_switch=True)
-        fn = va_ref.verify_attention if mode == "extend" else self.path.attn.fn
+        fn = timeline.attention_spec().reference if mode == "extend" else self.path.attn.fn
         return fn(**args)["o"]

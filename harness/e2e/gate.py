@@ -71,10 +71,11 @@ def paths_for(reg, layout: str, profile: cfg.GateProfile) -> list[tuple[str, tim
     fam = tl.FAMILIES[layout]
     for key in profile.impl_mutants:
         impl = reg.impls[key]
-        if impl.op != "verify_attention" and impl.op != fam.prepare:
+        is_attn = reg.ops[impl.op].role == "attn"
+        if not is_attn and impl.op != fam.prepare:
             continue  # this layout's path never runs the op
         clean = timeline.clean_path(reg, layout)
-        slot = dict(attn=impl) if impl.op == "verify_attention" else dict(prepare=impl)
+        slot = dict(attn=impl) if is_attn else dict(prepare=impl)
         out.append((key, replace(clean, name=f"{layout}:{key}", doc=impl.doc, **slot), "fail"))
     return out
 

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from cases import timelines as tl
+from harness import timeline
 from harness.e2e import tokenizer as tok
-from reference import mla_fp8_prepare as mla_ref
 from reference import qk_norm_rope as qk_ref
 
 LAYOUTS = ("dsv4-mqa-ring", "k3-mla-fp8", "qwen35-gqa")
@@ -54,12 +54,8 @@ class MicroConfig:
 
 
 def proj_widths(fam: tl.Family) -> dict[str, int]:
-    if fam.prepare == "qk_norm_rope":
-        return {"q": fam.H * fam.D, "kv": fam.D}
-    if fam.prepare == "mla_fp8_prepare":
-        dn = fam.D - fam.rope_dim
-        return {"q_nope": fam.H * dn, "q_rope": fam.H * fam.rope_dim, "k_nope": dn, "k_rope": fam.rope_dim}
-    return {"q": fam.H * fam.D, "k": fam.Hkv * fam.D, "v": fam.Hkv * fam.Dv}
+    """Projection name -> width: those the family's prepare step takes (``harness.timeline.Prepare``)."""
+    return timeline.prepare_of(fam).projections(fam)
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
@@ -147,25 +143,7 @@ class Micro(torch.nn.Module):
         for i in range(self.cfg.layers):
             h = _rms(x, self.w(f"l{i}.attn_norm"))
             pr = {k: h @ self.w(f"l{i}.w_{k}") for k in proj_widths(fam)}
-            if fam.prepare == "qk_norm_rope":
-                q = qk_ref._rope_fp32(qk_ref._rms_norm_fp32(pr["q"].view(-1, fam.H, fam.D), None, EPS),
-                                      self.cos[pos], self.sin[pos], self.rope_dim, self.rope_style)
-                kv = qk_ref._rope_fp32(qk_ref._rms_norm_fp32(pr["kv"], self.w(f"l{i}.kv_norm"), EPS),
-                                       self.cos[pos], self.sin[pos], self.rope_dim, self.rope_style)
-                k, v = kv[:, None], kv[:, None]
-            elif fam.prepare == "mla_fp8_prepare":
-                dn, R = fam.D - fam.rope_dim, fam.rope_dim
-                qr = qk_ref._rope_fp32(pr["q_rope"].view(-1, fam.H, R), self.cos[pos], self.sin[pos], R, self.rope_style)
-                kr = qk_ref._rope_fp32(pr["k_rope"], self.cos[pos], self.sin[pos], R, self.rope_style)
-                q = _fake_fp8(torch.cat((pr["q_nope"].view(-1, fam.H, dn), qr), -1), 1.0)
-                k = _fake_fp8(torch.cat((pr["k_nope"], kr), -1), fam.kv_descale)[:, None]
-                v = k[..., : fam.Dv]
-            else:
-                q = qk_ref._rope_fp32(pr["q"].view(-1, fam.H, fam.D), self.cos[pos], self.sin[pos], self.rope_dim,
-                                      self.rope_style)
-                k = qk_ref._rope_fp32(pr["k"].view(-1, fam.Hkv, fam.D), self.cos[pos], self.sin[pos], self.rope_dim,
-                                      self.rope_style)
-                v = pr["v"].view(-1, fam.Hkv, fam.Dv)
+            q, k, v = timeline.prepare_of(fam).train(self, pr, pos, i)  # the family's prepare step, fp32
             rep = fam.H // k.shape[1]
             qh = q.view(B, N, fam.H, -1).transpose(1, 2)  # (B, H, N, D)
             kh = k.view(B, N, -1, k.shape[-1]).repeat_interleave(rep, 2).transpose(1, 2)

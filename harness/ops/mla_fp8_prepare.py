@@ -18,9 +18,55 @@ import functools
 
 import torch
 
-from harness.registry import Effect, Impl, OpSpec, OutputSpec, Registry
+from harness.registry import Effect, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 OP = "mla_fp8_prepare"
+
+# kill matrix: the targeted catalog subset (each per-op proof case) and the family's timelines
+KILL = KillPlan(clean=("reference", "fused"),
+                cases=("k3-verify-b1-l3-h8", "translated-pool", "translated-pool-no-capture-loc", "nan-policy-overflow",
+                       "descale-0.37"),
+                timelines=("k3-mla-fp8/accept-0-to-L", "k3-mla-fp8/fallback-write"))
+
+
+def _uncounted_pool_type():
+    from reference import mla_fp8_prepare as r
+
+    class UncountedPool(r.KVPool):
+        """The pool model without its write counter (``record`` masks rows: a sync)."""
+
+        def __post_init__(self):
+            self.writes = None
+
+        def record(self, phys_loc) -> None:
+            pass
+
+    return UncountedPool
+
+
+def _capture_patches(inputs):
+    """As a CUDA graph runs it: the pool model without its write counter, the descale reciprocal
+    made once per value (a layer constant)."""
+    from fused import mla_fp8_prepare as f
+    from reference import mla_fp8_prepare as ref
+
+    made, orig = {}, f.k_mul_tensor
+
+    def k_mul_once(kv_descale, device):
+        key = (kv_descale, str(device))
+        if key not in made:
+            made[key] = orig(kv_descale, device)
+        return made[key]
+
+    return [(ref, "KVPool", _uncounted_pool_type()), (f, "k_mul_tensor", k_mul_once)]
+
+
+# GPU-only checks (harness.gpu_runners): one grid for q8 and the KV rows; the chain's five launches
+GPU = GpuPlan(("k3-verify-b4-l3-h16",), "k3-verify-b64-l3-h128", 1, ("concat_q", "cast_fp8", "scatter_kv"),
+              lambda c, kw: 4 + c.save_kv_cache, "mla_fp8_prepare_step",
+              reference_not_capturable="launch 5 (scatter_kv) selects the written rows with a boolean mask "
+                                       "(loc >= 0): a device->host sync, which capture forbids",
+              capture_patches=_capture_patches)
 
 
 def _effects(case, inputs, oracle):
@@ -109,9 +155,21 @@ def _spec() -> OpSpec:
         writable=("kv_buffer",),
         inputs=("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "out_cache_loc", "slot_map", "decode_kernel_loc",
                 "save_kv_cache", "fused_switch", "kv_descale", "fp8_policy"),
+        role="prepare",  # the prepare step of the timeline family k3-mla-fp8 (cases.timelines)
+        kill=KILL,
+        gpu=GPU,
+        bench="harness.bench.mla_fp8_prepare",  # its GPU benchmark (harness.bench.perf per-op API)
+        timeline=_timeline_adapter,
         doc="fp8 KV/Q prepare for Kimi-K3 absorbed MLA: byte-identical q8 and KV rows, each row written "
             "exactly once at the physical slot (seed 001)",
     )
+
+
+def _timeline_adapter():
+    """How it runs as a timeline family's prepare step (``harness.timeline.Prepare``)."""
+    from harness.prepares import mla_fp8_prepare as p
+
+    return p.ADAPTER
 
 
 def register(reg: Registry) -> None:

@@ -14,7 +14,49 @@ import functools
 
 import torch
 
-from harness.registry import Impl, OpSpec, OutputSpec, Registry
+from harness.registry import GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
+
+# kill matrix: its clean paths, the targeted catalog subset (each per-op proof case) and one short
+# timeline of every family (all of them attend through it)
+KILL = KillPlan(clean=("reference", "fused", "fused-split-kv", "fused-shared-kv", "sdpa"),
+                cases=("qwen35-tp-h4-l2", "dspark-hkv2-h8-noncausal", "k3-mla-h4-l2-e4m3fnuz", "gqa-hkv2-h4-d128",
+                       "tile-boundary-pm1", "tile-boundary-split2", "dspark-hkv4-h8-l7-noncausal", "tree-topk2-qwen35",
+                       "many-splits-short-prefix"),
+                timelines=("dspark-noncausal/accept-0-to-L", "qwen35-gqa/accept-0-to-L", "dsv4-mqa-ring/accept-0-to-L",
+                           "k3-mla-fp8/accept-0-to-L"))
+
+
+def _batched(kw: dict) -> bool:
+    """Whether the verify reference takes the whole batch at once (three launches) or loops over
+    the requests (three each): ``reference.verify_attention._batchable``."""
+    from reference import verify_attention as r
+
+    return kw.get("custom_mask") is None and r._batchable(kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist(),
+                                                          kw["q"].shape[1], kw["v"].shape[2])
+
+
+def _capture_patches(inputs):
+    """As a CUDA graph runs it: the backend's host metadata (uniform widths, prefix tokens) that of
+    the batch being captured, as SGLang's is, and the chain's validation on shapes only."""
+    from fused import verify_attention as f
+    from reference import verify_attention as ref
+
+    meta = f._shape_of(**inputs)  # host metadata of this batch (reads indptrs: outside capture)
+
+    def shapes_only(*, q, k, v, qo_indptr, **_):
+        return qo_indptr.shape[0] - 1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2]
+
+    return [(ref, "validate", shapes_only), (f, "_shape_of", lambda **_: meta)]
+
+
+# GPU-only checks (harness.gpu_runners): 2 launches on every path (a prefix kernel plus one combine;
+# the backend runs exactly one path); the chain 3 launches, per request unless batchable
+GPU = GpuPlan(("gpu-qwen35-b64-h16-p1024", "k3-mla-h64-l3-e4m3fn"), "gpu-k3-b16-h64-p16k", 2,
+              ("prefix_split_partials", "draft_partial", "combine", "prefix_split_partials_batched",
+               "draft_partial_batched"), lambda c, kw: 3 if _batched(kw) else 3 * c.B, "verify_attention",
+              reference_not_capturable="the chain loops over requests on host copies of qo_indptr / kv_indptr "
+                                       "(.tolist(): a device->host sync, which capture forbids)",
+              capture_patches=_capture_patches)
 
 
 def _kernel_can_handle(kind):
@@ -98,6 +140,10 @@ def _spec() -> OpSpec:
         out_args=("o",),
         inputs=("q", "k", "v", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr", "kv_indices", "sm_scale", "is_causal",
                 "k_scale", "v_scale", "num_kv_splits", "custom_mask", "o", "topk", "model_family", "splitkv_switch"),
+        role="attn",  # the attention of every timeline family and of the end-to-end engine
+        kill=KILL,
+        gpu=GPU,
+        bench="harness.bench.verify_attention",  # its GPU benchmark (harness.bench.perf per-op API)
         doc="target-verify attention over a paged prefix + drafts (GQA / MLA, fp8 KV); shared-KV vs per-head "
             "split-KV (seeds 002, 003)",
         # the per-head kernel costs 15-25 ms per program under the interpreter (~30 min for 300
@@ -114,6 +160,10 @@ def _spec() -> OpSpec:
         # online tile-32 emulation errs 75.8, the chain with 1 / 2 splits 34.5 / 76.8): the allowance is
         # the largest over the case's partition, one split and two
         rounding_variants=({}, {"num_kv_splits": 1}, {"num_kv_splits": 2}),
+        # nightly parity workers relative to the other ops: it runs five implementations per case (the
+        # others two or three). Measured on the H200 with 2 workers each: qk_norm_rope 1,732 cases in 310 s,
+        # mla_fp8_prepare 1,744 in 300 s, verify_attention 1,211 of 1,755 when its 390 s ran out
+        parity_weight=2,
     )
 
 

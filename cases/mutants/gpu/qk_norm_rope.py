@@ -1,0 +1,93 @@
+"""GPU-only mutants of ``qk_norm_rope`` (``cases.mutants.gpu``): the right numbers computed the wrong way."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from cases.mutants.gpu import GRAPH_GATE, LAUNCHES, interpreted
+from harness.registry import Impl
+from reference import qk_norm_rope as qk_ref
+
+
+# ----------------------------------------------------------------------------- qk_norm_rope in two launches
+
+def _qk_norm_rope_two_launches(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
+                               rope_style="interleaved", ring=None, loc=None, q_out=None):
+    """``fused.qk_norm_rope.qk_norm_rope`` with its grid split in two: programs 0..H-1 (q heads)
+    in one launch, the kv program (``H = 0`` makes program 0 the kv one) in a second."""
+    import triton
+
+    from fused import qk_norm_rope as f
+
+    T, H, D = qk_ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
+                              rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
+                              ring=ring, loc=loc, q_out=q_out)
+    if q_out is None:
+        q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
+    if T == 0:
+        return q_out, kv_out
+    block_t, block_d, num_warps = f.block_config(D, interpreted())
+    has_store = ring is not None
+    args = dict(
+        q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out, q_ptr=q, kv_ptr=kv,
+        q_w_ptr=q_norm_weight if q_norm_weight is not None else kv_norm_weight, kv_w_ptr=kv_norm_weight,
+        cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, loc_ptr=loc if has_store else positions,
+        T=T, D=D, R=rope_dim, eps=eps, stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_kv_t=kv.stride(0),
+        stride_qo_t=q_out.stride(0), stride_qo_h=q_out.stride(1), stride_kvo_t=kv_out.stride(0),
+        stride_ring_s=ring.stride(0) if has_store else 0, stride_cs_p=cos.stride(0),
+        BLOCK_T=block_t, BLOCK_D=block_d, HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store,
+        IS_NEOX=rope_style == "neox", num_warps=num_warps,
+    )
+    n_t = triton.cdiv(T, block_t)
+    f._qk_norm_rope_kernel[(n_t, H)](H=H, **args)  # BUG: launch 1, the q heads
+    f._qk_norm_rope_kernel[(n_t, 1)](H=0, **args)  # BUG: launch 2, kv (+ the ring store in decode)
+    return q_out, kv_out
+
+
+def _qk_two_launches(*, forward_mode, ring, loc, verify_switch=None, **kw):
+    """``fused.qk_norm_rope.qk_norm_rope_step`` (same gate, same store rule) over the two-launch wrapper."""
+    from fused import qk_norm_rope as f
+
+    switch = f.verify_switch_from_env() if verify_switch is None else verify_switch
+    d = f.gate(unified=True, forward_mode=forward_mode, verify_switch=switch)
+    if d.use_fused:
+        q_out, kv_out = _qk_norm_rope_two_launches(ring=ring if d.in_kernel_store else None,
+                                                   loc=loc if d.in_kernel_store else None, **kw)
+    else:
+        q_out, kv_out = qk_ref.qk_norm_rope(**kw)
+    if forward_mode == "decode" and not d.in_kernel_store:
+        qk_ref.ring_store(kv_out, ring, loc)
+    return {"q_out": q_out, "kv_out": kv_out if d.return_kv else None}
+
+
+# ----------------------------------------------------------------------------- a gate that flips per call
+
+_QK_CALLS = itertools.count()
+
+
+def flipping_qk_gate(*, unified, forward_mode, verify_switch, fused_non_unified=True):
+    """``fused.qk_norm_rope.gate`` with the verify switch read from a call counter: on every
+    other call target-verify takes the two-launch chain instead of the fused kernel."""
+    from fused import qk_norm_rope as f
+
+    switch = verify_switch and next(_QK_CALLS) % 2 == 0  # BUG: a switch read at call time
+    return f.gate(unified=unified, forward_mode=forward_mode, verify_switch=switch,
+                  fused_non_unified=fused_non_unified)
+
+
+def _qk_gate_flips(**kw):
+    from fused import qk_norm_rope as f
+
+    return f.qk_norm_rope_step(gate_fn=flipping_qk_gate, **kw)
+
+
+MUTANTS = [
+    Impl("qk_norm_rope", "mutant-two-launches", "mutant", _qk_two_launches,
+         doc="a 'fused' qk-norm-rope that launches its kernel twice (q heads, then kv): right numbers, "
+             "no launch saved", catches=(LAUNCHES,)),
+    Impl("qk_norm_rope", "mutant-gate-flips-per-call", "mutant", _qk_gate_flips,
+         doc="the verify switch is read at call time (a counter): CUDA-graph capture bakes one branch, "
+             "eager takes the other", catches=(GRAPH_GATE,)),
+]

@@ -1,0 +1,78 @@
+"""``qk_norm_rope`` as the prepare step of a timeline family (``harness.timeline.Prepare``): q and
+kv RMSNorm + RoPE; the op stores the kv rows itself in decode and hands them back otherwise."""
+from __future__ import annotations
+
+import torch
+
+from harness import compare, tolerance
+from harness.timeline import OneRowPrepare, _exact
+from reference import qk_norm_rope as qk_ref
+
+OP = "qk_norm_rope"
+
+
+class QkNormRopePrepare(OneRowPrepare):
+    def projections(self, fam):
+        return {"q": fam.H * fam.D, "kv": fam.D}
+
+    def chunk_kv(self, fam, rows):
+        return rows[:, None, :], rows[:, None, :]
+
+    def backend_stores(self, mode, kv_returned):
+        return mode != "decode" and kv_returned  # the op stores in decode; the backend stores what it is handed
+
+    def run(self, tr, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf):
+        fam, T = tr.fam, pos_t.shape[0]
+        n_all = proj["q"].shape[0]
+        q = proj["q"].view(n_all, fam.H, fam.D)
+        positions = torch.cat((pos_t, torch.zeros(n_all - T, dtype=torch.int64, device=tr.device)))
+        loc = torch.cat((loc_phys, pad_loc))
+        args = dict(q=q, kv=proj["kv"], kv_norm_weight=tr.w.kv_norm[layer], q_norm_weight=None, eps=1e-6,
+                    rope_dim=fam.rope_dim, cos=tr.w.cos, sin=tr.w.sin, positions=positions,
+                    rope_style="interleaved")
+        before = buf.clone()
+        out = tr.path.prepare.fn(forward_mode=mode, ring=buf, loc=loc, q_out=None, **args)
+        q_out, kv_out = out["q_out"], out.get("kv_out")
+        oracle = qk_ref.qk_norm_rope_oracle(**args)
+        ref_q, ref_kv = qk_ref.qk_norm_rope(**args)
+        valid = loc >= 0
+        kv_val = kv_out if kv_out is not None else buf[loc.clamp(min=0)]  # stored by the kernel: read it back
+        tq, tkv = tolerance.lookup(OP, "q_out", torch.bfloat16), tolerance.lookup(OP, "kv_out", torch.bfloat16)
+        tr._rec_numeric(step, mode, layer, "prepare:q_out", q_out[:T], oracle["q_out"][:T], ref_q[:T], tq)
+        tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][valid[:T]], oracle["kv_out"][:T][valid[:T]],
+                        ref_kv[:T][valid[:T]], tkv)
+        # gate: extend/verify store nothing and hand kv back; decode writes exactly the valid rows
+        expect_store = mode == "decode"
+        rows = loc[valid] if expect_store else torch.empty(0, dtype=torch.long)
+        tr._rec(step, mode, layer, "gate", compare.untouched("gate:prepare-writes-only-its-rows", buf, before, rows))
+        if expect_store:
+            tr._rec(step, mode, layer, "gate", _exact("gate:prepare-stored", buf[loc[valid]], kv_val[valid]))
+        else:
+            tr._rec(step, mode, layer, "gate", compare.Record("gate:kv-returned", kv_out is not None,
+                                                              detail="" if kv_out is not None else "prepare kept kv"))
+        return kv_val[:T].contiguous(), q_out[:T], kv_out is not None
+
+    def serve(self, engine, mode, layer, pr, pos_t, loc_logical, loc_phys, buf):
+        from harness.e2e.model import EPS
+
+        fam, m, T = engine.fam, engine.model, pos_t.shape[0]
+        out = engine.path.prepare.fn(
+            forward_mode=mode, ring=buf, loc=loc_phys, q_out=None, q=pr["q"].view(T, fam.H, fam.D), kv=pr["kv"],
+            kv_norm_weight=m.w(f"l{layer}.kv_norm").to(torch.bfloat16), q_norm_weight=None, eps=EPS,
+            rope_dim=m.rope_dim, cos=m.cos, sin=m.sin, positions=pos_t, rope_style=m.rope_style)
+        q, kv_out = out["q_out"], out.get("kv_out")
+        kv_returned = kv_out is not None
+        return (kv_out if kv_returned else buf[loc_phys.clamp(min=0)]), q, kv_returned
+
+    def train(self, model, pr, pos, layer):
+        from harness.e2e.model import EPS
+
+        fam, cos, sin = model.fam, model.cos[pos], model.sin[pos]
+        q = qk_ref._rope_fp32(qk_ref._rms_norm_fp32(pr["q"].view(-1, fam.H, fam.D), None, EPS),
+                              cos, sin, model.rope_dim, model.rope_style)
+        kv = qk_ref._rope_fp32(qk_ref._rms_norm_fp32(pr["kv"], model.w(f"l{layer}.kv_norm"), EPS),
+                               cos, sin, model.rope_dim, model.rope_style)
+        return q, kv[:, None], kv[:, None]
+
+
+ADAPTER = QkNormRopePrepare()
