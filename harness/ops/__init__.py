@@ -11,7 +11,7 @@ import importlib
 
 from harness.registry import Registry
 
-BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention")
+BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention", "verify_accept")
 
 
 def register_builtin(reg: Registry) -> None:
