@@ -66,8 +66,8 @@ def _spec() -> OpSpec:
         inputs=("target_logits", "draft_tokens", "qo_indptr"),
         doc="greedy (top-1) chain acceptance after the target forward: vocab argmax (lowest index among "
             "equal maxima, NaN the maximum), accept length, bonus token, ids padded with -1",
-        # ~1 s a case under the interpreter (B·(L+1) rows of up to 32K streamed in 4K chunks, x3 runs)
-        interpreter_generated=60,
+        # measured on the 2-core CPU: the ci run (31 catalog + 150 generated cases), reference + fused, in 81 s
+        interpreter_generated=150,
     )
 
 
