@@ -16,8 +16,9 @@ Why one program per request and not a split of the vocabulary over programs: a s
 second phase that combines the partial argmaxes, i.e. a zeroed workspace (a memset: a second
 launch) or a workspace the kernel re-zeroes itself (state that survives the call and breaks on
 an aborted one). One program per request keeps one launch with nothing between calls; it uses
-B programs, so at B = 1 one SM streams the (L + 1)·V logits (``harness/bench/verify_accept.py``
-measures what that costs against a copy).
+B programs, so at B = 1 one SM streams the (L + 1)·V logits, and each program's bandwidth is
+set by the chunk loads it keeps in flight (wide chunks, ``tl.range`` pipelining;
+``harness/bench/verify_accept.py`` measures what that costs against a copy).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def _verify_accept_kernel(
     stride_row,  # elements between target rows (>= V)
     stride_out,  # elements between output rows (L + 1)
     BLOCK_V: tl.constexpr,  # vocabulary entries per chunk and lane count
+    NUM_STAGES: tl.constexpr,  # software-pipelined chunk loads in flight (compiled; the interpreter ignores it)
 ):
     b = tl.program_id(0)
     start = tl.load(qo_ptr + b).to(tl.int64)
@@ -57,7 +59,8 @@ def _verify_accept_kernel(
         best_v = tl.full([BLOCK_V], float("-inf"), tl.float32)
         best_nan = tl.zeros([BLOCK_V], dtype=tl.int1)
         best_i = tl.full([BLOCK_V], SENTINEL, tl.int32)
-        for c in range(0, tl.where(accepting, n_chunks, 0)):  # rows after the walk ended: not read
+        # rows after the walk ended are not read; later chunks' loads are issued while this one reduces
+        for c in tl.range(0, tl.where(accepting, n_chunks, 0), num_stages=NUM_STAGES):
             idx = c * BLOCK_V + offs
             valid = idx < V
             x = tl.load(row + idx, mask=valid, other=float("-inf")).to(tl.float32)  # bf16 -> fp32: exact
@@ -79,11 +82,13 @@ def _verify_accept_kernel(
     tl.store(len_ptr + b, n_acc)
 
 
-def block_config(interpreted: bool) -> tuple[int, int]:
-    """(BLOCK_V, num_warps). The interpreter pays per op, hardly per element: wide chunks (a
-    catalog case has V one past a chunk). Compiled: 4096 bf16 per chunk over 256 threads, 16
-    contiguous elements (two 16-byte loads) per thread."""
-    return (4096, 1) if interpreted else (4096, 8)
+def block_config(interpreted: bool) -> tuple[int, int, int]:
+    """(BLOCK_V, num_warps, num_stages). The interpreter pays per op, hardly per element: wide
+    chunks (catalog cases have V one past and one short of 4096). Compiled: one program streams a
+    whole request, so its loads in flight set its bandwidth: 8192 bf16 per chunk over 256 threads
+    (32 contiguous elements, four 16-byte loads, per thread; ~130 registers for the lanes' running
+    bests) and 3 chunks in flight. Not tuned on a GPU yet: ``harness/bench/verify_accept.py``."""
+    return (4096, 1, 1) if interpreted else (8192, 8, 3)
 
 
 def _launch(*, output_ids, accept_length, target_logits, draft_tokens, qo_indptr, stride_row: int | None = None
@@ -91,12 +96,12 @@ def _launch(*, output_ids, accept_length, target_logits, draft_tokens, qo_indptr
     """The one launch. Arguments already validated. ``stride_row``: the row stride the kernel is
     told (default: the tensor's own)."""
     B, Lp1 = output_ids.shape
-    block_v, num_warps = block_config(os.environ.get("TRITON_INTERPRET") == "1")
+    block_v, num_warps, num_stages = block_config(os.environ.get("TRITON_INTERPRET") == "1")
     _verify_accept_kernel[(B,)](
         out_ptr=output_ids, len_ptr=accept_length, logits_ptr=target_logits, draft_ptr=draft_tokens,
         qo_ptr=qo_indptr, V=target_logits.shape[1], L=Lp1 - 1,
         stride_row=target_logits.stride(0) if stride_row is None else stride_row, stride_out=output_ids.stride(0),
-        BLOCK_V=block_v, num_warps=num_warps,
+        BLOCK_V=block_v, NUM_STAGES=num_stages, num_warps=num_warps,
     )
 
 
@@ -119,12 +124,12 @@ def verify_accept(*, target_logits, draft_tokens, qo_indptr):
 def compile_specs():
     """Signatures for the ahead-of-time compile check (``python -m harness compile``): both index
     dtypes of the drafts and of qo_indptr."""
-    block_v, warps = block_config(interpreted=False)
+    block_v, warps, stages = block_config(interpreted=False)
     specs = []
     for draft_sig in ("*i32", "*i64"):
         for qo_sig in ("*i32", "*i64"):
             sig = {"out_ptr": "*i32", "len_ptr": "*i32", "logits_ptr": "*bf16", "draft_ptr": draft_sig,
                    "qo_ptr": qo_sig, "V": "i32", "L": "i32", "stride_row": "i32", "stride_out": "i32"}
             specs.append((f"_verify_accept_kernel[draft={draft_sig[1:]},qo={qo_sig[1:]}]", _verify_accept_kernel, sig,
-                          {"BLOCK_V": block_v}, warps))
+                          {"BLOCK_V": block_v, "NUM_STAGES": stages}, warps))
     return specs

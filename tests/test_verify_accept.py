@@ -119,7 +119,7 @@ def test_argmax_rule_on_hand_checked_rows(device, neg_nan):
 
 def test_argmax_ties_across_chunks(device):
     """Equal maxima in different BLOCK_V chunks and lanes: the lowest index, whichever chunk."""
-    block_v, _ = fused.block_config(device.interpreted)
+    block_v = fused.block_config(device.interpreted)[0]
     V = 3 * block_v + 5
     cols = [(5, 2 * block_v + 5), (block_v + 3, 2), (V - 1, 2 * block_v), (block_v - 1, block_v)]
     rows = []
