@@ -78,7 +78,8 @@ def catalog(*, big: bool = False) -> list[VerifyAcceptCase]:
         # V against the chunk (the interpreter's 4096 and the compiled kernel's): one past, one short, tiny
         C(B=4, L=4, V=4097, ties=0.5, name="v-block-plus-one", seed=17),
         C(B=4, L=4, V=4095, ties=0.5, name="v-block-minus-one", seed=18),
-        C(B=4, L=4, V=8193, row_pad=7, name="v-two-blocks-plus-one-strided", seed=19),
+        C(B=4, L=4, V=8193, row_pad=7, name="v-two-blocks-plus-one-strided", seed=19),  # compiled chunk + 1
+        C(B=4, L=4, V=8191, ties=0.5, name="v-compiled-block-minus-one", seed=32),
         C(B=3, L=4, V=1, name="v-one", seed=20),
         C(B=4, L=3, V=17, values="coarse", name="v-17-coarse", seed=21),
         # padding requests (0 rows) among real ones; the unread tail of the logits buffer holds +inf
