@@ -14,7 +14,7 @@ import importlib
 
 from harness.registry import OpSpec, Registry
 
-BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention")
+BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention", "verify_accept")
 
 
 def register_builtin(reg: Registry) -> None:

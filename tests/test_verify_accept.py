@@ -1,0 +1,323 @@
+"""verify_accept: exact parity of the fused kernel (and torch.compile of the chain) with the
+reference chain, the chain against an independent NumPy oracle, the argmax rule on hand-checked
+rows, typed errors, the strategies, the benchmark's CPU path, and the planted bugs."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import Phase, find, given, settings
+
+from cases import base
+from cases import verify_accept as cases
+from fused import verify_accept as fused
+from harness import runners
+from reference import checks
+from reference import verify_accept as ref
+from tests.helpers import assert_passes, failed_checks
+
+OP = "verify_accept"
+CATALOG = {c.name: c for c in cases.catalog()}
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture(scope="module")
+def spec(registry):
+    return registry.ops[OP]
+
+
+# ----------------------------------------------------------------------------- parity
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+def test_catalog_parity(spec, registry, device, impl, name):
+    """Every check of the suite (exact outputs, inputs untouched, determinism, poisoned allocations)."""
+    assert_passes(spec, registry.impls[f"{OP}/{impl}"], CATALOG[name], device)
+
+
+@pytest.mark.parametrize("name", ["strided-rows-padding-nan"])
+def test_compiled_chain_parity(spec, registry, device, name):
+    assert_passes(spec, registry.impls[f"{OP}/compiled"], CATALOG[name], device)
+
+
+@given(case=cases.cases(max_batch=6, max_drafts=5, vocabs=(1, 2, 17, 100, 1000, 4097)))
+def test_generated_parity_fused(spec, registry, device, case):
+    res = runners.run_case(spec, registry.impls[f"{OP}/fused"], case, device, determinism=False, poisoned=False)
+    bad = [r for r in res.records if not r.passed]
+    assert res.records and not bad, [(r.check, r.detail, r.worst) for r in bad]
+
+
+def test_reference_matches_the_numpy_oracle(device):
+    """The chain's torch argmax and cumprod walk against NumPy's argmax and a Python loop."""
+    drawn = list(CATALOG.values()) + base.draw(cases.cases(), 60, rng_seed=3)
+    for c in drawn:
+        kw = cases.build_inputs(c, device)
+        out, orc = ref.verify_accept(**kw), ref.verify_accept_oracle(**kw)
+        for k in ("output_ids", "accept_length"):
+            assert torch.equal(out[k].cpu(), orc[k]), (c, k)
+
+
+def test_outputs_follow_the_walk(device):
+    """Per request: ids = accepted drafts, then the target's token at the accept row, then -1;
+    padding requests all -1 with length 0 (the contract spelled out on the catalog)."""
+    for c in CATALOG.values():
+        kw = cases.build_inputs(c, device)
+        out = ref.verify_accept(**kw)  # the fused kernel's are the same bytes (test_catalog_parity)
+        qo = kw["qo_indptr"].cpu().tolist()
+        drafts = kw["draft_tokens"].cpu().view(c.B, c.L)
+        t = torch.argmax(kw["target_logits"].cpu(), dim=-1)
+        for b in range(c.B):
+            ids, n = out["output_ids"][b].cpu(), int(out["accept_length"][b])
+            if qo[b + 1] == qo[b]:
+                assert n == 0 and (ids == -1).all(), (c.name, b)
+                continue
+            assert torch.equal(ids[:n], drafts[b, :n].int()) and int(ids[n]) == int(t[qo[b] + n])
+            assert (ids[n + 1:] == -1).all()
+            assert n == c.L or int(drafts[b, n]) != int(t[qo[b] + n])
+
+
+# ----------------------------------------------------------------------------- the argmax rule
+
+ARGMAX_FACTS = [
+    # (row, index): torch.argmax's rule, checked by hand
+    ([1.0, 3.0, 3.0, 2.0], 1),  # equal maxima: the lowest index
+    ([0.0, -0.0, 0.0], 0),  # -0 == +0
+    ([-0.0, 0.0], 0),
+    ([-INF, -INF, -INF], 0),  # all -inf: the first
+    ([1.0, NAN, 3.0, NAN], 1),  # NaN is the maximum, the first NaN
+    ([INF, NAN, INF], 1),  # above +inf too
+    ([NAN, 5.0], 0),
+    ([-1.0, -INF, -0.5], 2),
+    ([2.0, INF, INF, 1.0], 1),
+]
+
+
+def _fact_inputs(device, rows: list[list[float]], neg_nan: bool = False):
+    """One request per row, L = 1: output_ids[b, 0] is the argmax of row b."""
+    V = max(len(r) for r in rows)
+    x = torch.full((len(rows) * 2, V), -INF)
+    for i, r in enumerate(rows):
+        x[2 * i, : len(r)] = torch.tensor(r)
+    x = x.bfloat16()
+    if neg_nan:  # a NaN of the other sign, kept as bits (no fp32 round trip)
+        x = torch.where(torch.isnan(x), torch.tensor(0xFFC0, dtype=torch.int32).to(torch.int16).view(torch.bfloat16), x)
+    dev = device.torch_device
+    return dict(target_logits=x.to(dev), draft_tokens=torch.zeros(len(rows), dtype=torch.long, device=dev),
+                qo_indptr=torch.arange(0, 2 * len(rows) + 1, 2, dtype=torch.int32, device=dev))
+
+
+@pytest.mark.parametrize("neg_nan", [False, True])
+def test_argmax_rule_on_hand_checked_rows(device, neg_nan):
+    rows = [r + [-INF] * (max(len(q) for q, _ in ARGMAX_FACTS) - len(r)) for r, _ in ARGMAX_FACTS]
+    want = [i for _, i in ARGMAX_FACTS]
+    kw = _fact_inputs(device, rows, neg_nan)
+    assert ref.row_argmax(kw["target_logits"].cpu())[::2].tolist() == want  # torch.argmax on the CPU
+    assert [int(v) for v in ref.verify_accept_oracle(**kw)["output_ids"][:, 0]] == want  # NumPy
+    assert fused.verify_accept(**kw)["output_ids"][:, 0].cpu().tolist() == want
+
+
+def test_argmax_ties_across_chunks(device):
+    """Equal maxima in different BLOCK_V chunks and lanes: the lowest index, whichever chunk."""
+    block_v = fused.block_config(device.interpreted)[0]
+    V = 3 * block_v + 5
+    cols = [(5, 2 * block_v + 5), (block_v + 3, 2), (V - 1, 2 * block_v), (block_v - 1, block_v)]
+    rows = []
+    for a, b in cols:
+        r = [0.0] * V
+        r[a] = r[b] = 7.0
+        rows.append(r)
+    kw = _fact_inputs(device, rows)
+    assert fused.verify_accept(**kw)["output_ids"][:, 0].cpu().tolist() == [min(a, b) for a, b in cols]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _kw(device, **over):
+    kw = cases.build_inputs(cases.VerifyAcceptCase(B=3, L=2, V=50, padding=1, seed=1), device)
+    kw.update(over)
+    return kw
+
+
+BAD = [
+    ("target_logits", lambda kw: kw["target_logits"][0], checks.RankError),
+    ("target_logits", lambda kw: kw["target_logits"].float(), checks.DTypeError),
+    ("target_logits", lambda kw: kw["target_logits"].t().contiguous().t(), checks.LayoutError),
+    ("target_logits", lambda kw: kw["target_logits"][:, :0], checks.ShapeError),
+    ("target_logits", lambda kw: torch.empty(2, 50, dtype=torch.bfloat16, device="meta"), checks.DeviceError),
+    ("draft_tokens", lambda kw: kw["draft_tokens"][:5], checks.ShapeError),
+    ("draft_tokens", lambda kw: kw["draft_tokens"].float(), checks.DTypeError),
+    ("draft_tokens", lambda kw: kw["draft_tokens"].view(3, 2), checks.RankError),
+    ("draft_tokens", lambda kw: torch.full_like(kw["draft_tokens"], 50), checks.RangeError),
+    ("draft_tokens", lambda kw: torch.full_like(kw["draft_tokens"], -1), checks.RangeError),
+    ("draft_tokens", lambda kw: torch.stack((kw["draft_tokens"], kw["draft_tokens"]), 1)[:, 0], checks.LayoutError),
+    ("qo_indptr", lambda kw: kw["qo_indptr"][:1], checks.ShapeError),
+    ("qo_indptr", lambda kw: kw["qo_indptr"].float(), checks.DTypeError),
+    ("qo_indptr", lambda kw: kw["qo_indptr"] + 1, checks.RangeError),  # does not start at 0
+    ("qo_indptr", lambda kw: torch.tensor([0, 6, 3, 6], dtype=torch.int32), checks.RangeError),  # not monotone
+    ("qo_indptr", lambda kw: torch.tensor([0, 2, 4, 6], dtype=torch.int32), checks.RangeError),  # 2 rows, L + 1 = 3
+    ("qo_indptr", lambda kw: torch.tensor([0, 3, 6, 12], dtype=torch.int32), checks.RangeError),  # 6 rows
+    ("qo_indptr", lambda kw: {"qo_indptr": torch.tensor([0, 3, 6, 9], dtype=torch.int32),
+                              "target_logits": kw["target_logits"][:8]}, checks.RangeError),  # past the logits' rows
+]
+
+
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+@pytest.mark.parametrize("arg,make,err", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
+def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
+    fn = ref.verify_accept if impl == "reference" else fused.verify_accept
+    kw = _kw(device)
+    new = make(kw)
+    for name, t in (new if isinstance(new, dict) else {arg: new}).items():
+        kw[name] = t.to(device.torch_device) if not t.is_meta else t
+    with pytest.raises(err) as info:
+        fn(**kw)
+    assert info.value.arg == arg
+
+
+def test_padding_drafts_are_not_checked(device):
+    """A padding request's drafts are never read: any value (here -1 and V) is legal."""
+    kw = _kw(device)
+    qo = kw["qo_indptr"].cpu().tolist()
+    pad = next(b for b in range(3) if qo[b + 1] == qo[b])
+    d = kw["draft_tokens"].clone()
+    d[2 * pad], d[2 * pad + 1] = -1, 50
+    for fn in (ref.verify_accept, fused.verify_accept):
+        out = fn(**{**kw, "draft_tokens": d})
+        assert (out["output_ids"][pad] == -1).all() and int(out["accept_length"][pad]) == 0
+
+
+# ----------------------------------------------------------------------------- strategies
+
+REACH = {
+    "padding": lambda c: 0 < c.padding < c.B,
+    "all-padding": lambda c: c.padding == c.B > 1,
+    "strided": lambda c: c.row_pad > 0,
+    "l1": lambda c: c.L == 1,
+    "all-accepted": lambda c: c.accept == "all",
+    "none-accepted": lambda c: c.accept == "none",
+    "coarse": lambda c: c.values == "coarse",
+    "constant": lambda c: c.values == "constant",
+    "neginf": lambda c: c.values == "neginf",
+    "ties": lambda c: c.ties == 1.0,
+    "nans": lambda c: c.nans > 0,
+    "v-block-plus-one": lambda c: c.V == 4097,
+    "v-one": lambda c: c.V == 1,
+    "int32-drafts": lambda c: c.draft_dtype == "int32",
+    "int64-indptr": lambda c: c.indptr_dtype == "int64",
+}
+
+
+@pytest.mark.parametrize("what", sorted(REACH))
+def test_strategy_reaches(what):
+    found = find(cases.cases(), REACH[what], settings=settings(max_examples=2000, database=None,
+                                                               phases=[Phase.generate]))
+    assert REACH[what](found)
+
+
+def test_cases_plant_what_they_say(device):
+    """Ties at the top, NaN rows, +inf pad columns and tail rows, tied mismatching drafts."""
+    c = CATALOG["strided-rows-padding-nan"]
+    kw = cases.build_inputs(c, device)
+    x = kw["target_logits"]
+    assert x.stride(0) == c.V + c.row_pad and x.stride(1) == 1
+    full = torch.as_strided(x, (x.shape[0], c.V + c.row_pad), x.stride()).cpu()
+    assert torch.isposinf(full[:, c.V:].float()).all()
+    qo = kw["qo_indptr"].cpu()
+    assert torch.isposinf(x[int(qo[-1]):].cpu().float()).all() and int(qo[-1]) < x.shape[0]
+    assert torch.isnan(x.cpu().float()).any(dim=1).any()
+    t = cases.build_inputs(CATALOG["ties-planted"], device)["target_logits"].cpu().float()
+    assert ((t == t.max(dim=1, keepdim=True).values).sum(dim=1) > 1).all(), "every row has a tied maximum"
+    # a mismatching draft is a tied maximum above the argmax: what the ties mutant would accept
+    c = CATALOG["none-accepted"]
+    kw = cases.build_inputs(c, device)
+    x, d = kw["target_logits"].cpu().float(), kw["draft_tokens"].cpu().view(c.B, c.L)
+    rows = kw["qo_indptr"].cpu()[:-1].long()
+    am = torch.argmax(x[rows], dim=-1)
+    tied = [int(d[b, 0]) > int(am[b]) and x[rows[b], d[b, 0]] == x[rows[b], am[b]] for b in range(c.B)]
+    assert any(tied) and all(int(d[b, 0]) != int(am[b]) for b in range(c.B))
+
+
+# ----------------------------------------------------------------------------- the benchmark on the CPU
+
+def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
+    """The benchmark's run loop with the measurement faked (every callable still runs once,
+    the fused kernel under the interpreter): one PerfRow per impl, the wide CSV, 0 mismatches."""
+    import pandas as pd
+
+    from harness import profiling
+    from harness.bench import perf
+    from harness.bench import verify_accept as vb
+    from harness.suite import provenance
+
+    monkeypatch.setattr(profiling, "time_quantiles_us", lambda fn, warmup=25, rep=100: (1.0, 2.0, 3.0))
+    monkeypatch.setattr(profiling, "count_launches", lambda fn, warmup=1: 1)
+    monkeypatch.setattr(perf, "compile_static", lambda fn: fn)
+    ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
+    shape_list = [vb.Shape(B=2, V=300), vb.Shape(B=3, V=4097)]
+    rows = vb.run(shape_list, ctx, tmp_path)
+    assert [r.impl for r in rows] == list(vb.IMPLS) * 2 and {r.op for r in rows} == {OP}
+    assert all(r.gbps == pytest.approx(vb.bytes_moved(s) / 2e-6 / 1e9) for s in shape_list for r in rows
+               if r.case == s.case)
+    wide = pd.read_csv(tmp_path / "verify_accept_bench.csv")
+    assert wide["mismatches"].tolist() == [0, 0] and wide["V"].tolist() == [300, 4097]
+    assert not perf.launch_failures(rows, {OP: vb.EXPECTED_LAUNCHES})
+
+
+def test_bench_shapes_and_no_gpu(monkeypatch, tmp_path, capsys):
+    from harness import devices
+    from harness.bench import verify_accept as vb
+
+    full = vb.shapes(False)
+    assert {s.B for s in full} == {1, 8, 64} and {s.V for s in full} == {32000, 128256, 160000}
+    assert {s.L for s in full} == {4} and len(vb.shapes(True)) == 4
+    assert [s.case for s in vb.shapes(False, b=[2], v=[7])] == ["B=2,L=4,V=7"]
+    monkeypatch.setattr(devices, "gpu_present", lambda: False)
+    assert vb.main(["--out", str(tmp_path / "runs"), "--quick"]) == 0
+    assert "nothing was measured" in capsys.readouterr().out and not (tmp_path / "runs").exists()
+
+
+# ----------------------------------------------------------------------------- the harness bites
+
+MUTANT_PROOF = {
+    # mutant: (a catalog case it must fail on, the checks that must flag it there, a case where it hides)
+    "mutant-accepts-first-mismatch": ("none-accepted", {"exact:accept_length", "exact:output_ids"},
+                                      "all-accepted"),  # no mismatch to accept
+    "mutant-bonus-wrong-row": ("llama2-b4-l4-v32000", {"exact:output_ids"},
+                               "all-accepted"),  # the bonus row is the last: the clamp lands on it
+    "mutant-ties-to-highest-index": ("ties-planted", {"exact:accept_length", "exact:output_ids"},
+                                     "llama2-b4-l4-v32000"),  # no equal maxima in its rows
+    "mutant-row-stride-ignored": ("strided-rows", {"exact:accept_length", "exact:output_ids"},
+                                  "ties-planted"),  # contiguous rows: stride == V
+}
+
+
+def test_every_mutant_has_a_proof(registry):
+    assert {i.name for i in registry.for_op(OP, ("mutant",))} == set(MUTANT_PROOF)
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANT_PROOF))
+def test_mutant_is_flagged(spec, registry, device, mutant):
+    case_name, checks_, _ = MUTANT_PROOF[mutant]
+    impl = registry.impls[f"{OP}/{mutant}"]
+    bad = set(failed_checks(spec, impl, CATALOG[case_name], device))
+    assert checks_ <= bad, f"{mutant} on {case_name}: failing checks {sorted(bad)}"
+    assert set(impl.catches) <= bad
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANT_PROOF))
+def test_mutants_hide_where_the_catalog_would_miss_them(spec, registry, device, mutant):
+    """Why the catalog carries rejections, non-final bonus rows, planted ties and strided rows:
+    without them these bugs pass."""
+    assert_passes(spec, registry.impls[f"{OP}/{mutant}"], CATALOG[MUTANT_PROOF[mutant][2]], device)
+
+
+def test_tied_mismatching_drafts_bite_the_accept_length(spec, registry, device):
+    """On tied rows that reject at draft 0, the ties mutant's bonus differs either way; only a
+    mismatching draft that is another tied maximum makes it *accept* (accept_length wrong too)."""
+    impl = registry.impls[f"{OP}/mutant-ties-to-highest-index"]
+    c = CATALOG["none-accepted"]
+    random_rejects = set(failed_checks(spec, impl, dataclasses.replace(c, ties=1.0, tie_drafts=False), device))
+    tied_rejects = set(failed_checks(spec, impl, dataclasses.replace(c, ties=1.0, tie_drafts=True), device))
+    assert "exact:output_ids" in random_rejects and "exact:accept_length" not in random_rejects
+    assert {"exact:output_ids", "exact:accept_length"} <= tied_rejects
