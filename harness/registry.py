@@ -61,6 +61,10 @@ class OutputSpec:
     name: str
     contract: str  # "numeric" (vs fp64 oracle, tolerance policy) or "exact" (bytes vs reference chain)
     when: Callable[[Any], bool] = lambda case: True  # is this output part of the contract for the case
+    # exact outputs: (reported value, inputs after the call, writable buffers before it) -> the value compared
+    # instead of the reported one (what the call did, where the output only says what it claims to have done);
+    # computed on the buffers' device. Its docstring's first line explains a failing record.
+    observed: Callable[[Any, Mapping, Mapping], Any] | None = None
 
 
 @dataclass(frozen=True)
