@@ -120,6 +120,10 @@ class Impl:
     precision: str = "exact-fp32"
     may_write: tuple[str, ...] = ()  # inputs it may modify in place beyond the op's writable buffers
     source: str = ""  # how it was loaded ("module:attr" of --impl or an entry point); "" for built-ins
+    # its Triton kernels for ``python -m harness compile --impl``: a zero-argument callable returning
+    # (name, jit function, signature, constexprs, num_warps[, targets]) tuples, as fused/<op>.py's
+    # compile_specs() does; None: it declares none
+    compile_specs: Callable[[], list] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
