@@ -132,9 +132,10 @@ DISPATCH = ("fused",) * 12 + ("writes-off", "switch-off", "no-capture-loc", "inn
 
 @st.composite
 def cases(draw, *, max_tokens: int = 12, max_heads: int = 8, head_dims=((512, 64), (64, 16), (100, 28), (17, 5)),
-          formats=FP8_FORMATS, policies=("saturate",) * 9 + ("nan",)):
+          formats=FP8_FORMATS, policies=("saturate",) * 3 + ("nan",)):
     """Generated cases, built bottom-up; shrink toward T=1, H=1, the Kimi-K3 dims, e4m3fn,
-    saturate, the fused dispatch. ``policies`` repeats an entry to weight it."""
+    saturate, the fused dispatch. ``policies`` repeats an entry to weight it; every region
+    tests/test_reach.py lists holds >= 20 % of a profile's cases (no kv_descale, a full pool: 1 in 4)."""
     Dn, R = draw(st.sampled_from(head_dims))
     T = draw(st.integers(1, max_tokens))
     H = draw(st.integers(1, max_heads))
@@ -143,11 +144,11 @@ def cases(draw, *, max_tokens: int = 12, max_heads: int = 8, head_dims=((512, 64
         T=T, H=H, Dn=Dn, R=R,
         fp8_format=draw(st.sampled_from(formats)),
         policy=draw(st.sampled_from(policies)),
-        kv_descale=draw(st.sampled_from(DESCALES)),
+        kv_descale=draw(st.sampled_from(DESCALES[:1] + DESCALES)),
         scale=draw(st.sampled_from((1.0, 30.0, 300.0, 0.01))),
         specials=draw(st.sampled_from((0.25, 0.0, 1.0))),
         padding=draw(st.integers(0, T)),
-        extra_slots=draw(st.integers(0, 2 * T)),
+        extra_slots=0 if draw(st.sampled_from((False, False, False, True))) else draw(st.integers(0, 2 * T)),
         pool=draw(st.sampled_from(POOLS)),
         capture_loc=path != "no-capture-loc",
         save_kv_cache=path != "writes-off",

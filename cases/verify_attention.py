@@ -153,19 +153,35 @@ def catalog(*, big: bool = False) -> list[VerifyAttentionCase]:
     return cases
 
 
+# fused.verify_attention.BLOCK_CONFIG["sm90"]'s BLOCK_N per head_dim (tests/test_reach.py holds them
+# equal): the key tile of the compiled kernels; the interpreter's 512 is the catalog's
+COMPILED_BLOCK_N = {64: 64, 128: 64, 256: 32, 576: 32}
+
+
+def at_tile_edge(keys: int, D: int) -> bool:
+    """``keys`` (one split's share of a prefix) one short of, on, or one past a compiled key-tile boundary."""
+    bn = COMPILED_BLOCK_N[D]
+    return keys >= bn - 1 and keys % bn in (bn - 1, 0, 1)
+
+
 @st.composite
-def cases(draw, *, max_batch: int = 3, max_width: int = 8, max_heads: int = 8, max_prefix: int = 64,
-          max_splits: int = 3, head_dims=(64, 128, 256), layouts=("gqa", "mla")):
-    """Generated cases, built bottom-up; shrink toward one request, width 1, one head, gqa D 64."""
+def cases(draw, *, max_batch: int = 3, max_width: int = 8, max_heads: int = 8, max_prefix: int = 200,
+          max_splits: int = 3, head_dims=(64, 128, 256), layouts=("gqa", "gqa", "gqa", "mla")):
+    """Generated cases, built bottom-up; shrink toward one request, width 1, one head, gqa D 64.
+
+    Weighted so that every region tests/test_reach.py lists holds >= 20 % of a profile's cases:
+    ``layouts`` repeats gqa so that each head_dim (gqa's and MLA's 576) gets about a quarter, width 1
+    takes 1 in 4 (plus its share of the rest), 3 in 5 gqa cases have one KV head, 2 in 3 causal multi-draft cases are trees, and half the
+    prefix lengths give every split a share at a compiled key-tile edge ±1."""
     layout = draw(st.sampled_from(layouts))
     B = draw(st.integers(1, max_batch))
-    L = draw(st.integers(1, max_width))
+    L = 1 if draw(st.sampled_from((False, False, False, True))) else draw(st.integers(1, max_width))
     if layout == "mla":
         H, Hkv, D, Dv = draw(st.sampled_from([h for h in (1, 2, 4, 8, 16) if h <= max_heads])), 1, 576, 512
         family = "kimi-k3"
         is_causal = True
     else:
-        Hkv = draw(st.sampled_from([h for h in (1, 2, 4) if h <= max_heads]))
+        Hkv = draw(st.sampled_from([h for h in (1, 1, 1, 2, 4) if h <= max_heads]))
         H = Hkv * draw(st.integers(1, max(1, max_heads // Hkv)))
         D = Dv = draw(st.sampled_from(head_dims))
         is_causal = draw(st.booleans())
@@ -173,14 +189,17 @@ def cases(draw, *, max_batch: int = 3, max_width: int = 8, max_heads: int = 8, m
                   draw(st.sampled_from(("generic", "qwen3.5", "minimax"))))
     kv_dtype = draw(st.sampled_from(KV_DTYPES))
     scales = (1.0, 0.5, 1.75) if kv_dtype != "bf16" else (1.0,)
-    topk = draw(st.sampled_from((1, 1, 1, 2))) if L > 1 and is_causal else 1
-    n = draw(st.integers(0, max_prefix))
+    topk = draw(st.sampled_from((1, 2, 4))) if L > 1 and is_causal else 1
+    splits = draw(st.integers(1, max_splits))
+    bn = COMPILED_BLOCK_N[D]
+    edges = [splits * k for k in (bn - 1, bn, bn + 1) if splits * k <= max_prefix]  # every split's share k
+    n = draw(st.integers(0, max_prefix) | st.sampled_from(edges) if edges else st.integers(0, max_prefix))
     prefix = draw(st.sampled_from((f"const:{n}", f"mixed:{n}", f"const:{n}")))
     return VerifyAttentionCase(
         layout=layout, B=B, L=L, H=H, Hkv=Hkv, D=D, Dv=Dv, prefix=prefix, kv_dtype=kv_dtype,
         k_scale=draw(st.sampled_from(scales)), v_scale=draw(st.sampled_from(scales)), is_causal=is_causal,
-        permuted=draw(st.booleans()), ragged=draw(st.sampled_from((False, False, False, True))) if B > 1 else False,
-        splits=draw(st.integers(1, max_splits)), topk=topk, family=family,
+        permuted=draw(st.booleans()), ragged=draw(st.booleans()) if B > 1 else False,
+        splits=splits, topk=topk, family=family,
         q_scale=draw(st.sampled_from((1.0, 1.0, 4.0))), seed=draw(st.integers(0, 2 ** 16)),
     )
 

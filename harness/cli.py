@@ -40,6 +40,13 @@ def _load_specs(reg, specs) -> list:
     return loaded
 
 
+def _plugin_spec(text: str) -> str:
+    """argparse type of ``compile --impl``: a module:attr spec (built-in kernels need no --impl)."""
+    if ":" not in text:
+        raise argparse.ArgumentTypeError(f"expected module:attr[name,...] (a plugin), got {text!r}")
+    return text
+
+
 def _plugin_specs(args) -> tuple[str, ...]:
     return tuple(s for s in getattr(args, "impl", None) or () if ":" in s)
 
@@ -439,10 +446,28 @@ def cmd_repro(args) -> int:
 
 
 def cmd_compile(args) -> int:
+    """Built-in kernels (every op, or --op's), or with --impl module:attr the plugin's (Impl.compile_specs)."""
     from harness import compile_check
     from harness.ops import BUILTIN
 
-    res = compile_check.run(args.op or list(BUILTIN), args.target or list(compile_check.TARGETS))
+    try:
+        compile_check.prepare()  # before any kernel module, a plugin's included, is imported
+    except RuntimeError as exc:
+        raise UsageError("TRITON_INTERPRET", str(exc)) from None
+    impls = []
+    if args.impl:
+        from harness.registry import cwd_on_path, default_registry
+
+        cwd_on_path()
+        impls = _load_specs(default_registry(with_mutants=False, with_plugins=False), args.impl)
+        bare = [i.key for i in impls if i.compile_specs is None]
+        if len(bare) == len(impls):
+            raise UsageError("--impl", f"{', '.join(args.impl)}: {', '.join(bare) or 'nothing'} loaded, declaring no "
+                                       f"Triton kernels to compile (Impl.compile_specs)")
+        for key in bare:
+            print(f"{key}: declares no Triton kernels (Impl.compile_specs): skipped")
+    res = compile_check.run(args.op or ([] if impls else list(BUILTIN)), args.target or list(compile_check.TARGETS),
+                            tuple(impls))
     frame = pd.DataFrame([r.__dict__ for r in res])
     with pd.option_context("display.width", 200, "display.max_colwidth", 90, "display.float_format", "{:.2f}".format):
         print(frame.to_string(index=False))
@@ -625,6 +650,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("compile", help="compile every kernel for NVIDIA/AMD targets (no GPU needed)")
     p.add_argument("--op", action="append", choices=BUILTIN)
     p.add_argument("--target", action="append", choices=("sm90", "gfx942", "gfx950"))
+    p.add_argument("--impl", action="append", type=_plugin_spec,
+                   help="module:attr[name,...]: compile the Triton kernels its implementations declare "
+                        "(Impl.compile_specs) instead of the built-in ones (repeatable; with --op: both)")
     p.set_defaults(fn=cmd_compile)
     for name, text in (("gpu", "GPU-only checks: launch counts, CUDA/HIP graph replay, determinism "
                                             "(python -m harness gpu --help)"),

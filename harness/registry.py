@@ -61,6 +61,10 @@ class OutputSpec:
     name: str
     contract: str  # "numeric" (vs fp64 oracle, tolerance policy) or "exact" (bytes vs reference chain)
     when: Callable[[Any], bool] = lambda case: True  # is this output part of the contract for the case
+    # exact outputs: (reported value, inputs after the call, writable buffers before it) -> the value compared
+    # instead of the reported one (what the call did, where the output only says what it claims to have done);
+    # computed on the buffers' device. Its docstring's first line explains a failing record.
+    observed: Callable[[Any, Mapping, Mapping], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,10 @@ class Impl:
     precision: str = "exact-fp32"
     may_write: tuple[str, ...] = ()  # inputs it may modify in place beyond the op's writable buffers
     source: str = ""  # how it was loaded ("module:attr" of --impl or an entry point); "" for built-ins
+    # its Triton kernels for ``python -m harness compile --impl``: a zero-argument callable returning
+    # (name, jit function, signature, constexprs, num_warps[, targets]) tuples, as fused/<op>.py's
+    # compile_specs() does; None: it declares none
+    compile_specs: Callable[[], list] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -95,8 +95,10 @@ def _rows(buf: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 
 def _output_records(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, suffix: str = "",
-                    allowance: Allowance | None = None) -> list[compare.Record]:
-    """The records of ``spec.outputs``: a function of ``out``'s outputs (None, or shape, dtype and bytes) alone."""
+                    allowance: Allowance | None = None, inputs: dict | None = None,
+                    before: dict | None = None) -> list[compare.Record]:
+    """The records of ``spec.outputs``: a function of ``out``'s outputs (None, or shape, dtype and bytes)
+    and, for an output with ``OutputSpec.observed``, of the writable buffers in ``inputs`` and ``before``."""
     recs = []
     is_ref = impl.kind == "reference"
     for o in spec.outputs:
@@ -104,7 +106,12 @@ def _output_records(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: 
             continue
         got = out.get(o.name)
         if o.contract == "exact":
-            recs.append(compare.exact(f"exact:{o.name}{suffix}", got, ref_out[o.name]))
+            if o.observed is not None:
+                got = o.observed(got, inputs, before)
+            rec = compare.exact(f"exact:{o.name}{suffix}", got, ref_out[o.name])
+            if o.observed is not None and not rec.passed and o.observed.__doc__:
+                rec = dataclasses.replace(rec, detail=f"{rec.detail} ({o.observed.__doc__.strip().splitlines()[0]})")
+            recs.append(rec)
         else:
             tol = spec.tolerance(o.name, got.dtype if got is not None else ref_out[o.name].dtype)
             recs.append(compare.finite(f"finite:{o.name}{suffix}", got, oracle[o.name]))
@@ -147,7 +154,7 @@ def _check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: d
                    ref_inputs: dict, before: dict, suffix: str = "", allowance: Allowance | None = None
                    ) -> list[compare.Record]:
     """``allowance``: the chain the numeric outputs' allowance comes from (None: ``ref_out``, the exact chain)."""
-    return (_output_records(spec, impl, case, out, oracle, ref_out, suffix, allowance)
+    return (_output_records(spec, impl, case, out, oracle, ref_out, suffix, allowance, inputs, before)
             + _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, suffix))
 
 
@@ -175,13 +182,15 @@ def _same(pairs) -> bool:
 class _FirstRun:
     """The first run's records and the bytes they were computed from: a later run holding the same
     bytes gets those records under its suffix instead of comparing again (every field equal: the
-    records are functions of those bytes alone; ``_output_records``, ``_effect_records``). The
+    records are functions of those bytes alone, an ``OutputSpec.observed`` output's of the writable
+    buffers' before and after too; ``_output_records``, ``_effect_records``). The
     bytes are copies taken when the records were made: a later call may write a buffer the first
     one returned or was given (a persistent output, a captured pointer)."""
 
     def __init__(self, spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
                  ref_inputs: dict, before: dict, allowance: Allowance | None):
-        self.out_recs = _output_records(spec, impl, case, out, oracle, ref_out, allowance=allowance)
+        self.out_recs = _output_records(spec, impl, case, out, oracle, ref_out, allowance=allowance, inputs=inputs,
+                                        before=before)
         self.seen: dict = {}  # host copies of the inputs spec.effects read
         self.eff_recs = _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, seen=self.seen)
         self.seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.seen.items()}  # CPU: not copies
@@ -197,15 +206,22 @@ class _FirstRun:
     def check(self, spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
               ref_inputs: dict, before: dict, suffix: str, allowance: Allowance | None) -> list[compare.Record]:
         """``_check_outputs`` of a later run, the first run's records where its bytes are the same."""
-        names = [o.name for o in spec.outputs if o.when(case)]
-        if _same((self.out.get(n), out.get(n)) for n in names):
+        outputs = [o for o in spec.outputs if o.when(case)]
+        outs = [(self.out.get(o.name), out.get(o.name)) for o in outputs]
+        keys_same = set(inputs) == self.keys and set(before) == set(self.before)
+        buffers = [] if not keys_same else ([(v, inputs[b]) for b, v in self.written.items()]
+                                            + [(v, before[b]) for b, v in self.before.items()])
+        if any(o.observed is not None for o in outputs):  # those records read the buffers too
+            buffers_seen_same = outs_same = keys_same and _same(outs + buffers)
+        else:
+            buffers_seen_same, outs_same = False, _same(outs)
+        if outs_same:
             recs = self._renamed(self.out_recs, suffix)
         else:
-            recs = _output_records(spec, impl, case, out, oracle, ref_out, suffix, allowance)
+            recs = _output_records(spec, impl, case, out, oracle, ref_out, suffix, allowance, inputs, before)
         host = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
-        if set(inputs) == self.keys and set(before) == set(self.before) and _same(
-                [(v, host(inputs[k])) for k, v in self.seen.items()]
-                + [(v, inputs[b]) for b, v in self.written.items()] + [(v, before[b]) for b, v in self.before.items()]):
+        if keys_same and _same([(v, host(inputs[k])) for k, v in self.seen.items()]
+                               + ([] if buffers_seen_same else buffers)):
             return recs + self._renamed(self.eff_recs, suffix)
         return recs + _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, suffix)
 

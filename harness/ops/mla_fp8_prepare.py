@@ -1,9 +1,12 @@
 """Registry entry for ``mla_fp8_prepare``: its OpSpec and built-in implementations.
 
 Contract: exact. q8 bytes and the bytes of every written KV row equal the reference chain's;
-``kv_writes`` (writes per physical row, from the pool model) equals the chain's, i.e. every
-path writes each row exactly once, at the physical slot attention reads; every other row
-keeps its canary bytes.
+``kv_writes`` (writes per physical row) equals the chain's, i.e. every path writes each row
+exactly once, at the physical slot attention reads; every other row keeps its canary bytes.
+The ``kv_writes`` compared is what the pool shows (``_observed_writes``): a row whose bytes
+changed was written, at least once (more when the implementation's own count says so); a row
+whose bytes did not change was not, whatever the count says. A kernel writing a row it should
+not fails ``exact:kv_writes`` even when its wrapper's count leaves the row out.
 
 fp8 policy per implementation: the reference and ``compiled`` follow the case's policy
 (``saturate`` or ``nan``); the fused kernel implements ``saturate`` only. Its ``can_handle``
@@ -73,6 +76,23 @@ def _effects(case, inputs, oracle):
     from cases import mla_fp8_prepare as c
 
     return [Effect("kv_buffer", c.written_rows(case, inputs), None, contract="exact")]
+
+
+def _observed_writes(reported, after, before):
+    """writes per row as the pool shows them: a changed row at least once, an unchanged row never
+
+    ``reported`` (S,) int: the implementation's own count. Returned as it is when it is None or of
+    another shape, or the buffer is not there to diff (the exact check names what it sees).
+    Computed on the buffer's device. Shape: (S,), ``reported``'s dtype."""
+    from harness.compare import _bytes, _on
+
+    new, old = (after or {}).get("kv_buffer"), (before or {}).get("kv_buffer")
+    if not (isinstance(reported, torch.Tensor) and isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor)
+            and reported.dim() == 1 and new.dim() >= 1 and reported.shape[0] == new.shape[0]
+            and old.shape == new.shape and old.dtype == new.dtype):
+        return reported
+    changed = (_bytes(new) != _bytes(_on(old, new))).reshape(new.shape[0], -1).any(dim=1)
+    return torch.where(_on(changed, reported), reported.clamp(min=1), torch.zeros_like(reported))
 
 
 def _fused(**kw):
@@ -150,7 +170,7 @@ def _spec() -> OpSpec:
         build_inputs=c.build_inputs,
         reference=r.mla_fp8_prepare_step,
         oracle=r.mla_fp8_prepare_oracle,
-        outputs=(OutputSpec("q8", "exact"), OutputSpec("kv_writes", "exact")),
+        outputs=(OutputSpec("q8", "exact"), OutputSpec("kv_writes", "exact", observed=_observed_writes)),
         effects=_effects,
         writable=("kv_buffer",),
         inputs=("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "out_cache_loc", "slot_map", "decode_kernel_loc",
