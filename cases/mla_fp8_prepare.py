@@ -274,3 +274,44 @@ def written_rows(case: MlaFp8PrepareCase, inputs: dict) -> torch.Tensor:
     loc = loc[loc >= 0]
     sm = inputs["slot_map"]
     return loc if sm is None else sm.cpu().long()[loc]
+
+
+# ----------------------------------------------------------------------------- reach (cases.reach)
+
+def _reach_pow2(x: float) -> bool:
+    return x > 0 and float(x).hex().startswith("0x1.0000000000000p")
+
+
+def mla_tile_edge(rows: int) -> bool:
+    from_compiled = 4  # fused.mla_fp8_prepare.block_config(interpreted=False)[0]
+    return rows >= from_compiled - 1 and rows % from_compiled in (from_compiled - 1, 0, 1)
+
+
+REACH = {
+    "e4m3fn": lambda c, f: c.fp8_format == "e4m3fn",
+    "e4m3fnuz": lambda c, f: c.fp8_format == "e4m3fnuz",
+    "dispatch: kernel": lambda c, f: expected_path(c) == "kernel",
+    "dispatch: a gate off (fallback)": lambda c, f: not (c.save_kv_cache and c.switch and c.capture_loc
+                                                         and c.q_layout != "inner_strided"),
+    "policy nan (fused refuses)": lambda c, f: c.policy == "nan",
+    "no kv_descale": lambda c, f: c.kv_descale == 0.0,
+    "kv_descale a power of two": lambda c, f: _reach_pow2(c.kv_descale),
+    "kv_descale not a power of two": lambda c, f: c.kv_descale != 0.0 and not _reach_pow2(c.kv_descale),
+    "fp8 specials present": lambda c, f: c.specials > 0,
+    "fp8 specials only": lambda c, f: c.specials == 1.0,
+    "overflow-heavy (scale 300)": lambda c, f: c.scale == 300.0,
+    "subnormal-heavy (scale 0.01)": lambda c, f: c.scale == 0.01,
+    "padding entries": lambda c, f: c.padding > 0,
+    "pool full (no extra slots)": lambda c, f: c.extra_slots == 0,
+    "pool translated": lambda c, f: c.pool == "translated",
+    "pool identity": lambda c, f: c.pool == "identity",
+    "q model layout": lambda c, f: c.q_layout == "model",
+    "q contiguous": lambda c, f: c.q_layout == "contiguous",
+    "k model layout": lambda c, f: c.k_layout == "model",
+    "k contiguous": lambda c, f: c.k_layout == "contiguous",
+    "loc int32": lambda c, f: c.loc_dtype == "int32",
+    **{f"dims {dn}/{r}": (lambda dn, r: lambda c, f: (c.Dn, c.R) == (dn, r))(dn, r)
+       for dn, r in ((512, 64), (64, 16), (100, 28), (17, 5))},
+    "q rows (T·H) at a compiled tile edge ±1": lambda c, f: mla_tile_edge(c.T * c.H),
+    "k rows (T) at a compiled tile edge ±1": lambda c, f: mla_tile_edge(c.T),
+}

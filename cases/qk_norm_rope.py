@@ -6,6 +6,7 @@ TP; a verify batch has T = B·(L+1) tokens; kv is a strided slice of ``qkv_a``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from hypothesis import strategies as st
@@ -168,3 +169,42 @@ def build_inputs(case: QkNormRopeCase, device) -> dict:
         q_out=torch.full((T, H, D), float("nan"), dtype=torch.bfloat16, device=dev) if case.q_out == "provided" else None,
     )
     return kw
+
+
+# ----------------------------------------------------------------------------- reach (cases.reach)
+
+_CPU = SimpleNamespace(torch_device=torch.device("cpu"))  # all build_inputs reads of a Device
+
+
+def reach_facts(c: QkNormRopeCase) -> dict:
+    pos = build_inputs(c, _CPU)["positions"]
+    return dict(pos=pos, spread=int(pos.max() - pos.min()))
+
+
+def _qk_tile_edge(c) -> bool:
+    return c.T in tile_edges(c.D, c.T)
+
+
+REACH = {
+    "rope rotates (some position > 0)": lambda c, f: bool((f["pos"] > 0).any()),
+    "positions spread over >= 1/4 of the table": lambda c, f: f["spread"] >= 1 and f["spread"] >= c.max_pos // 4,
+    "positions >= 1024 (large angles)": lambda c, f: int(f["pos"].max()) >= 1024,
+    "last table row used": lambda c, f: int(f["pos"].max()) == c.max_pos - 1 and c.max_pos > 1,
+    "rope_style interleaved": lambda c, f: c.rope_style == "interleaved",
+    "rope_style neox": lambda c, f: c.rope_style == "neox",
+    "q weight on": lambda c, f: c.q_weight,
+    "q weight off": lambda c, f: not c.q_weight,
+    **{f"head_dim {d}": (lambda d: lambda c, f: c.D == d)(d) for d in (64, 128, 256, 512)},
+    **{f"rope_dim {r}": (lambda r: lambda c, f: c.R == r)(r) for r in (16, 32, 64)},
+    "several heads": lambda c, f: c.H > 1,
+    "tokens at a compiled tile edge ±1": lambda c, f: _qk_tile_edge(c),
+    "mode decode": lambda c, f: c.mode == "decode",
+    "mode target_verify": lambda c, f: c.mode == "target_verify",
+    "decode with padding slots": lambda c, f: c.mode == "decode" and c.padding > 0,
+    "rows near eps (scale 1e-3)": lambda c, f: c.scale == 1e-3,
+    "large rows (scale 30)": lambda c, f: c.scale == 30.0,
+    "eps 1e-5": lambda c, f: c.eps == 1e-5,
+    "kv strided": lambda c, f: c.kv_layout == "strided",
+    "kv contiguous": lambda c, f: c.kv_layout == "contiguous",
+    "caller's q_out": lambda c, f: c.q_out == "provided",
+}

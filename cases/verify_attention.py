@@ -256,3 +256,37 @@ def build_inputs(case: VerifyAttentionCase, device) -> dict:
         custom_mask=None if tree is None else tree.to(dev), o=None, topk=case.topk, model_family=case.family,
         splitkv_switch=True,
     )
+
+
+# ----------------------------------------------------------------------------- reach (cases.reach)
+
+def reach_facts(c: VerifyAttentionCase) -> dict:
+    pre = prefix_lengths(c.prefix, c.B, c.seed)
+    chunks = [-(-n // c.splits) for n in pre]  # the kernels' cdiv partition: keys per split
+    return dict(pre=pre, chunks=chunks)
+
+
+REACH = {
+    "layout gqa": lambda c, f: c.layout == "gqa",
+    "layout mla": lambda c, f: c.layout == "mla",
+    **{f"head_dim {d}": (lambda d: lambda c, f: c.D == d)(d) for d in (64, 128, 256, 576)},
+    "several requests": lambda c, f: c.B > 1,
+    "width 1": lambda c, f: c.L == 1,
+    "width >= 4": lambda c, f: c.L >= 4,
+    "several KV heads": lambda c, f: c.Hkv > 1,
+    "group not a power of two (shared-KV refuses)": lambda c, f: (c.H // c.Hkv) & (c.H // c.Hkv - 1) != 0,
+    "an empty prefix": lambda c, f: 0 in f["pre"],
+    "prefix mixed": lambda c, f: c.prefix.startswith("mixed:"),
+    "split keys at a compiled tile edge ±1": lambda c, f: any(at_tile_edge(k, c.D) for k in f["chunks"]),
+    "kv bf16": lambda c, f: c.kv_dtype == "bf16",
+    "kv e4m3fn": lambda c, f: c.kv_dtype == "e4m3fn",
+    "kv e4m3fnuz": lambda c, f: c.kv_dtype == "e4m3fnuz",
+    "non-unit k/v scales": lambda c, f: (c.k_scale, c.v_scale) != (1.0, 1.0),
+    "non-causal": lambda c, f: not c.is_causal,
+    "ascending indices": lambda c, f: not c.permuted,
+    "ragged widths": lambda c, f: c.ragged,
+    "one split": lambda c, f: c.splits == 1,
+    "several splits": lambda c, f: c.splits > 1,
+    "tree (topk > 1)": lambda c, f: c.topk > 1,
+    "peaky softmax (q_scale 4)": lambda c, f: c.q_scale == 4.0,
+}
