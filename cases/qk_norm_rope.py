@@ -1,7 +1,10 @@
 """Cases for ``qk_norm_rope`` (seed 000): DeepSeek-V4 MQA shapes and the ugly ones.
 
 DeepSeek-V4: head_dim 512, rope_dim 64 (interleaved), no q weight, local heads 8…128 after
-TP; a verify batch has T = B·(L+1) tokens; kv is a strided slice of ``qkv_a``.
+TP; a verify batch has T = B·(L+1) tokens; kv is a strided slice of ``qkv_a``. A layer is
+unified (the bf16 ring, ``ring``) or non-unified (``unified=False``: the paged fp8 SWA cache,
+``swa_cache`` + ``swa_page_size``, ``reference.qk_norm_rope.SwaLayout``; ``ring`` None), the
+gate's third branch.
 """
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 from hypothesis import strategies as st
+
+from reference.qk_norm_rope import SWA_TILE, SwaLayout
 
 FORWARD_MODES = ("decode", "target_verify")
 
@@ -29,6 +34,8 @@ class QkNormRopeCase:
     padding: int = 0  # loc entries set to -1 (padding slots)
     kv_layout: str = "strided"  # strided (slice of qkv_a, as in the model) | contiguous
     q_out: str = "alloc"  # alloc | provided (caller passes q_out)
+    unified: bool = True  # False: non-unified layer, the paged fp8 SWA cache instead of the ring
+    page_size: int = 64  # tokens per SWA page (non-unified only)
     seed: int = 0
     name: str = ""
 
@@ -133,12 +140,20 @@ def build_inputs(case: QkNormRopeCase, device) -> dict:
     loc = torch.randperm(S, generator=g)[:T]
     loc[torch.randperm(T, generator=g)[: case.padding]] = -1
     dev = device.torch_device
+    store = dict(ring=ring.to(dev), loc=loc.to(dev))
+    if not case.unified:  # slots spread over a few pages, the rest of every page stale canary bytes
+        lay = SwaLayout(D, R, case.page_size)
+        pages = -(-S // case.page_size) + 1
+        loc = torch.randperm(pages * case.page_size, generator=g)[:T]
+        loc[torch.randperm(T, generator=g)[: case.padding]] = -1
+        pool = torch.randint(0, 256, (pages, lay.page_bytes), generator=g, dtype=torch.uint8)
+        store = dict(ring=None, loc=loc.to(dev), swa_cache=pool.to(dev), swa_page_size=case.page_size)
     kw = dict(
         q=q.to(dev), kv=(qkv_a.to(dev)[:, 96:] if case.kv_layout == "strided" else kv.to(dev)),
         kv_norm_weight=(0.5 + torch.rand(D, generator=g)).bfloat16().to(dev),
         q_norm_weight=(0.5 + torch.rand(D, generator=g)).bfloat16().to(dev) if case.q_weight else None,
         eps=case.eps, rope_dim=R, cos=cos.to(dev), sin=sin.to(dev), positions=positions.to(dev),
-        rope_style=case.rope_style, ring=ring.to(dev), loc=loc.to(dev), forward_mode=case.mode,
+        rope_style=case.rope_style, **store, forward_mode=case.mode,
         q_out=torch.full((T, H, D), float("nan"), dtype=torch.bfloat16, device=dev) if case.q_out == "provided" else None,
     )
     return kw
