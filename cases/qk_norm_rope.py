@@ -75,6 +75,18 @@ def catalog(*, big: bool = False) -> list[QkNormRopeCase]:
         C(T=6, H=2, D=64, R=64, name="rope-covers-whole-head", seed=19),
         C(T=513, H=2, D=256, R=32, name="tile-boundary-plus-one", seed=20),
         C(T=511, H=2, D=256, R=32, name="tile-boundary-minus-one", seed=21),
+        # non-unified layers (the gate's third branch): the kernel's own paged fp8 store in every
+        # mode, no kv handed back; DeepSeek-V4's page of 64 tokens and short pages that split a batch
+        _verify("dsv4-nonunified-verify-b2-l3-h16", 2, 3, 16, unified=False, seed=22),
+        C(T=4, H=16, mode="decode", unified=False, name="dsv4-nonunified-decode-b4-h16", seed=23),
+        C(T=12, H=4, D=128, R=64, mode="decode", unified=False, page_size=4, padding=3,
+          name="nonunified-short-pages-padding", seed=24),
+        C(T=7, H=2, D=256, R=64, unified=False, page_size=3, q_out="provided", name="nonunified-odd-pages-q-out",
+          seed=25),
+        C(T=6, H=2, D=64, R=64, unified=False, page_size=2, name="nonunified-rope-covers-whole-head", seed=26),
+        C(T=8, H=4, D=128, R=64, scale=1e-3, unified=False, page_size=8, name="nonunified-tiny-rows", seed=27),
+        C(T=8, H=4, D=128, R=64, rope_style="neox", q_weight=True, unified=False, page_size=1,
+          name="nonunified-neox-page-of-one", seed=28),
     ]
     if big:
         cases += [

@@ -8,9 +8,34 @@ import torch
 from harness.registry import Effect, Impl, OpSpec, OutputSpec, Registry
 
 
+def _paged_effect(inputs, oracle, valid) -> Effect:
+    """The non-unified store's effect on ``swa_cache``: the pages holding loc's slots; their token
+    records decoded (``swa_decode``: what attention reads) against the oracle's kv rows; every other
+    byte of those pages (other slots, the pad bytes, the page padding) and every other page kept."""
+    from reference import qk_norm_rope as r
+
+    lay = r.SwaLayout(inputs["kv"].shape[1], int(inputs["rope_dim"]), int(inputs["swa_page_size"]))
+    slots = inputs["loc"].cpu()[valid].long()
+    pages, where = torch.unique(slots // lay.page_size, return_inverse=True)  # (n_pages,), (n,)
+    slot = slots % lay.page_size
+    owned = torch.zeros(len(pages), lay.min_page_bytes, dtype=torch.int32).index_add_(
+        0, where, lay.written_bytes(slot).int()) > 0  # (n_pages, min_page_bytes)
+    view = functools.partial(_decode_tokens, where=where, slot=slot, lay=lay)
+    return Effect("swa_cache", pages, oracle["kv_out"][valid], view=view, written_bytes=owned)
+
+
+def _decode_tokens(page_rows, *, where, slot, lay):
+    """(n_pages, page_bytes) uint8 -> (n, D) fp64: token i's record from page ``where[i]``, slot ``slot[i]``."""
+    from reference import qk_norm_rope as r
+
+    return r.swa_decode(page_rows[where.to(page_rows.device)], slot, lay)
+
+
 def _qk_effects(case, inputs, oracle):
     loc = inputs["loc"].cpu()
     valid = loc >= 0
+    if inputs.get("swa_cache") is not None:  # non-unified layer: the paged fp8 store, every mode
+        return [_paged_effect(inputs, oracle, valid)]
     if case.mode == "decode":
         return [Effect("ring", loc[valid].long(), oracle["kv_out"][valid])]
     return [Effect("ring", torch.empty(0, dtype=torch.long), oracle["kv_out"][:0])]
@@ -32,16 +57,20 @@ def _qk_compiled_fns():
     return torch.compile(r.q_norm_rope, dynamic=True), torch.compile(r.kv_norm_rope, dynamic=True)
 
 
-def _qk_compiled(*, forward_mode, ring, loc, **kw):
-    """torch.compile of the reference chain's two launches (+ the decode store)."""
+def _qk_compiled(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=None, **kw):
+    """torch.compile of the reference chain's two launches (+ the decode ring store, or the
+    non-unified paged store, both eager)."""
     from reference import qk_norm_rope as r
 
-    r.validate(ring=ring, loc=loc, **kw)
+    r.validate(ring=ring, loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size, **kw)
     q_fn, kv_fn = _qk_compiled_fns()
     a = (kw["eps"], kw["cos"], kw["sin"], kw["positions"], kw["rope_dim"], kw["rope_style"])
     q_out = q_fn(kw["q"], kw["q_norm_weight"], *a, kw["q_out"])
     kv_out = kv_fn(kw["kv"], kw["kv_norm_weight"], *a)
-    if forward_mode == "decode":
+    if swa_cache is not None:
+        r.swa_paged_store(kv_out, swa_cache, loc, r.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]),
+                                                              int(swa_page_size)))
+    elif forward_mode == "decode":
         r.ring_store(kv_out, ring, loc)
     return {"q_out": q_out, "kv_out": kv_out}
 
@@ -59,13 +88,14 @@ def _qk_spec() -> OpSpec:
         reference=r.qk_norm_rope_step,
         oracle=r.qk_norm_rope_oracle,
         outputs=(OutputSpec("q_out", "numeric"),
-                 OutputSpec("kv_out", "numeric", when=lambda case: case.mode == "target_verify")),
+                 OutputSpec("kv_out", "numeric", when=lambda case: case.mode == "target_verify" and case.unified)),
         effects=_qk_effects,
-        writable=("ring",),
+        writable=("ring", "swa_cache"),
         out_args=("q_out",),
         inputs=("q", "kv", "kv_norm_weight", "q_norm_weight", "eps", "rope_dim", "cos", "sin", "positions",
-                "rope_style", "ring", "loc", "forward_mode", "q_out"),
-        doc="qk RMSNorm + RoPE (DeepSeek-V4 MQA); the verify step must not store into the ring (seed 000)",
+                "rope_style", "ring", "loc", "forward_mode", "q_out", "swa_cache", "swa_page_size"),
+        doc="qk RMSNorm + RoPE (DeepSeek-V4 MQA); the unified verify step must not store into the ring (seed 000); "
+            "a non-unified layer stores into its paged fp8 SWA cache",
     )
 
 
@@ -76,6 +106,6 @@ def register(reg: Registry) -> None:
     reg.add(Impl("qk_norm_rope", "reference", "reference", r.qk_norm_rope_step,
                  doc="two launches (q, kv) + the decode ring store"))
     reg.add(Impl("qk_norm_rope", "fused", "fused", _qk_fused,
-                 doc="gate + one Triton launch; in-kernel store only in decode"))
+                 doc="gate + one Triton launch; in-kernel store in unified decode and on non-unified layers"))
     reg.add(Impl("qk_norm_rope", "compiled", "compiled", _qk_compiled,
                  doc="torch.compile(dynamic=True) of the reference chain's launches"))
