@@ -101,12 +101,20 @@ def catalog(*, big: bool = False) -> list[QkNormRopeCase]:
 @st.composite
 def cases(draw, *, max_tokens: int = 40, max_heads: int = 12, head_dims=(64, 128, 256, 512),
           rope_dims=(16, 32, 64), max_positions: int = 8192):
-    """Generated cases, built bottom-up; shrinks toward T=1, H=1, the smallest head_dim."""
+    """Generated cases, built bottom-up; shrinks toward T=1, H=1, the smallest head_dim, a unified
+    layer. A non-unified layer (the paged fp8 store) needs head_dim − rope_dim in whole 64-value
+    tiles: its rope dims are drawn among those."""
     D = draw(st.sampled_from(head_dims))
-    R = draw(st.sampled_from([r for r in rope_dims if r <= D and D % r == 0]))
+    non_unified = draw(st.booleans())
+    fits = [r for r in rope_dims if r <= D and D % r == 0 and (not non_unified or (D - r) % SWA_TILE == 0)]
+    if not fits:  # no drawable rope dim tiles this head: a unified layer
+        non_unified = False
+        fits = [r for r in rope_dims if r <= D and D % r == 0]
+    R = draw(st.sampled_from(fits))
     T = draw(st.integers(1, max_tokens))
     H = draw(st.integers(1, max_heads))
     mode = draw(st.sampled_from(FORWARD_MODES[::-1]))
+    stores = mode == "decode" or non_unified  # padding slots mean something where the step stores
     return QkNormRopeCase(
         T=T, H=H, D=D, R=R,
         rope_style=draw(st.sampled_from(("interleaved", "neox"))),
@@ -116,9 +124,11 @@ def cases(draw, *, max_tokens: int = 40, max_heads: int = 12, head_dims=(64, 128
         eps=draw(st.sampled_from((1e-6, 1e-5))),
         max_pos=(max_pos := draw(st.integers(1, max_positions))),
         pos=draw(st.sampled_from(("random", "near_end", "zero"))),
-        padding=draw(st.integers(0, T - 1)) if mode == "decode" else 0,
+        padding=draw(st.integers(0, T - 1)) if stores else 0,
         kv_layout=draw(st.sampled_from(("strided", "contiguous"))),
         q_out=draw(st.sampled_from(("alloc", "provided"))),
+        unified=not non_unified,
+        page_size=draw(st.sampled_from((1, 2, 3, 4, 64))) if non_unified else 64,
         seed=draw(st.integers(0, 2 ** 16)),
     )
 

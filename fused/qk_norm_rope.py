@@ -296,7 +296,8 @@ def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=
     Contract: unified decode: ring[loc] holds the rotated kv afterwards; unified target_verify:
     the ring is untouched here and kv_out is returned for attention and the backend's causal
     store. Non-unified, every mode: swa_cache holds loc's records afterwards (the kernel's own
-    store, or the chain's launch 3' when the switch is off) and no kv is handed back.
+    store, or the chain's launch 3' when the switch is off) and no kv is handed back. As in the
+    model, the backend stores a non-unified chunk exactly when kv comes back (``return_kv``).
     """
     ref.validate_forward_mode(forward_mode)
     switch = verify_switch_from_env() if verify_switch is None else check_bool("verify_switch", verify_switch)
@@ -308,7 +309,7 @@ def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=
         q_out, kv_out = qk_norm_rope(**(store if d.in_kernel_store else {}), **kw)
     else:
         q_out, kv_out = ref.qk_norm_rope(**kw)
-    if not d.in_kernel_store and not unified:  # the backend's own paged store (launch 3')
+    if not unified and d.return_kv:  # kv handed back: the backend's own paged store (launch 3') runs
         ref.validate(**kw, **store)  # checked before the first byte of the cache is written
         ref.swa_paged_store(kv_out, swa_cache, loc, ref.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]),
                                                                   int(swa_page_size)))

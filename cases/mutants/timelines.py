@@ -83,7 +83,8 @@ MUTANTS = [
 # Targeted catalogs for the kill matrix: one fixed subset per op (the same for every
 # implementation of that op, clean or not), chosen to contain each per-op proof case.
 PARITY_CASES: dict[str, tuple[str, ...]] = {
-    "qk_norm_rope": ("dsv4-verify-b1-l3-h16", "dsv4-decode-b1-h16", "tiny-rows-eps-visible", "neox-decode-q-weight"),
+    "qk_norm_rope": ("dsv4-verify-b1-l3-h16", "dsv4-decode-b1-h16", "tiny-rows-eps-visible", "neox-decode-q-weight",
+                     "dsv4-nonunified-verify-b2-l3-h16"),
     "mla_fp8_prepare": ("k3-verify-b1-l3-h8", "translated-pool", "translated-pool-no-capture-loc",
                         "nan-policy-overflow", "descale-0.37"),
     "verify_attention": ("qwen35-tp-h4-l2", "dspark-hkv2-h8-noncausal", "k3-mla-h4-l2-e4m3fnuz", "gqa-hkv2-h4-d128",
