@@ -310,7 +310,7 @@ def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=
     else:
         q_out, kv_out = ref.qk_norm_rope(**kw)
     if not unified and d.return_kv:  # kv handed back: the backend's own paged store (launch 3') runs
-        ref.validate(**kw, **store)  # checked before the first byte of the cache is written
+        ref.validate(**kw, **store, ring=None)  # checked before the first byte of the cache is written
         ref.swa_paged_store(kv_out, swa_cache, loc, ref.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]),
                                                                   int(swa_page_size)))
     elif not d.in_kernel_store and forward_mode == "decode":
@@ -327,14 +327,16 @@ def compile_specs():
         "loc_ptr": "*i64", "T": "i32", "H": "i32", "D": "i32", "R": "i32", "eps": "fp32",
         "stride_q_t": "i32", "stride_q_h": "i32", "stride_kv_t": "i32", "stride_qo_t": "i32", "stride_qo_h": "i32",
         "stride_kvo_t": "i32", "stride_ring_s": "i32", "stride_cs_p": "i32",
+        "pool_ptr": "*u8", "pool_fp8_ptr": "*fp8e4nv", "stride_pool_p": "i32", "page_size": "i32",
     }
     specs = []
     for has_q_w in (False, True):
-        for has_store in (False, True):
+        for store in ("none", "ring", "paged"):
             for neox in (False, True):
                 block_t, block_d, warps = block_config(512, interpreted=False)
-                const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w, "HAS_STORE": has_store,
-                         "IS_NEOX": neox}
-                specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={int(has_store)},neox={int(neox)}]",
+                const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w,
+                         "HAS_STORE": store == "ring", "IS_NEOX": neox, "PAGED_FP8_STORE": store == "paged",
+                         "FP8_MAX": ref.SWA_FP8_MAX, "AMAX_FLOOR": ref.SWA_AMAX_FLOOR}
+                specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)}]",
                               _qk_norm_rope_kernel, sig, const, warps))
     return specs

@@ -28,6 +28,7 @@ import torch
 
 from reference.checks import (
     RangeError,
+    ShapeError,
     VerifyParityInputError,
     check_choice,
     check_contiguous,
