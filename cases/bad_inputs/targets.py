@@ -145,7 +145,9 @@ def base_cases(op: str, device) -> st.SearchStrategy:
     if op == "qk_norm_rope":
         from cases import qk_norm_rope as c
 
-        return c.cases(max_tokens=6, max_heads=3, head_dims=(64, 128), rope_dims=(16, 32, 64), max_positions=64)
+        # unified layers: a non-unified layer's paged store has no contract for non-finite rows yet
+        return c.cases(max_tokens=6, max_heads=3, head_dims=(64, 128), rope_dims=(16, 32, 64), max_positions=64).map(
+            lambda k: dataclasses.replace(k, unified=True))
     if op == "mla_fp8_prepare":
         from cases import mla_fp8_prepare as c
         from fused import mla_fp8_prepare as f
