@@ -23,8 +23,10 @@ Checks per (step, layer), each a ``harness.compare.Record`` tagged with its fami
             state      after the step, every committed row in the window sits where the slot
                        table says, byte-exact.
   gate      dispatch decisions observed at the step: what the prepare launch wrote (nothing in
-            extend/verify, kv handed back; each row exactly once in decode and for fp8 MLA) and
-            that verify attention was 2-source.
+            extend/verify, kv handed back; each row exactly once in decode and for fp8 MLA; on a
+            non-unified qk layer its rows' records of the paged fp8 SWA cache in every mode, no
+            other byte) and that verify attention was 2-source (a non-unified layer's chunk is read
+            back from its cache, decoded: causally indexed, as ``pre``).
 The truth is teacher-forced: layer k's oracle takes the path's own inputs to layer k, so
 rounding differences do not compound while a wrong KV row is still caught at the first read.
 """
@@ -81,15 +83,19 @@ def clean_path(reg: Registry, family: str, *, prepare: str = "fused", attn: str 
     return Path(f"{family}:{prepare}+{attn}", family, p, reg.impls[f"verify_attention/{attn}"], **kw)
 
 
-def backend_policy(fam: tl.Family, path: Path, store: str, mode: str, kv_returned: bool):
+def backend_policy(fam: tl.Family, path: Path, store: str, mode: str, kv_returned: bool, non_unified: bool = False):
     """The backend's decisions for one layer call -> (policy, backend_stores, store_first, one_source).
-    Shared by the timeline runner and the end-to-end engine (``harness.e2e.engine``)."""
-    if fam.prepare == "qk_norm_rope":  # the op stores in decode; the backend stores what it is handed
+    Shared by the timeline runner and the end-to-end engine (``harness.e2e.engine``). A non-unified
+    layer's prepare stores its chunk in every mode (the paged SWA cache), and its verify attention
+    reads the chunk from there causally indexed: the ``pre`` policy with the chunk read back."""
+    if non_unified:
+        backend_stores = False
+    elif fam.prepare == "qk_norm_rope":  # the op stores in decode; the backend stores what it is handed
         backend_stores = mode != "decode" and kv_returned
     else:  # mla: the prepare writes every row; plain projections: the backend writes them all
         backend_stores = fam.prepare == "projection"
     policy = {"extend": "post", "decode": "decode", "target_verify": store}[mode]
-    if mode == "target_verify" and not kv_returned:
+    if mode == "target_verify" and not kv_returned and not non_unified:
         policy = "as-history"  # no chunk handed back: the ring is all the backend can attend to
     store_first = policy in ("pre", "as-history") or (policy == "decode" and path.decode_store_first)
     one_source = fam.prepare == "mla_fp8_prepare" or policy in ("decode", "as-history")
@@ -163,6 +169,12 @@ class TimelineRun:
                                                      translated=fam.translated and t.translated, seed=t.seed),
                                    fam.layers, top, self.device)
         self.w = _Weights(fam, t, top + 1, self.device)
+        # non-unified layers: the paged fp8 SWA cache over the ring's slots (stale canary bytes);
+        # the layer's ring buffer mirrors what attention reads from it (the stored rows decoded)
+        lay = qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
+        pages = -(-self.kv.buffers[0].shape[0] // fam.page_size)
+        self.swa = {k: torch.randint(0, 256, (pages, lay.page_bytes), generator=self.w.g, dtype=torch.uint8
+                                     ).to(self.device) for k in fam.non_unified_layers}
         self.records: list[StepRecord] = []
         self.n = [0] * self.B  # committed tokens per request (the truth's length)
 
@@ -243,7 +255,10 @@ class TimelineRun:
         proj = {k: (xa.float() @ w).to(torch.bfloat16) for k, w in W.items()}
         pad_loc = torch.full((pad,), -1, dtype=torch.int64, device=self.device)
         kv_returned = True
-        if fam.prepare == "qk_norm_rope":
+        non_unified = layer in self.swa
+        if non_unified:
+            rows, q, kv_returned = self._prepare_qk_paged(step, mode, layer, proj, pos_t, loc_phys, pad_loc, buf)
+        elif fam.prepare == "qk_norm_rope":
             rows, q, kv_returned = self._prepare_qk(step, mode, layer, proj, pos_t, loc_phys, pad_loc, buf)
         elif fam.prepare == "mla_fp8_prepare":
             rows, q = self._prepare_mla(step, mode, layer, proj, loc_logical, loc_phys, pad_loc, buf)
@@ -254,7 +269,7 @@ class TimelineRun:
                                                         (0, fam.D - fam.Dv))), 1)  # (T, 2, Hkv, D)
         # --- backend store policy + attention
         policy, backend_stores, store_first, one_source = backend_policy(fam, self.path, self.store, mode,
-                                                                         kv_returned)
+                                                                         kv_returned, non_unified)
         if mode == "target_verify":
             ok = policy in ("pre", "post", "none")
             self._rec(step, mode, layer, "gate", compare.Record(
@@ -306,6 +321,43 @@ class TimelineRun:
             self._rec(step, mode, layer, "gate", compare.Record("gate:kv-returned", kv_out is not None,
                                                                 detail="" if kv_out is not None else "prepare kept kv"))
         return kv_val[:T].contiguous(), q_out[:T], kv_out is not None
+
+    def _prepare_qk_paged(self, step, mode, layer, proj, pos_t, loc_phys, pad_loc, buf):
+        """A non-unified layer's prepare: the op stores into the layer's paged SWA cache (every
+        mode); the rows it stored, decoded, are what attention reads (mirrored into ``buf``)."""
+        fam, T = self.fam, pos_t.shape[0]
+        n_all = proj["q"].shape[0]
+        positions = torch.cat((pos_t, torch.zeros(n_all - T, dtype=torch.int64, device=self.device)))
+        loc = torch.cat((loc_phys, pad_loc))
+        args = dict(q=proj["q"].view(n_all, fam.H, fam.D), kv=proj["kv"], kv_norm_weight=self.w.kv_norm[layer],
+                    q_norm_weight=None, eps=1e-6, rope_dim=fam.rope_dim, cos=self.w.cos, sin=self.w.sin,
+                    positions=positions, rope_style="interleaved")
+        pool, lay = self.swa[layer], qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
+        before = pool.clone()
+        out = self.path.prepare.fn(forward_mode=mode, ring=None, loc=loc, q_out=None, swa_cache=pool,
+                                   swa_page_size=fam.page_size, **args)
+        oracle = qk_ref.qk_norm_rope_oracle(**args)
+        ref_q, ref_kv = qk_ref.qk_norm_rope(**args)
+        valid = loc >= 0
+        slots = loc[valid]
+        buf[slots] = qk_ref.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(buf.dtype)
+        kv_val = buf[loc.clamp(min=0)]  # exact: an e4m3 value times 2**e is a bf16 value
+        ref_pool = before.clone()  # the chain's rows through the same store, decoded
+        qk_ref.swa_paged_store(ref_kv, ref_pool, loc, lay)
+        ref_val = qk_ref.swa_decode(ref_pool[slots // lay.page_size], slots % lay.page_size, lay)
+        v = valid[:T]
+        tq = tolerance.lookup("qk_norm_rope", "q_out", torch.bfloat16)
+        tkv = tolerance.lookup("qk_norm_rope", "swa_cache", torch.uint8)
+        self._rec_numeric(step, mode, layer, "prepare:q_out", out["q_out"][:T], oracle["q_out"][:T], ref_q[:T], tq)
+        self._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][v], oracle["kv_out"][:T][v],
+                          ref_val[: int(v.sum())], tkv)
+        # gate: every mode stores exactly its rows' records, nothing else of the cache
+        pages, where = torch.unique(slots // lay.page_size, return_inverse=True)
+        owned = torch.zeros(len(pages), lay.min_page_bytes, dtype=torch.int32, device=pool.device).index_add_(
+            0, where, lay.written_bytes(slots % lay.page_size).int()) > 0
+        self._rec(step, mode, layer, "gate", compare.untouched("gate:prepare-writes-only-its-rows", pool, before,
+                                                               pages, written_bytes=owned))
+        return kv_val[:T].contiguous(), out["q_out"][:T], out.get("kv_out") is not None
 
     def _prepare_mla(self, step, mode, layer, proj, loc_logical, loc_phys, pad_loc, buf):
         fam, T = self.fam, loc_logical.shape[0]

@@ -95,7 +95,7 @@ PARITY_CASES: dict[str, tuple[str, ...]] = {
 # Timelines per op for an op-level implementation: the families that use the op, one
 # short named timeline each (plus the one that makes a value-dependent bug reachable).
 OP_TIMELINES: dict[str, tuple[str, ...]] = {
-    "qk_norm_rope": ("dsv4-mqa-ring/accept-0-to-L", "dsv4-mqa-ring/tiny-activations"),
+    "qk_norm_rope": ("dsv4-mqa-mixed/mixed-padded", "dsv4-mqa-ring/accept-0-to-L", "dsv4-mqa-ring/tiny-activations"),
     "mla_fp8_prepare": ("k3-mla-fp8/accept-0-to-L", "k3-mla-fp8/fallback-write"),
     "verify_attention": ("dspark-noncausal/accept-0-to-L", "qwen35-gqa/accept-0-to-L", "dsv4-mqa-ring/accept-0-to-L",
                          "k3-mla-fp8/accept-0-to-L"),
