@@ -304,13 +304,14 @@ def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=
     unified = swa_cache is None
     d = gate_fn(unified=unified, forward_mode=forward_mode, verify_switch=switch,
                 fused_non_unified=check_bool("fused_non_unified", fused_non_unified))
-    store = dict(ring=ring, loc=loc) if unified else dict(swa_cache=swa_cache, swa_page_size=swa_page_size, loc=loc)
+    store = dict(ring=ring, loc=loc) if unified else dict(ring=ring, swa_cache=swa_cache, swa_page_size=swa_page_size,
+                                                          loc=loc)  # ring given too: validate names swa_cache
     if d.use_fused:
         q_out, kv_out = qk_norm_rope(**(store if d.in_kernel_store else {}), **kw)
     else:
         q_out, kv_out = ref.qk_norm_rope(**kw)
     if not unified and d.return_kv:  # kv handed back: the backend's own paged store (launch 3') runs
-        ref.validate(**kw, **store, ring=None)  # checked before the first byte of the cache is written
+        ref.validate(**kw, **store)  # checked before the first byte of the cache is written
         ref.swa_paged_store(kv_out, swa_cache, loc, ref.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]),
                                                                   int(swa_page_size)))
     elif not d.in_kernel_store and forward_mode == "decode":
