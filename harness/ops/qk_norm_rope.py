@@ -93,7 +93,7 @@ def _qk_spec() -> OpSpec:
         writable=("ring", "swa_cache"),
         out_args=("q_out",),
         inputs=("q", "kv", "kv_norm_weight", "q_norm_weight", "eps", "rope_dim", "cos", "sin", "positions",
-                "rope_style", "ring", "loc", "forward_mode", "q_out", "swa_cache", "swa_page_size"),
+                "rope_style", "ring", "loc", "swa_cache", "swa_page_size", "forward_mode", "q_out"),
         doc="qk RMSNorm + RoPE (DeepSeek-V4 MQA); the unified verify step must not store into the ring (seed 000); "
             "a non-unified layer stores into its paged fp8 SWA cache",
     )
