@@ -136,6 +136,7 @@ def test_stale_kv_is_invisible_when_everything_is_accepted(registry, device):
 @pytest.mark.parametrize("key,name", [
     ("qk_norm_rope/mutant-store-left-on-in-verify", "dsv4-mqa-ring/width-4-reject"),
     ("qk_norm_rope/mutant-rope-style-swapped-kv", "dsv4-mqa-ring/width-1"),
+    ("qk_norm_rope/mutant-nonunified-skips-paged-store", "dsv4-mqa-mixed/mixed-padded"),
     ("mla_fp8_prepare/mutant-untranslated-out-cache-loc", "k3-mla-fp8/width-1"),
     ("mla_fp8_prepare/mutant-fallback-write-skipped", "k3-mla-fp8/fallback-write"),
     ("verify_attention/mutant-drafts-not-causal", "qwen35-gqa/width-4-reject"),
