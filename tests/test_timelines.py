@@ -37,6 +37,15 @@ def test_clean_fused_path_passes_named_timeline(registry, device, name):
     assert any(s.mode == "target_verify" for s in recs)
 
 
+def test_non_unified_layers_need_a_prepare_with_a_store_of_its_own(registry, monkeypatch):
+    """Family.non_unified_layers on a prepare whose adapter has no cache of its own (the fp8 MLA
+    prepare) is refused when the run starts, not run as if every layer were unified."""
+    t = CATALOG["k3-mla-fp8/width-1"]
+    monkeypatch.setitem(tl.FAMILIES, t.family, dataclasses.replace(tl.FAMILIES[t.family], non_unified_layers=(1,)))
+    with pytest.raises(ValueError, match="non_unified_layers"):
+        timeline.TimelineRun(timeline.clean_path(registry, t.family), t)
+
+
 @pytest.mark.parametrize("family", sorted(tl.FAMILIES))
 def test_reference_path_passes(registry, device, family):
     """The unfused path (reference prepare + reference attention) is held to the same truth."""
