@@ -1,7 +1,10 @@
 """Cases for ``qk_norm_rope`` (seed 000): DeepSeek-V4 MQA shapes and the ugly ones.
 
 DeepSeek-V4: head_dim 512, rope_dim 64 (interleaved), no q weight, local heads 8…128 after
-TP; a verify batch has T = B·(L+1) tokens; kv is a strided slice of ``qkv_a``.
+TP; a verify batch has T = B·(L+1) tokens; kv is a strided slice of ``qkv_a``. A layer is
+unified (the bf16 ring, ``ring``) or non-unified (``unified=False``: the paged fp8 SWA cache,
+``swa_cache`` + ``swa_page_size``, ``reference.qk_norm_rope.SwaLayout``; ``ring`` None), the
+gate's third branch.
 """
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from types import SimpleNamespace
 
 import torch
 from hypothesis import strategies as st
+
+from reference.qk_norm_rope import SWA_TILE, SwaLayout
 
 FORWARD_MODES = ("decode", "target_verify")
 
@@ -30,6 +35,8 @@ class QkNormRopeCase:
     padding: int = 0  # loc entries set to -1 (padding slots)
     kv_layout: str = "strided"  # strided (slice of qkv_a, as in the model) | contiguous
     q_out: str = "alloc"  # alloc | provided (caller passes q_out)
+    unified: bool = True  # False: non-unified layer, the paged fp8 SWA cache instead of the ring
+    page_size: int = 64  # tokens per SWA page (non-unified only)
     seed: int = 0
     name: str = ""
 
@@ -69,6 +76,18 @@ def catalog(*, big: bool = False) -> list[QkNormRopeCase]:
         C(T=6, H=2, D=64, R=64, name="rope-covers-whole-head", seed=19),
         C(T=513, H=2, D=256, R=32, name="tile-boundary-plus-one", seed=20),
         C(T=511, H=2, D=256, R=32, name="tile-boundary-minus-one", seed=21),
+        # non-unified layers (the gate's third branch): the kernel's own paged fp8 store in every
+        # mode, no kv handed back; DeepSeek-V4's page of 64 tokens and short pages that split a batch
+        _verify("dsv4-nonunified-verify-b2-l3-h16", 2, 3, 16, unified=False, seed=22),
+        C(T=4, H=16, mode="decode", unified=False, name="dsv4-nonunified-decode-b4-h16", seed=23),
+        C(T=12, H=4, D=128, R=64, mode="decode", unified=False, page_size=4, padding=3,
+          name="nonunified-short-pages-padding", seed=24),
+        C(T=7, H=2, D=256, R=64, unified=False, page_size=3, q_out="provided", name="nonunified-odd-pages-q-out",
+          seed=25),
+        C(T=6, H=2, D=64, R=64, unified=False, page_size=2, name="nonunified-rope-covers-whole-head", seed=26),
+        C(T=8, H=4, D=128, R=64, scale=1e-3, unified=False, page_size=8, name="nonunified-tiny-rows", seed=27),
+        C(T=8, H=4, D=128, R=64, rope_style="neox", q_weight=True, unified=False, page_size=1,
+          name="nonunified-neox-page-of-one", seed=28),
     ]
     if big:
         cases += [
@@ -96,18 +115,27 @@ def tile_edges(D: int, max_tokens: int) -> list[int]:
 @st.composite
 def cases(draw, *, max_tokens: int = 40, max_heads: int = 12, head_dims=(64, 128, 256, 512),
           rope_dims=(16, 32, 64), max_positions: int = 8192):
-    """Generated cases, built bottom-up; shrinks toward T=1, H=1, the smallest head_dim.
+    """Generated cases, built bottom-up; shrinks toward T=1, H=1, the smallest head_dim, a unified
+    layer. A non-unified layer (the paged fp8 store) needs head_dim − rope_dim in whole 64-value
+    tiles: its rope dims are drawn among those (2 layers in 5 are non-unified).
 
-    Weighted so that every region tests/test_reach.py lists holds >= 20 % of a profile's cases:
+    Weighted so that every region of ``REACH`` holds >= 20 % of a profile's cases (tests/test_reach.py):
     half the token counts sit on a compiled tile edge, tables are small (2..64 rows, 1 in 3) or
     large (>= 4096 rows: large angles), and positions are all 0 (RoPE the identity) in 1 case
     in 8 only."""
     D = draw(st.sampled_from(head_dims))
-    R = draw(st.sampled_from([r for r in rope_dims if r <= D and D % r == 0]))
+    non_unified = draw(st.sampled_from((False, False, False, True, True)))  # 2 in 5
+    fits = [r for r in rope_dims if r <= D and D % r == 0 and (not non_unified or (D - r) % SWA_TILE == 0)]
+    if not fits:  # no drawable rope dim tiles this head: a unified layer
+        non_unified = False
+        fits = [r for r in rope_dims if r <= D and D % r == 0]
+    # a non-unified layer tiles D - R by 64 (in practice R = 64): unified layers favour the others
+    R = draw(st.sampled_from(fits if non_unified else fits + [r for r in fits if r != max(fits)]))
     edges = tile_edges(D, max_tokens)
     T = draw(st.integers(1, max_tokens) | st.sampled_from(edges) if edges else st.integers(1, max_tokens))
     H = draw(st.integers(1, max_heads))
     mode = draw(st.sampled_from(FORWARD_MODES[::-1]))
+    stores = mode == "decode" or non_unified  # padding slots mean something where the step stores
     pos = draw(st.sampled_from(("random",) * 5 + ("near_end",) * 2 + ("zero",)))
     if pos == "zero":
         max_pos = draw(st.integers(1, max_positions))
@@ -124,9 +152,11 @@ def cases(draw, *, max_tokens: int = 40, max_heads: int = 12, head_dims=(64, 128
         eps=draw(st.sampled_from((1e-6, 1e-5))),
         max_pos=max_pos,
         pos=pos,
-        padding=draw(st.integers(0, T - 1)) if mode == "decode" else 0,
+        padding=draw(st.integers(0, T - 1)) if stores else 0,
         kv_layout=draw(st.sampled_from(("strided", "contiguous"))),
         q_out=draw(st.sampled_from(("alloc", "provided"))),
+        unified=not non_unified,
+        page_size=draw(st.sampled_from((1, 2, 3, 4, 64))) if non_unified else 64,
         seed=draw(st.integers(0, 2 ** 16)),
     )
 
@@ -160,12 +190,20 @@ def build_inputs(case: QkNormRopeCase, device) -> dict:
     loc = torch.randperm(S, generator=g)[:T]
     loc[torch.randperm(T, generator=g)[: case.padding]] = -1
     dev = device.torch_device
+    store = dict(ring=ring.to(dev), loc=loc.to(dev))
+    if not case.unified:  # slots spread over a few pages, the rest of every page stale canary bytes
+        lay = SwaLayout(D, R, case.page_size)
+        pages = -(-S // case.page_size) + 1
+        loc = torch.randperm(pages * case.page_size, generator=g)[:T]
+        loc[torch.randperm(T, generator=g)[: case.padding]] = -1
+        pool = torch.randint(0, 256, (pages, lay.page_bytes), generator=g, dtype=torch.uint8)
+        store = dict(ring=None, loc=loc.to(dev), swa_cache=pool.to(dev), swa_page_size=case.page_size)
     kw = dict(
         q=q.to(dev), kv=(qkv_a.to(dev)[:, 96:] if case.kv_layout == "strided" else kv.to(dev)),
         kv_norm_weight=(0.5 + torch.rand(D, generator=g)).bfloat16().to(dev),
         q_norm_weight=(0.5 + torch.rand(D, generator=g)).bfloat16().to(dev) if case.q_weight else None,
         eps=case.eps, rope_dim=R, cos=cos.to(dev), sin=sin.to(dev), positions=positions.to(dev),
-        rope_style=case.rope_style, ring=ring.to(dev), loc=loc.to(dev), forward_mode=case.mode,
+        rope_style=case.rope_style, **store, forward_mode=case.mode,
         q_out=torch.full((T, H, D), float("nan"), dtype=torch.bfloat16, device=dev) if case.q_out == "provided" else None,
     )
     return kw
@@ -201,6 +239,8 @@ REACH = {
     "mode decode": lambda c, f: c.mode == "decode",
     "mode target_verify": lambda c, f: c.mode == "target_verify",
     "decode with padding slots": lambda c, f: c.mode == "decode" and c.padding > 0,
+    "unified layer (ring)": lambda c, f: c.unified,
+    "non-unified layer (paged fp8 store)": lambda c, f: not c.unified,
     "rows near eps (scale 1e-3)": lambda c, f: c.scale == 1e-3,
     "large rows (scale 30)": lambda c, f: c.scale == 30.0,
     "eps 1e-5": lambda c, f: c.eps == 1e-5,

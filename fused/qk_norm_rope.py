@@ -54,8 +54,55 @@ def _norm_rope_tile(
     return tl.where(rope_mask, y * c + sign[None, :] * yp * s, y)
 
 
+@triton.jit
+def _paged_fp8_store(
+    kv_y,  # [BLOCK_T, BLOCK_D] bf16 rotated kv rows (the values kv_out holds)
+    pool_ptr,  # uint8 pool, (num_pages, page_bytes)
+    pool_fp8_ptr,  # the pool as float8_e4m3fn
+    loc_ptr,  # (T,) token slots; negative = padding
+    offs_t, offs_d, mask_t, in_rope,
+    stride_pool_p, page_size, D, R,
+    FP8_MAX: tl.constexpr,
+    AMAX_FLOOR: tl.constexpr,
+):
+    """The non-unified store (reference.qk_norm_rope.SwaLayout): per 64-value nope tile a ue8m0
+    exponent e = ceil(log2(max(|max|, 1e-8) / 448)) from the fp32 quotient's bits (no log2),
+    codes fp8(clamp(x · 2**-e, ±448)), the rope dims' bf16 bytes; the pad byte is left alone."""
+    loc = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
+    write = mask_t & (loc >= 0)
+    page = tl.where(write, loc, 0) // page_size
+    in_page = tl.where(write, loc, 0) % page_size
+    nope = D - R
+    value_bytes = nope + 2 * R
+    tiles = nope // 64
+    v_base = page * stride_pool_p + in_page * value_bytes  # [BLOCK_T] byte offset of the value record
+    s_base = page * stride_pool_p + page_size * value_bytes + in_page * (tiles + 1)
+    is_nope = offs_d < nope
+    y = kv_y.to(tl.float32)  # bf16 -> fp32, exact
+    ay = tl.where(write[:, None] & is_nope[None, :], tl.abs(y), 0.0)
+    inv = tl.zeros_like(y)
+    for i in range(0, tiles):
+        in_tile = is_nope & (offs_d // 64 == i)
+        amax = tl.max(tl.where(in_tile[None, :], ay, 0.0), axis=1)  # [BLOCK_T]
+        bits = (tl.maximum(amax, AMAX_FLOOR) / FP8_MAX).to(tl.int32, bitcast=True)  # > 0, normal
+        e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # exact ceil(log2)
+        inv_t = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-e
+        inv = tl.where(in_tile[None, :], inv_t[:, None], inv)
+        tl.store(pool_ptr + s_base + i, (e + 127).to(tl.uint8), mask=write)
+    x = tl.minimum(tl.maximum(y * inv, -FP8_MAX), FP8_MAX)  # in range: the cast only rounds
+    m_nope = write[:, None] & is_nope[None, :]
+    tl.store(pool_fp8_ptr + v_base[:, None] + offs_d[None, :], x.to(pool_fp8_ptr.dtype.element_ty), mask=m_nope)
+    half = kv_y.to(tl.int16, bitcast=True)
+    lo = (half & 0xFF).to(tl.uint8)
+    hi = ((half >> 8) & 0xFF).to(tl.uint8)
+    rope_at = pool_ptr + v_base[:, None] + nope + 2 * (offs_d[None, :] - nope)
+    m_rope = write[:, None] & in_rope[None, :]
+    tl.store(rope_at, lo, mask=m_rope)
+    tl.store(rope_at + 1, hi, mask=m_rope)
+
+
 @triton.jit(do_not_specialize=["T", "H", "stride_q_t", "stride_q_h", "stride_kv_t", "stride_qo_t", "stride_qo_h",
-                               "stride_kvo_t", "stride_ring_s", "stride_cs_p"])
+                               "stride_kvo_t", "stride_ring_s", "stride_cs_p", "stride_pool_p", "page_size"])
 def _qk_norm_rope_kernel(
     q_out_ptr,  # (T, H, D) out, contiguous
     kv_out_ptr,  # (T, D) out, contiguous
@@ -84,6 +131,13 @@ def _qk_norm_rope_kernel(
     HAS_Q_WEIGHT: tl.constexpr,
     HAS_STORE: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    pool_ptr=None,  # (num_pages, page_bytes) uint8 paged SWA cache, written when PAGED_FP8_STORE
+    pool_fp8_ptr=None,  # the same bytes viewed as float8_e4m3fn
+    stride_pool_p=0,  # page_bytes
+    page_size=1,  # tokens per page
+    PAGED_FP8_STORE: tl.constexpr = False,  # non-unified KV: loc are token slots of pool_ptr
+    FP8_MAX: tl.constexpr = 448.0,
+    AMAX_FLOOR: tl.constexpr = 1e-8,
 ):
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
@@ -127,6 +181,9 @@ def _qk_norm_rope_kernel(
             slot = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
             store_mask = mask & (slot >= 0)[:, None]
             tl.store(ring_ptr + slot[:, None] * stride_ring_s + offs_d[None, :], kv_y, mask=store_mask)
+        if PAGED_FP8_STORE:
+            _paged_fp8_store(kv_y, pool_ptr, pool_fp8_ptr, loc_ptr, offs_t, offs_d, mask_t, in_rope, stride_pool_p,
+                             page_size, D, R, FP8_MAX=FP8_MAX, AMAX_FLOOR=AMAX_FLOOR)
 
 
 def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
@@ -141,7 +198,7 @@ def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
 
 
 def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
-            rope_style, ring=None, loc=None) -> None:
+            rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None) -> None:
     """The one launch. Arguments already validated, outputs allocated (the benchmark calls this
     directly: validation syncs the device and is not part of the op)."""
     T, H, D = q.shape
@@ -150,12 +207,16 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     BLOCK_T, BLOCK_D, num_warps = block_config(D, interpreted)
     has_store = ring is not None
+    paged = swa_cache is not None
     grid = (triton.cdiv(T, BLOCK_T), H + 1)
+    extra = dict(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8), stride_pool_p=swa_cache.stride(0),
+                 page_size=int(swa_page_size), PAGED_FP8_STORE=True, FP8_MAX=ref.SWA_FP8_MAX,
+                 AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
     _qk_norm_rope_kernel[grid](
         q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,
         q_ptr=q, kv_ptr=kv,
         q_w_ptr=q_norm_weight if q_norm_weight is not None else kv_norm_weight, kv_w_ptr=kv_norm_weight,
-        cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, loc_ptr=loc if has_store else positions,
+        cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, loc_ptr=loc if has_store or paged else positions,
         T=T, H=H, D=D, R=rope_dim, eps=eps,
         stride_q_t=q.stride(0), stride_q_h=q.stride(1),
         stride_kv_t=kv.stride(0),
@@ -165,29 +226,32 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
         stride_cs_p=cos.stride(0),
         BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
         HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
-        num_warps=num_warps,
+        num_warps=num_warps, **extra,
     )
 
 
 def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
-                 rope_style="interleaved", ring=None, loc=None, q_out=None):
+                 rope_style="interleaved", ring=None, loc=None, q_out=None, swa_cache=None, swa_page_size=None):
     """Same contract as ``reference.qk_norm_rope.qk_norm_rope``, in one launch.
 
     Shapes: q (T, H, D) bf16; kv (T, D) bf16 (rows may be strided); kv_norm_weight (D,);
     q_norm_weight (D,) or None; cos, sin (max_pos, R/2) fp32; positions (T,) int;
-    ring (S, D) bf16 and loc (T,) int, both or neither; q_out (T, H, D) or None.
-    Returns (q_out (T, H, D), kv_out (T, D) contiguous).
+    ring (S, D) bf16 and loc (T,) int, both or neither (the unified ring store); or
+    swa_cache (num_pages, page_bytes) uint8, swa_page_size and loc (the non-unified paged fp8
+    store, ``reference.qk_norm_rope.SwaLayout``); q_out (T, H, D) or None.
+    Returns (q_out (T, H, D), kv_out (T, D) contiguous): kv_out holds the bf16 rows the kernel
+    stored (the paged store quantises exactly these).
     """
     T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
                            rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
-                           ring=ring, loc=loc, q_out=q_out)
+                           ring=ring, loc=loc, q_out=q_out, swa_cache=swa_cache, swa_page_size=swa_page_size)
     eps, rope_dim = float(eps), int(rope_dim)  # numpy scalars: their values (kernel arguments)
     if q_out is None:
         q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
     _launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight,
             eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring,
-            loc=loc)
+            loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size)
     return q_out, kv_out
 
 
@@ -222,22 +286,35 @@ def gate(*, unified: bool, forward_mode: str, verify_switch: bool, fused_non_uni
     return QkNormRopeDecision(use_fused=use, in_kernel_store=store_in_kernel, return_kv=not store_in_kernel)
 
 
-def qk_norm_rope_step(*, forward_mode, ring, loc, gate_fn=gate, verify_switch=None, **kw):
-    """One prepare step on a unified-KV layer as the model runs it: gate, launch(es), store.
+def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=None, gate_fn=gate,
+                      verify_switch=None, fused_non_unified=True, **kw):
+    """One prepare step as the model runs it: gate, launch(es), store. The layer is unified
+    (``ring``, the bf16 ring) or non-unified (``swa_cache`` + ``swa_page_size``, the paged fp8
+    SWA cache; ``ring`` None); ``fused_non_unified`` is the model's switch for the latter.
 
-    Returns {"q_out", "kv_out"(None when the kernel stored and kept kv), "launch_path"}.
-    Contract: in decode ring[loc] holds the rotated kv afterwards; in target_verify the ring
-    is untouched here and kv_out is returned for attention and the backend's causal store.
+    Returns {"q_out", "kv_out" (None when the kernel stored and kept kv)}.
+    Contract: unified decode: ring[loc] holds the rotated kv afterwards; unified target_verify:
+    the ring is untouched here and kv_out is returned for attention and the backend's causal
+    store. Non-unified, every mode: swa_cache holds loc's records afterwards (the kernel's own
+    store, or the chain's launch 3' when the switch is off) and no kv is handed back. As in the
+    model, the backend stores a non-unified chunk exactly when kv comes back (``return_kv``).
     """
     ref.validate_forward_mode(forward_mode)
     switch = verify_switch_from_env() if verify_switch is None else check_bool("verify_switch", verify_switch)
-    d = gate_fn(unified=True, forward_mode=forward_mode, verify_switch=switch)
+    unified = swa_cache is None
+    d = gate_fn(unified=unified, forward_mode=forward_mode, verify_switch=switch,
+                fused_non_unified=check_bool("fused_non_unified", fused_non_unified))
+    store = dict(ring=ring, loc=loc) if unified else dict(ring=ring, swa_cache=swa_cache, swa_page_size=swa_page_size,
+                                                          loc=loc)  # ring given too: validate names swa_cache
     if d.use_fused:
-        q_out, kv_out = qk_norm_rope(ring=ring if d.in_kernel_store else None,
-                                     loc=loc if d.in_kernel_store else None, **kw)
+        q_out, kv_out = qk_norm_rope(**(store if d.in_kernel_store else {}), **kw)
     else:
         q_out, kv_out = ref.qk_norm_rope(**kw)
-    if forward_mode == "decode" and not d.in_kernel_store:
+    if not unified and d.return_kv:  # kv handed back: the backend's own paged store (launch 3') runs
+        ref.validate(**kw, **store)  # checked before the first byte of the cache is written
+        ref.swa_paged_store(kv_out, swa_cache, loc, ref.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]),
+                                                                  int(swa_page_size)))
+    elif not d.in_kernel_store and forward_mode == "decode":
         ref.ring_store(kv_out, ring, loc)  # the backend stores before a 1-source decode
     return {"q_out": q_out, "kv_out": kv_out if d.return_kv else None}
 
@@ -251,14 +328,16 @@ def compile_specs():
         "loc_ptr": "*i64", "T": "i32", "H": "i32", "D": "i32", "R": "i32", "eps": "fp32",
         "stride_q_t": "i32", "stride_q_h": "i32", "stride_kv_t": "i32", "stride_qo_t": "i32", "stride_qo_h": "i32",
         "stride_kvo_t": "i32", "stride_ring_s": "i32", "stride_cs_p": "i32",
+        "pool_ptr": "*u8", "pool_fp8_ptr": "*fp8e4nv", "stride_pool_p": "i32", "page_size": "i32",
     }
     specs = []
     for has_q_w in (False, True):
-        for has_store in (False, True):
+        for store in ("none", "ring", "paged"):
             for neox in (False, True):
                 block_t, block_d, warps = block_config(512, interpreted=False)
-                const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w, "HAS_STORE": has_store,
-                         "IS_NEOX": neox}
-                specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={int(has_store)},neox={int(neox)}]",
+                const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w,
+                         "HAS_STORE": store == "ring", "IS_NEOX": neox, "PAGED_FP8_STORE": store == "paged",
+                         "FP8_MAX": ref.SWA_FP8_MAX, "AMAX_FLOOR": ref.SWA_AMAX_FLOOR}
+                specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)}]",
                               _qk_norm_rope_kernel, sig, const, warps))
     return specs

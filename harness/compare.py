@@ -206,23 +206,36 @@ def exact(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Record:
                   detail="" if n == 0 else f"{n} bytes differ")
 
 
-def untouched(check: str, after: torch.Tensor, before: torch.Tensor, written_rows: torch.Tensor) -> Record:
+def untouched(check: str, after: torch.Tensor, before: torch.Tensor, written_rows: torch.Tensor, *,
+              written_bytes: torch.Tensor | None = None) -> Record:
     """Every row of ``after`` not listed in ``written_rows`` is byte-identical to ``before``.
+    ``written_bytes`` ((len(written_rows), n) bool, rows listed once): of each listed row only the
+    marked bytes among its first n may change, its other bytes must be ``before``'s too.
     Compared on ``after``'s device (the row mask is built on the host)."""
     keep = torch.ones(after.shape[0], dtype=torch.bool)
     if written_rows.numel():
         keep[written_rows.cpu().long()] = False
     n_keep = int(keep.sum())
-    ab = _bytes(after)
-    bb = _bytes(_on(before, ab))
-    keep_d = _on(keep, ab)
-    ab, bb = ab[keep_d], bb[keep_d]
+    ab_all = _bytes(after)
+    bb_all = _bytes(_on(before, ab_all))
+    keep_d = _on(keep, ab_all)
+    ab, bb = ab_all[keep_d], bb_all[keep_d]
     bad_rows = (ab != bb).flatten(1).any(-1)
     n = int(bad_rows.sum())
     rows = torch.nonzero(keep_d).flatten()[bad_rows][:WORST_K].tolist() if n else []
-    return Record(check, n == 0, mismatch_frac=n / max(1, n_keep),
-                  worst="" if n == 0 else f"rows {rows} changed",
-                  detail="" if n == 0 else f"{n} rows outside the write set changed")
+    partial: list[int] = []
+    if written_bytes is not None and written_rows.numel():
+        wr = _on(written_rows.long(), ab_all)
+        wa, wb = ab_all[wr].flatten(1), bb_all[wr].flatten(1)
+        may = torch.zeros_like(wa, dtype=torch.bool)
+        may[:, : written_bytes.shape[1]] = _on(written_bytes, wa)
+        partial = wr[((wa != wb) & ~may).any(-1)].tolist()
+    worst = "; ".join(([f"rows {rows} changed"] if n else [])
+                      + ([f"rows {partial[:WORST_K]} changed outside their written bytes"] if partial else []))
+    detail = "; ".join(([f"{n} rows outside the write set changed"] if n else [])
+                       + ([f"{len(partial)} written rows changed bytes they do not own"] if partial else []))
+    return Record(check, not n and not partial, mismatch_frac=(n + len(partial)) / max(1, after.shape[0]) if
+                  partial else n / max(1, n_keep), worst=worst, detail=detail)
 
 
 def _device_bytes(t: torch.Tensor) -> torch.Tensor:

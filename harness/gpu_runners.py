@@ -157,7 +157,8 @@ def _snapshot(spec, out: dict, inputs: dict) -> dict:
     """Outputs and written buffers, on the host (taken right away: graph memory gets reused)."""
     snap = {f"out:{k}": (v.detach().cpu().clone() if isinstance(v, torch.Tensor) else None)
             for k, v in out.items() if v is None or isinstance(v, torch.Tensor)}
-    snap.update({f"buffer:{b}": inputs[b].detach().cpu().clone() for b in spec.writable})
+    snap.update({f"buffer:{b}": inputs[b].detach().cpu().clone() for b in spec.writable
+                 if isinstance(inputs.get(b), torch.Tensor)})
     return snap
 
 

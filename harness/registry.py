@@ -74,6 +74,13 @@ class Effect:
     rows: Any  # LongTensor of written row indices (may be empty)
     oracle_rows: Any  # oracle values for those rows (numeric) — or None for exact contracts
     contract: str = "numeric"
+    # what the contract compares of the rows: None, the rows themselves; else a function of
+    # ``buffer[rows]`` (on its device) returning the values a reader sees (a paged fp8 pool's token
+    # records decoded), applied to the implementation's rows and the reference chain's alike
+    view: Callable[[Any], Any] | None = None
+    # (len(rows), n) bool, or None (whole rows): the bytes among the first n of each listed row that
+    # the op writes; the other bytes of those rows must keep theirs (``untouched:``), as unlisted rows do
+    written_bytes: Any = None
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,12 @@ class Allowance:
     label: str
 
 
+def _buffers(spec: OpSpec, inputs: dict) -> tuple[str, ...]:
+    """The op's writable buffers this case passes (a case may leave one None: a non-unified
+    qk_norm_rope layer has no ring)."""
+    return tuple(b for b in spec.writable if isinstance(inputs.get(b), torch.Tensor))
+
+
 def _cpu(inputs: dict) -> dict:
     return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
@@ -138,15 +144,18 @@ def _effect_records(spec: OpSpec, impl: Impl, case, oracle, inputs: dict, ref_in
         buf, rbuf = inputs[eff.buffer].detach(), ref_inputs[eff.buffer].cpu()
         rows = eff.rows.cpu().long()
         if rows.numel():
-            got = _rows(buf, rows)
+            got, want = _rows(buf, rows), rbuf[rows]
+            if eff.view is not None:
+                got, want = eff.view(got), eff.view(want)
             if eff.contract == "exact":
-                recs.append(compare.exact(f"effect:{eff.buffer}{suffix}", got, rbuf[rows]))
+                recs.append(compare.exact(f"effect:{eff.buffer}{suffix}", got, want))
             else:
                 tol = spec.tolerance(eff.buffer, buf.dtype)
                 recs.append(compare.finite(f"finite:{eff.buffer}{suffix}", got, eff.oracle_rows))
-                recs.append(compare.numeric(f"effect:{eff.buffer}{suffix}", got, eff.oracle_rows, rbuf[rows], tol,
+                recs.append(compare.numeric(f"effect:{eff.buffer}{suffix}", got, eff.oracle_rows, want, tol,
                                             is_reference=is_ref))
-        recs.append(compare.untouched(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer], rows))
+        recs.append(compare.untouched(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer], rows,
+                                      written_bytes=eff.written_bytes))
     return recs
 
 
@@ -196,7 +205,7 @@ class _FirstRun:
         self.seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.seen.items()}  # CPU: not copies
         self.keys = set(inputs)
         self.out = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
-        self.written = {b: inputs[b].detach().clone() for b in spec.writable}
+        self.written = {b: inputs[b].detach().clone() for b in _buffers(spec, inputs)}
         self.before = before
 
     @staticmethod
@@ -253,7 +262,7 @@ def _poison(spec: OpSpec, inputs: dict) -> None:
         if ref is None:  # make the caller-provided path happen in this run
             continue
         ref.view(torch.uint8).fill_(0xFF)
-    for name in spec.writable:
+    for name in _buffers(spec, inputs):
         inputs[name].view(torch.uint8).fill_(0xFF)  # NaN bit patterns for every float format
 
 
@@ -361,7 +370,7 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
         allow = st.allowance(impl.precision)
         with stages.timed("copy"):
             inputs = st.fresh()
-            before = {b: inputs[b].detach().clone() for b in spec.writable}
+            before = {b: inputs[b].detach().clone() for b in _buffers(spec, inputs)}
         with stages.timed("impl"):
             out, seconds = _call(impl.fn, inputs, dev)
         with stages.timed("compare"):
@@ -372,15 +381,15 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
         if determinism or alloc:  # one rerun serves both: a clean run cannot depend on the poison
             with stages.timed("copy"):
                 again = st.fresh()
-                again_before = {b: again[b].detach().clone() for b in spec.writable}
+                again_before = {b: again[b].detach().clone() for b in _buffers(spec, again)}
             poisoning = poison.allocations(device=dev.torch_device) if alloc else contextlib.nullcontext()
             with stages.timed("rerun"), poisoning:
                 out2, _ = _call(impl.fn, again, dev)
             with stages.timed("compare:rerun"):
                 if determinism:
                     recs.append(compare.bitwise_equal(
-                        "determinism", {**out, **{b: inputs[b] for b in spec.writable}},
-                        {**out2, **{b: again[b] for b in spec.writable}}))
+                        "determinism", {**out, **{b: inputs[b] for b in _buffers(spec, inputs)}},
+                        {**out2, **{b: again[b] for b in _buffers(spec, again)}}))
                 if alloc:
                     recs += first.check(spec, impl, case, out2, oracle, ref_out, again, st.ref_after,
                                         again_before, suffix="@poisoned-alloc", allowance=allow)
@@ -389,7 +398,7 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
             with stages.timed("copy"):
                 p = provide_outputs(spec, st.fresh(), ref_out, dev)
                 _poison(spec, p)
-                p_before = {b: p[b].detach().clone() for b in spec.writable}
+                p_before = {b: p[b].detach().clone() for b in _buffers(spec, p)}
             with stages.timed("poisoned"):
                 p_out, _ = _call(impl.fn, p, dev)
             with stages.timed("compare:poisoned"):

@@ -23,8 +23,10 @@ Checks per (step, layer), each a ``harness.compare.Record`` tagged with its fami
             state      after the step, every committed row in the window sits where the slot
                        table says, byte-exact.
   gate      dispatch decisions observed at the step: what the prepare launch wrote (nothing in
-            extend/verify, kv handed back; each row exactly once in decode and for fp8 MLA) and
-            that verify attention was 2-source.
+            extend/verify, kv handed back; each row exactly once in decode and for fp8 MLA; on a
+            non-unified qk layer its rows' records of the paged fp8 SWA cache in every mode, no
+            other byte) and that verify attention was 2-source (a non-unified layer's chunk is read
+            back from its cache, decoded: causally indexed, as ``pre``).
 The truth is teacher-forced: layer k's oracle takes the path's own inputs to layer k, so
 rounding differences do not compound while a wrong KV row is still caught at the first read.
 
@@ -107,6 +109,15 @@ class Prepare:
     def backend_stores(self, mode: str, kv_returned: bool) -> bool:
         """Whether the backend stores the chunk's rows (the rest: the prepare op does)."""
         return not self.writes_rows
+
+    def layer_caches(self, tr: TimelineRun) -> dict[int, torch.Tensor]:
+        """The family's non-unified layers (``Family.non_unified_layers``) -> the cache of its own the
+        prepare stores their rows into, made once per run (after ``tr.w``, drawing from ``tr.w.g``);
+        ``tr.kv``'s buffer of such a layer mirrors what attention reads from it. Here: none."""
+        if fam_layers := tr.fam.non_unified_layers:
+            raise ValueError(f"family {tr.fam.name!r}: non_unified_layers {fam_layers} but its prepare "
+                             f"{tr.fam.prepare!r} has no store of its own")
+        return {}
 
     def run(self, tr: TimelineRun, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf):
         """The prepare at one layer, recording its checks on ``tr`` -> (chunk rows (T, *row_shape),
@@ -193,13 +204,16 @@ def clean_path(reg: Registry, family: str, *, prepare: str = "fused", attn: str 
     return Path(f"{family}:{prepare}+{attn}", family, p, reg.impls[f"{reg.attention().name}/{attn}"], **kw)
 
 
-def backend_policy(fam: tl.Family, path: Path, store: str, mode: str, kv_returned: bool):
+def backend_policy(fam: tl.Family, path: Path, store: str, mode: str, kv_returned: bool, non_unified: bool = False):
     """The backend's decisions for one layer call -> (policy, backend_stores, store_first, one_source).
-    Shared by the timeline runner and the end-to-end engine (``harness.e2e.engine``)."""
+    Shared by the timeline runner and the end-to-end engine (``harness.e2e.engine``). A non-unified
+    layer's prepare stores its chunk in every mode (in a cache of its own: ``Prepare.layer_caches``),
+    and its verify attention reads the chunk from there causally indexed: the ``pre`` policy with the
+    chunk read back."""
     prep = prepare_of(fam)
-    backend_stores = prep.backend_stores(mode, kv_returned)
+    backend_stores = False if non_unified else prep.backend_stores(mode, kv_returned)
     policy = {"extend": "post", "decode": "decode", "target_verify": store}[mode]
-    if mode == "target_verify" and not kv_returned:
+    if mode == "target_verify" and not kv_returned and not non_unified:
         policy = "as-history"  # no chunk handed back: the ring is all the backend can attend to
     store_first = policy in ("pre", "as-history") or (policy == "decode" and path.decode_store_first)
     one_source = prep.writes_rows or policy in ("decode", "as-history")
@@ -242,6 +256,8 @@ class TimelineRun:
                                                      translated=fam.translated and t.translated, seed=t.seed),
                                    fam.layers, top, self.device)
         self.w = _Weights(fam, t, top + 1, self.device)
+        # non-unified layers (Family.non_unified_layers): the prepare's own cache per layer
+        self.layer_caches = prepare_of(fam).layer_caches(self)
         self.records: list[StepRecord] = []
         self.n = [0] * self.B  # committed tokens per request (the truth's length)
 
@@ -321,11 +337,12 @@ class TimelineRun:
         W = self.w.proj[layer]
         proj = {k: (xa.float() @ w).to(torch.bfloat16) for k, w in W.items()}
         pad_loc = torch.full((pad,), -1, dtype=torch.int64, device=self.device)
+        non_unified = layer in self.layer_caches
         rows, q, kv_returned = prepare_of(fam).run(self, step, mode, layer, proj, pos_t, loc_logical, loc_phys,
                                                    pad_loc, buf)
         # --- backend store policy + attention
         policy, backend_stores, store_first, one_source = backend_policy(fam, self.path, self.store, mode,
-                                                                         kv_returned)
+                                                                         kv_returned, non_unified)
         if mode == "target_verify":
             ok = policy in ("pre", "post", "none")
             self._rec(step, mode, layer, "gate", compare.Record(

@@ -3,8 +3,11 @@
 Launches of the unfused chain, in order:
   1. ``q_norm_rope(q)``   per head: RMSNorm (optional weight) then RoPE on the last R dims.
   2. ``kv_norm_rope(kv)`` RMSNorm with ``kv_norm_weight`` then RoPE on the last R dims.
-  3. ``ring_store(kv_out, ring, loc)`` — decode only (1-source consumer). In target-verify
-     the backend stores the chunk itself, causally indexed, so this step is skipped here.
+  3. ``ring_store(kv_out, ring, loc)`` — unified KV, decode only (1-source consumer). In
+     target-verify the backend stores the chunk itself, causally indexed, so this step is
+     skipped here.
+  3'. ``swa_paged_store(kv_out, swa_cache, loc, page_size)`` — non-unified KV, every mode: the
+     backend's own store of the SWA cache (fp8 quantisation + paged scatter; ``SwaLayout``).
 
 Math (fp32, one bf16 rounding at the end of each launch):
   y = x * rsqrt(mean(x²) + eps) * w
@@ -13,14 +16,19 @@ Math (fp32, one bf16 rounding at the end of each launch):
     a' = a·cos − b·sin,  b' = b·cos + a·sin.
 
 ``qk_norm_rope_oracle`` computes the same function in fp64 through a different formulation
-(complex rotation), unrounded.
+(complex rotation), unrounded. The paged store has no fp64 counterpart: its contract is the
+decoded row against the oracle's kv row within the fp8 rounding (``swa_decode``), and its bytes
+are an exact function of the bf16 row it is given (``swa_encode``).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from reference.checks import (
     RangeError,
+    ShapeError,
     VerifyParityInputError,
     check_choice,
     check_contiguous,
@@ -35,6 +43,7 @@ from reference.checks import (
     check_shape,
     check_unique,
 )
+from reference.mla_fp8_prepare import cast_fp8
 
 ROPE_STYLES = ("interleaved", "neox")
 # forward modes of the prepare step: only "decode" stores into the ring here (launch 3); in
@@ -45,12 +54,106 @@ WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
+# ----------------------------------------------------------------------------- the paged SWA cache
+
+SWA_TILE = 64  # nope values sharing one scale
+SWA_FP8 = torch.float8_e4m3fn  # the value format (OCP e4m3, max 448; NVIDIA's and the CPU's fp8)
+SWA_FP8_MAX = float(torch.finfo(SWA_FP8).max)
+SWA_AMAX_FLOOR = 1e-8  # a tile's |max| is raised to this before the scale is taken (all-zero tiles)
+SWA_SCALE_BIAS = 127  # ue8m0: the scale byte is the exponent + 127, the scale 2**(byte - 127)
+
+
+@dataclass(frozen=True)
+class SwaLayout:
+    """Byte layout of a non-unified layer's paged SWA cache (DeepSeek-V4's ``KVLayout.V4``).
+
+    The cache is ``(num_pages, page_bytes)`` uint8; a page holds ``page_size`` tokens, block-split:
+    first ``page_size`` value records of ``value_bytes = nope + 2·R`` bytes (the ``nope = D − R``
+    values as fp8 e4m3fn codes, then the R rotated dims as bf16, little-endian), then
+    ``page_size`` scale records of ``scale_bytes = nope/64 + 1`` bytes (one ue8m0 exponent byte per
+    64-value tile, then one pad byte the store never writes). Token ``loc`` lives in page
+    ``loc // page_size`` at slot ``loc % page_size``. Bytes past ``page_size · token_bytes`` pad
+    the page to a whole number of value records (``page_bytes``), as the attention reader wants.
+    DeepSeek-V4 (D = 512, R = 64): 448 fp8 + 128 bf16 = 576 value bytes, 7 scales + 1 pad.
+    """
+    head_dim: int
+    rope_dim: int
+    page_size: int
+
+    @property
+    def nope(self) -> int:
+        return self.head_dim - self.rope_dim
+
+    @property
+    def tiles(self) -> int:
+        return self.nope // SWA_TILE
+
+    @property
+    def value_bytes(self) -> int:
+        return self.nope + 2 * self.rope_dim
+
+    @property
+    def scale_bytes(self) -> int:
+        return self.tiles + 1
+
+    @property
+    def token_bytes(self) -> int:
+        return self.value_bytes + self.scale_bytes
+
+    @property
+    def min_page_bytes(self) -> int:
+        return self.page_size * self.token_bytes
+
+    @property
+    def page_bytes(self) -> int:
+        """The page stride a pool is allocated with: ``min_page_bytes`` padded to whole value records."""
+        return -(-self.min_page_bytes // self.value_bytes) * self.value_bytes
+
+    def value_offset(self, slot: torch.Tensor) -> torch.Tensor:
+        """Byte offset, inside its page, of slot ``slot``'s value record. Shape: like slot."""
+        return slot * self.value_bytes
+
+    def scale_offset(self, slot: torch.Tensor) -> torch.Tensor:
+        """Byte offset, inside its page, of slot ``slot``'s scale record. Shape: like slot."""
+        return self.page_size * self.value_bytes + slot * self.scale_bytes
+
+    def written_bytes(self, slot: torch.Tensor) -> torch.Tensor:
+        """(n, page_bytes_min) bool: the bytes of slot ``slot[i]``'s page the store writes for it
+        (value record and the scale bytes; not the pad byte). Shape: slot (n,)."""
+        cols = torch.arange(self.min_page_bytes, device=slot.device)
+        v0, s0 = self.value_offset(slot)[:, None], self.scale_offset(slot)[:, None]
+        return ((cols >= v0) & (cols < v0 + self.value_bytes)) | ((cols >= s0) & (cols < s0 + self.tiles))
+
+
+def validate_swa(swa_cache, swa_page_size, head_dim: int, rope_dim: int) -> SwaLayout:
+    """The paged SWA cache and its page size (both given): the layout they describe.
+
+    D − R must be a whole number of 64-value tiles (RangeError naming rope_dim); swa_page_size an int
+    ≥ 1; swa_cache a contiguous (num_pages, page_bytes) uint8 tensor whose pages hold
+    ``SwaLayout.min_page_bytes`` (ShapeError otherwise)."""
+    if (head_dim - rope_dim) % SWA_TILE:
+        raise RangeError("rope_dim", f"the paged fp8 store quantises head_dim - rope_dim = {head_dim - rope_dim} "
+                                     f"values in tiles of {SWA_TILE}: not a multiple (head_dim {head_dim}, "
+                                     f"rope_dim {rope_dim})")
+    lay = SwaLayout(head_dim, rope_dim, check_int("swa_page_size", swa_page_size, low=1))
+    check_rank("swa_cache", swa_cache, 2)
+    check_dtype("swa_cache", swa_cache, (torch.uint8,))
+    check_contiguous("swa_cache", swa_cache)
+    if swa_cache.shape[1] < lay.min_page_bytes:
+        raise ShapeError("swa_cache", f"pages of {swa_cache.shape[1]} bytes cannot hold {lay.page_size} tokens of "
+                                      f"{lay.token_bytes} bytes ({lay.min_page_bytes}); shape {tuple(swa_cache.shape)}")
+    return lay
+
+
 def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions, rope_style,
-             ring, loc, q_out) -> tuple[int, int, int]:
+             ring, loc, q_out, swa_cache=None, swa_page_size=None) -> tuple[int, int, int]:
     """Check every argument; return (T, H, D). Shared by the reference and the fused wrapper.
 
     T = 0 (and H = 0) is legal: empty outputs, nothing stored. eps: a positive normal fp32 number;
     rope_dim: an int, a positive even divisor of D; positions, loc: contiguous int tensors.
+    Store target: ``ring`` (unified KV, bf16 rows) or ``swa_cache`` with ``swa_page_size`` (non-unified,
+    the paged fp8 pool, ``validate_swa``), never both; ``loc`` comes with either and indexes its rows
+    (ring) or token slots (``num_pages · page_size`` of them); negative entries are padding.
     """
     check_rank("q", q, 3)
     T, H, D = q.shape
@@ -80,8 +183,21 @@ def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, p
     check_contiguous("sin", sin)
     check_index("positions", positions, (T,), INDEX_DTYPES)
     check_index_range("positions", positions, low=0, high=cos.shape[0])
-    if (ring is None) != (loc is None):
-        raise VerifyParityInputError("loc" if ring is not None else "ring", "ring and loc must be given together")
+    if swa_cache is not None and ring is not None:
+        raise VerifyParityInputError("swa_cache", "one store target: a unified layer's ring or a non-unified "
+                                                  "layer's paged swa_cache, not both")
+    if (swa_cache is None) != (swa_page_size is None):
+        raise VerifyParityInputError("swa_page_size" if swa_cache is not None else "swa_cache",
+                                     "swa_cache and swa_page_size must be given together")
+    store = ring if swa_cache is None else swa_cache
+    if (store is None) != (loc is None):
+        raise VerifyParityInputError("loc" if store is not None else "ring", "a store target (ring or swa_cache) "
+                                                                             "and loc must be given together")
+    if swa_cache is not None:
+        lay = validate_swa(swa_cache, swa_page_size, D, int(rope_dim))
+        check_index("loc", loc, (T,), INDEX_DTYPES)
+        check_index_range("loc", loc, low=0, high=swa_cache.shape[0] * lay.page_size, allow_negative_padding=True)
+        check_unique("loc", loc)
     if ring is not None:
         check_shape("ring", ring, (None, D))
         check_dtype("ring", ring, ACT_DTYPES)
@@ -94,7 +210,7 @@ def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, p
         check_dtype("q_out", q_out, (q.dtype,))
         check_contiguous("q_out", q_out)
     check_same_device(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, cos=cos, sin=sin,
-                      positions=positions, ring=ring, loc=loc, q_out=q_out)
+                      positions=positions, ring=ring, loc=loc, q_out=q_out, swa_cache=swa_cache)
     return T, H, D
 
 
@@ -140,16 +256,75 @@ def ring_store(kv_out, ring, loc):
     ring[loc[valid].long()] = kv_out[valid]
 
 
+def swa_scale_exponent(amax: torch.Tensor) -> torch.Tensor:
+    """A tile's ue8m0 exponent ``e = ceil(log2(max(amax, 1e-8) / 448))``, so that ``amax · 2**-e``
+    fits the fp8 range: the quotient is rounded once in fp32, the ceiling taken exactly (``frexp``:
+    q = m·2**k, m in [0.5, 1), is 2**(k-1) iff m = 0.5). Shape: amax (...) fp32 -> (...) int32."""
+    quot = amax.clamp_min(SWA_AMAX_FLOOR) / SWA_FP8_MAX  # fp32, one rounding
+    m, k = torch.frexp(quot)
+    return (k - (m == 0.5).to(k.dtype)).to(torch.int32)
+
+
+def swa_encode(kv_out: torch.Tensor, lay: SwaLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The store's quantisation of bf16 rows (launch 3', first half): per 64-value nope tile the
+    exponent ``e`` (``swa_scale_exponent``) of its |max|, the codes ``fp8_e4m3fn(clamp(x · 2**-e,
+    ±448))`` (round to nearest even, subnormals kept; x · 2**-e is exact), the rope dims' bf16 bytes.
+    Shape: kv_out (T, D) bf16 -> (codes (T, nope) uint8, scale bytes (T, tiles) uint8 = e + 127,
+    rope bytes (T, 2·R) uint8, little-endian)."""
+    T = kv_out.shape[0]
+    nope = kv_out[:, : lay.nope].float().view(T, lay.tiles, SWA_TILE)  # bf16 -> fp32, exact
+    e = swa_scale_exponent(nope.abs().amax(dim=-1) if lay.tiles else nope.new_zeros(T, 0))  # (T, tiles)
+    inv = torch.exp2(-e.double()).float()  # 2**-e, exact (an integer power of two in the fp32 range)
+    codes = cast_fp8(nope * inv[..., None], SWA_FP8, "saturate").view(torch.uint8).reshape(T, lay.nope)
+    rope = kv_out[:, lay.nope:].contiguous().view(torch.uint8)  # (T, 2R): bf16 bytes, little-endian
+    return codes, (e + SWA_SCALE_BIAS).to(torch.uint8), rope
+
+
+def swa_paged_store(kv_out: torch.Tensor, swa_cache: torch.Tensor, loc: torch.Tensor, lay: SwaLayout) -> None:
+    """Launch 3' (non-unified KV, every mode): quantise (``swa_encode``) and scatter token t's
+    records into page ``loc[t] // page_size``, slot ``loc[t] % page_size`` (``SwaLayout``); loc < 0
+    is padding. The pad byte of each scale record and every other byte keep theirs.
+    Shape: kv_out (T, D) bf16, swa_cache (num_pages, page_bytes) uint8, loc (T,) int."""
+    valid = loc >= 0
+    codes, scales, rope = swa_encode(kv_out[valid], lay)
+    slot_id = loc[valid].long()
+    page, slot = slot_id // lay.page_size, slot_id % lay.page_size
+    v0 = lay.value_offset(slot)[:, None]
+    vcols = v0 + torch.arange(lay.value_bytes, device=loc.device)  # (n, value_bytes)
+    scols = lay.scale_offset(slot)[:, None] + torch.arange(lay.tiles, device=loc.device)  # (n, tiles)
+    swa_cache[page[:, None], vcols] = torch.cat((codes, rope), dim=-1)
+    swa_cache[page[:, None], scols] = scales
+
+
+def swa_decode(pages: torch.Tensor, slot: torch.Tensor, lay: SwaLayout) -> torch.Tensor:
+    """The rows the cache holds, as attention reads them: fp8 codes × 2**(scale byte − 127) and
+    the bf16 rope dims, exactly (fp64). ``pages[i]`` is the page of token record ``slot[i]``.
+    Shape: pages (n, page_bytes) uint8, slot (n,) int -> (n, D) fp64."""
+    n = slot.shape[0]
+    slot = slot.long().to(pages.device)
+    rows = torch.arange(n, device=pages.device)[:, None]
+    vals = pages[rows, lay.value_offset(slot)[:, None] + torch.arange(lay.value_bytes, device=pages.device)]
+    sc = pages[rows, lay.scale_offset(slot)[:, None] + torch.arange(lay.tiles, device=pages.device)]
+    scale = torch.exp2(sc.double() - SWA_SCALE_BIAS)  # exact for every byte
+    nope = vals[:, : lay.nope].contiguous().view(SWA_FP8).double().view(n, lay.tiles, SWA_TILE) * scale[..., None]
+    rope = vals[:, lay.nope:].contiguous().view(torch.bfloat16).double()
+    return torch.cat((nope.reshape(n, lay.nope), rope), dim=-1)
+
+
 def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
-                 rope_style="interleaved", ring=None, loc=None, q_out=None):
-    """The reference chain. Returns (q_out (T, H, D), kv_out (T, D)); stores into ``ring`` iff given."""
+                 rope_style="interleaved", ring=None, loc=None, q_out=None, swa_cache=None, swa_page_size=None):
+    """The reference chain. Returns (q_out (T, H, D), kv_out (T, D)); stores into ``ring`` (launch 3)
+    or ``swa_cache`` (launch 3') when given."""
     validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps, rope_dim=rope_dim,
-             cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring, loc=loc, q_out=q_out)
+             cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring, loc=loc, q_out=q_out,
+             swa_cache=swa_cache, swa_page_size=swa_page_size)
     eps, rope_dim = float(eps), int(rope_dim)  # numpy scalars: their values
     q_res = q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out)
     kv_res = kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, rope_style)
     if ring is not None:
         ring_store(kv_res, ring, loc)
+    if swa_cache is not None:
+        swa_paged_store(kv_res, swa_cache, loc, SwaLayout(kv.shape[1], rope_dim, int(swa_page_size)))
     return q_res, kv_res
 
 
@@ -189,11 +364,15 @@ def validate_forward_mode(forward_mode) -> str:
     return check_choice("forward_mode", forward_mode, FORWARD_MODES)
 
 
-def qk_norm_rope_step(*, forward_mode, ring, loc, **kw):
-    """The unfused prepare step: decode stores the chunk (launch 3); target-verify (and extend)
-    leaves the ring to the backend's causally indexed pre-attention store and returns kv."""
+def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=None, **kw):
+    """The unfused prepare step. Unified KV (``ring``): decode stores the chunk (launch 3);
+    target-verify (and extend) leaves the ring to the backend's causally indexed pre-attention
+    store and returns kv. Non-unified KV (``swa_cache``, ``ring`` None): the backend's paged fp8
+    store (launch 3') in every mode."""
     validate_forward_mode(forward_mode)
-    if forward_mode == "decode":
+    if swa_cache is not None:
+        q_out, kv_out = qk_norm_rope(ring=ring, loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size, **kw)
+    elif forward_mode == "decode":
         q_out, kv_out = qk_norm_rope(ring=ring, loc=loc, **kw)
     else:
         q_out, kv_out = qk_norm_rope(**kw)

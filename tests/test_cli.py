@@ -78,10 +78,12 @@ def test_unknown_impl_is_a_clear_error(tmp_path):
 
 
 def test_mutants_command_kills_every_qk_mutant_with_a_repro(tmp_path):
-    r = _run("mutants", "--op", "qk_norm_rope", "--generated", "0", "--case", "tiny-rows-eps-visible",
+    # tiny-rows-eps-visible, tiny-rows-decode and nonunified-tiny-rows (the non-unified layer's mutants)
+    r = _run("mutants", "--op", "qk_norm_rope", "--generated", "0", "--case", "tiny-rows",
              "--csv", str(tmp_path / "m.csv"), "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
-    for m in ("mutant-rope-style-swapped-q", "mutant-eps-outside-sqrt", "mutant-store-left-on-in-verify"):
+    for m in ("mutant-rope-style-swapped-q", "mutant-eps-outside-sqrt", "mutant-store-left-on-in-verify",
+              "mutant-nonunified-skips-paged-store", "mutant-bf16-row-in-fp8-cache", "mutant-pad-byte-written"):
         assert f"KILLED {m}" in r.stdout
     assert r.stdout.count("repro: python -m harness repro") >= 3 and "SURVIVED" not in r.stdout
 

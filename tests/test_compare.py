@@ -236,3 +236,20 @@ def test_records_on_the_gpu_equal_the_cpus():
         assert _same_record(compare.untouched("u", b2.to(dev), b, rows), compare.untouched("u", b2, b, rows))
         assert _same_record(compare.unchanged("c", b2.to(dev), b.to(dev)), compare.unchanged("c", b2, b))
     assert n >= 120
+
+
+def test_untouched_checks_the_bytes_a_written_row_does_not_own():
+    """``written_bytes``: a listed row may change only its marked bytes (a paged cache's page holds
+    other tokens' records and pad bytes). PLANT: one unmarked byte of a written row changed."""
+    before = torch.arange(24, dtype=torch.uint8).reshape(3, 8)
+    owned = torch.zeros(1, 6, dtype=torch.bool)
+    owned[0, 1:4] = True
+    after = before.clone()
+    after[1, 1:4] = 200  # the owned bytes: fine
+    assert compare.untouched("u", after, before, torch.tensor([1]), written_bytes=owned).passed
+    for col in (0, 4, 7):  # before, after the marked bytes, and past the mask's width
+        bad = after.clone()
+        bad[1, col] ^= 1
+        rec = compare.untouched("u", bad, before, torch.tensor([1]), written_bytes=owned)
+        assert not rec.passed and "do not own" in rec.detail, col
+    assert compare.untouched("u", bad, before, torch.tensor([1])).passed  # whole rows: no byte of row 1 checked

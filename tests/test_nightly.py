@@ -35,7 +35,8 @@ def test_plan_covers_every_op_family_layout_and_puts_bench_alone(tmp_path):
     names = [s.name for s in steps]
     assert {"parity:qk_norm_rope", "parity:mla_fp8_prepare", "parity:verify_attention", "gpu"} <= set(names)
     assert {n for n in names if n.startswith("timelines:")} == {"timelines:dsv4-mqa-ring", "timelines:k3-mla-fp8",
-                                                               "timelines:qwen35-gqa", "timelines:dspark-noncausal"}
+                                                               "timelines:qwen35-gqa", "timelines:dspark-noncausal",
+                                                               "timelines:dsv4-mqa-mixed"}
     assert {n for n in names if n.startswith("gate:")} == {"gate:dsv4-mqa-ring", "gate:k3-mla-fp8", "gate:qwen35-gqa"}
     bench = next(s for s in steps if s.name == "bench")
     warm = next(s for s in steps if s.name == "warmup")

@@ -143,11 +143,194 @@ def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make,
     assert torch.equal(kw["ring"], ring_before) if arg != "ring" else True  # no partial write
 
 
+def _paged_kw(device, **over):
+    c = cases.QkNormRopeCase(T=3, H=2, D=128, R=64, mode="decode", unified=False, page_size=4, seed=1)
+    kw = cases.build_inputs(c, device)
+    kw.pop("forward_mode")
+    kw.update(over)
+    return kw
+
+
+def _rope_dim_32(kw):
+    """rope_dim 32 on D = 128 (its tables too): 96 nope values, not whole 64-value tiles."""
+    kw["cos"], kw["sin"] = kw["cos"][:, :16].contiguous(), kw["sin"][:, :16].contiguous()
+    return 32
+
+
+BAD_PAGED = [
+    ("swa_cache", lambda kw: kw["swa_cache"].view(torch.int8), checks.DTypeError),
+    ("swa_cache", lambda kw: kw["swa_cache"][:, : 4 * 194 - 1].contiguous(), checks.ShapeError),
+    ("swa_cache", lambda kw: kw["swa_cache"].view(-1), checks.RankError),
+    ("swa_cache", lambda kw: kw["swa_cache"].t(), checks.LayoutError),
+    ("swa_page_size", lambda kw: 0, checks.RangeError),
+    ("swa_page_size", lambda kw: 4.0, checks.DTypeError),
+    ("swa_page_size", lambda kw: None, checks.VerifyParityInputError),
+    ("loc", lambda kw: torch.full_like(kw["loc"], kw["swa_cache"].shape[0] * 4), checks.RangeError),
+    ("loc", lambda kw: torch.zeros_like(kw["loc"]), checks.RangeError),
+    ("rope_dim", _rope_dim_32, checks.RangeError),
+]
+
+
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+@pytest.mark.parametrize("arg,make,err", BAD_PAGED, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD_PAGED)])
+def test_bad_paged_store_input_is_a_typed_error(device, impl, arg, make, err):
+    fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope
+    kw = _paged_kw(device)
+    pool_before = kw["swa_cache"].clone()
+    kw[arg] = make(kw)
+    with pytest.raises(err) as info:
+        fn(**kw)
+    assert info.value.arg == arg
+    if arg != "swa_cache":
+        assert torch.equal(kw["swa_cache"], pool_before)  # no partial write
+
+
+def test_ring_and_paged_cache_together_are_rejected(device):
+    kw = _paged_kw(device)
+    kw["ring"] = torch.zeros(9, 128, dtype=torch.bfloat16, device=kw["q"].device)
+    with pytest.raises(checks.VerifyParityInputError) as info:
+        fused.qk_norm_rope(**kw)
+    assert info.value.arg == "swa_cache"
+
+
 def test_ring_without_loc_is_rejected(device):
     kw = _kw(device, loc=None)
     with pytest.raises(checks.VerifyParityInputError) as info:
         fused.qk_norm_rope(**kw)
     assert info.value.arg == "loc"
+
+
+# ----------------------------------------------------------------------------- non-unified: the paged fp8 store
+
+def _branch(case) -> str:
+    d = fused.gate(unified=case.unified, forward_mode=case.mode, verify_switch=True)
+    return ("unified-decode" if d.in_kernel_store else "unified-verify") if case.unified else \
+        ("non-unified" if d.in_kernel_store and not d.return_kv else "?")
+
+
+def test_catalog_exercises_the_gates_three_branches():
+    """Every branch of the store gate has catalog cases (and the non-unified one in both modes)."""
+    seen = {(_branch(c), c.mode) for c in CATALOG.values()}
+    assert {"unified-decode", "unified-verify", "non-unified"} == {b for b, _ in seen}
+    assert {("non-unified", "decode"), ("non-unified", "target_verify")} <= seen
+
+
+def test_swa_layout_is_deepseek_v4():
+    """D = 512, R = 64: 448 fp8 + 128 bf16 value bytes, 7 scales + 1 pad; pages padded to whole
+    576-byte records (SGLang's KVLayout.V4.page_bytes(64) = 37,440)."""
+    lay = ref.SwaLayout(512, 64, 64)
+    assert (lay.value_bytes, lay.scale_bytes, lay.tiles, lay.page_bytes) == (576, 8, 7, 37440)
+    assert int(lay.scale_offset(torch.tensor(0))) == 64 * 576
+
+
+def _fp8_table():
+    """Every finite e4m3fn code's value (from its bits: sign, 4 exponent bits bias 7, 3 mantissa bits)."""
+    vals = {}
+    for code in range(256):
+        sign, exp, man = code >> 7, (code >> 3) & 0xF, code & 7
+        if exp == 0xF and man == 7:
+            continue  # NaN
+        v = (man / 8) * 2.0 ** -6 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7)
+        vals[code] = -v if sign else v
+    return vals
+
+
+def _encode_by_search(row: list[float], lay) -> list[int]:
+    """Independent of the reference: the exponent from Python's float math on the fp32 quotient,
+    each code the nearest table value to x · 2**-e (ties to the even code), bf16 bytes by struct."""
+    import math
+    import struct
+
+    table = _fp8_table()
+    out_codes, out_scales = [], []
+    for t in range(lay.tiles):
+        tile = row[t * 64:(t + 1) * 64]
+        amax = max(max(abs(v) for v in tile), struct.unpack("f", struct.pack("f", 1e-8))[0])
+        quot = struct.unpack("f", struct.pack("f", amax / 448.0))[0]
+        e = math.ceil(math.log2(quot))
+        out_scales.append(e + 127)
+        for v in tile:
+            x = max(-448.0, min(448.0, v * 2.0 ** -e))
+            best = min(table, key=lambda c: (abs(table[c] - x), c & 1, c))
+            out_codes.append(0x80 if best == 0 and math.copysign(1, x) < 0 else best)
+    rope = b"".join(struct.pack("<f", v)[2:] for v in row[lay.nope:])
+    return out_codes + list(rope) + out_scales
+
+
+def test_swa_encode_is_byte_exact():
+    """The quantiser against a brute-force one: random rows, an all-zero tile (the 1e-8 floor), a
+    tile whose |max| is exactly 448·2^-5 (the quotient a power of two: e = -5, not -4), fp8
+    rounding ties, fp8 subnormals, negative zeros."""
+    lay = ref.SwaLayout(192, 64, 1)
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(6, 192, generator=g) * torch.tensor([1.0, 1e-3, 30.0, 1.0, 1.0, 1.0])[:, None]
+    rows[3, :64] = 0.0
+    rows[3, 64:128] = torch.linspace(-14.0, 14.0, 64)  # |max| = 448·2^-5, values on the fp8 grid and between
+    rows[4, :64] = torch.tensor([14.0] + [0.875 * 2 ** -5 * (1 + k / 16) for k in range(63)])  # ties, e = -5
+    rows[5, :64] = torch.tensor([448.0 * 2 ** -6] + [2.0 ** -16 * k for k in range(63)])  # subnormals
+    rows[5, 64:80] = -0.0
+    kv = rows.bfloat16()
+    codes, scales, rope = ref.swa_encode(kv, lay)
+    got = torch.cat((codes, rope, scales), dim=-1)
+    for t in range(kv.shape[0]):
+        assert got[t].tolist() == _encode_by_search(kv[t].float().tolist(), lay), t
+
+
+@pytest.mark.parametrize("D,R,P,padding", [(512, 64, 64, 0), (128, 64, 3, 2), (64, 64, 2, 1)])
+def test_fused_paged_store_is_an_exact_function_of_its_kv_row(device, D, R, P, padding):
+    """The exact half of the contract, on any device: the kernel's pages hold byte for byte what the
+    chain's store (launch 3') writes for the kernel's own bf16 rows; the rows themselves are numeric
+    (a GPU's rsqrt may move one by an ulp), which is why the suite compares decoded rows."""
+    c = cases.QkNormRopeCase(T=7, H=2, D=D, R=R, unified=False, page_size=P, padding=padding, mode="decode", seed=4)
+    kw = cases.build_inputs(c, device)
+    kw.pop("forward_mode"), kw.pop("ring")
+    pool = kw["swa_cache"].clone()
+    _, kv_out = fused.qk_norm_rope(**kw)
+    ref.swa_paged_store(kv_out, pool, kw["loc"], ref.SwaLayout(D, R, P))
+    assert torch.equal(kw["swa_cache"].cpu(), pool.cpu())
+
+
+def test_nonunified_switch_off_takes_the_chain_and_the_backend_store(spec, registry, device):
+    """fused_non_unified=False (the model's switch off): the chain, kv handed back, and the backend's
+    paged store writes the same pages as the kernel would."""
+    c = CATALOG["dsv4-nonunified-decode-b4-h16"]
+    kw = cases.build_inputs(c, device)
+    off = fused.qk_norm_rope_step(**{**kw, "swa_cache": kw["swa_cache"].clone()}, fused_non_unified=False)
+    a = {**kw, "swa_cache": kw["swa_cache"].clone()}
+    on = fused.qk_norm_rope_step(**a)
+    assert on["kv_out"] is None and off["kv_out"] is not None
+    b = {**kw, "swa_cache": kw["swa_cache"].clone()}
+    fused.qk_norm_rope_step(**b, fused_non_unified=False)
+    assert torch.equal(a["swa_cache"].cpu(), b["swa_cache"].cpu())
+
+
+def _truncating_fp8_store(**kw):
+    """The chain, its paged store rounding each fp8 code toward zero (one code down in magnitude
+    wherever RNE rounded away from zero)."""
+    from cases.mutants import qk_norm_rope as m
+
+    def store(kv_out, swa_cache, loc, lay):
+        orig = ref.cast_fp8
+
+        def rtz(x, dt, policy, scale_mul=None):
+            codes = orig(x, dt, policy, scale_mul)
+            up = codes.float().abs() > x.float().abs()
+            return torch.where(up, (codes.view(torch.uint8) - 1).view(dt), codes)
+
+        ref.cast_fp8 = rtz
+        try:
+            ref.swa_paged_store(kv_out, swa_cache, loc, lay)
+        finally:
+            ref.cast_fp8 = orig
+
+    return m._chain_with_store(kw, store)
+
+
+def test_swa_tolerance_does_not_hide_truncation(spec, device):
+    """An fp8 cast that truncates (up to a whole fp8 ulp, e ≈ 2) fails the floor of 1.25."""
+    bad = failed_checks(spec, Impl(OP, "rtz", "external", _truncating_fp8_store),
+                        CATALOG["dsv4-nonunified-decode-b4-h16"], device)
+    assert "effect:swa_cache" in bad
 
 
 # ----------------------------------------------------------------------------- the harness bites
@@ -157,7 +340,17 @@ MUTANT_PROOF = {
     "mutant-rope-style-swapped-q": ("dsv4-verify-b1-l3-h16", "numeric:q_out"),
     "mutant-eps-outside-sqrt": ("tiny-rows-eps-visible", "numeric:q_out"),
     "mutant-store-left-on-in-verify": ("dsv4-verify-b1-l3-h16", "untouched:ring"),
+    "mutant-nonunified-skips-paged-store": ("dsv4-nonunified-verify-b2-l3-h16", "effect:swa_cache"),
+    "mutant-bf16-row-in-fp8-cache": ("nonunified-short-pages-padding", "effect:swa_cache"),
+    "mutant-scale-exponent-floored": ("nonunified-odd-pages-q-out", "effect:swa_cache"),
+    "mutant-pad-byte-written": ("nonunified-short-pages-padding", "untouched:swa_cache"),
 }
+
+
+def test_nonunified_store_mutant_needs_a_verify_case(spec, registry, device):
+    """Dropping ``unified and`` from the verify branch changes nothing in non-unified decode."""
+    assert_passes(spec, registry.impls[f"{OP}/mutant-nonunified-skips-paged-store"],
+                  CATALOG["dsv4-nonunified-decode-b4-h16"], device)
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANT_PROOF))

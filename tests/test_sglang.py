@@ -116,3 +116,26 @@ def _prof():
     from cases import profiles
 
     return profiles.current("dev")
+
+
+@pytest.mark.parametrize("name", ["dsv4-nonunified-verify-b2-l3-h16", "dsv4-nonunified-decode-b4-h16"])
+def test_sglang_paged_fp8_store_is_the_reference_layout(registry, device, name):
+    """SGLang's own non-unified store (``bf16_store=False``, pages of 64) writes the reference chain's
+    bytes into the paged SWA cache, every one (fp8 nope, ue8m0 scales, bf16 rope, pad bytes kept), and
+    passes the op's suite. Measured under the interpreter: 0 of 4,641 / 2,320 written bytes differ."""
+    import copy
+
+    import torch
+
+    from cases import qk_norm_rope as c
+    from reference import qk_norm_rope as ref
+
+    case = _case(registry, "qk_norm_rope", name)
+    kw = c.build_inputs(case, device)
+    mine, theirs = copy.deepcopy(kw), copy.deepcopy(kw)
+    ref.qk_norm_rope_step(**mine)
+    IMPLS["sglang-qk-norm-rope"].fn(**theirs)
+    assert bool((mine["swa_cache"] != kw["swa_cache"]).any())
+    assert torch.equal(mine["swa_cache"].cpu(), theirs["swa_cache"].cpu())
+    res, _ = _run(registry, device, "qk_norm_rope", IMPLS["sglang-qk-norm-rope"], name)
+    assert not res.refused and all(r.passed for r in res.records), [r.check for r in res.records if not r.passed]

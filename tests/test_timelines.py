@@ -37,6 +37,15 @@ def test_clean_fused_path_passes_named_timeline(registry, device, name):
     assert any(s.mode == "target_verify" for s in recs)
 
 
+def test_non_unified_layers_need_a_prepare_with_a_store_of_its_own(registry, monkeypatch):
+    """Family.non_unified_layers on a prepare whose adapter has no cache of its own (the fp8 MLA
+    prepare) is refused when the run starts, not run as if every layer were unified."""
+    t = CATALOG["k3-mla-fp8/width-1"]
+    monkeypatch.setitem(tl.FAMILIES, t.family, dataclasses.replace(tl.FAMILIES[t.family], non_unified_layers=(1,)))
+    with pytest.raises(ValueError, match="non_unified_layers"):
+        timeline.TimelineRun(timeline.clean_path(registry, t.family), t)
+
+
 @pytest.mark.parametrize("family", sorted(tl.FAMILIES))
 def test_reference_path_passes(registry, device, family):
     """The unfused path (reference prepare + reference attention) is held to the same truth."""
@@ -136,6 +145,7 @@ def test_stale_kv_is_invisible_when_everything_is_accepted(registry, device):
 @pytest.mark.parametrize("key,name", [
     ("qk_norm_rope/mutant-store-left-on-in-verify", "dsv4-mqa-ring/width-4-reject"),
     ("qk_norm_rope/mutant-rope-style-swapped-kv", "dsv4-mqa-ring/width-1"),
+    ("qk_norm_rope/mutant-nonunified-skips-paged-store", "dsv4-mqa-mixed/mixed-padded"),
     ("mla_fp8_prepare/mutant-untranslated-out-cache-loc", "k3-mla-fp8/width-1"),
     ("mla_fp8_prepare/mutant-fallback-write-skipped", "k3-mla-fp8/fallback-write"),
     ("verify_attention/mutant-drafts-not-causal", "qwen35-gqa/width-4-reject"),

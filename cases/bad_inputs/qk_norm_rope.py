@@ -2,6 +2,8 @@
 entry points, and the small valid cases every one of them takes."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from cases.bad_inputs.declared import DECODE, Arg, Target
@@ -45,7 +47,9 @@ def base_cases(device):
     narrowed: the fused kernels' coverage, the device's fp8 formats)."""
     from cases import qk_norm_rope as c
 
-    return c.cases(max_tokens=6, max_heads=3, head_dims=(64, 128), rope_dims=(16, 32, 64), max_positions=64)
+    # unified layers: a non-unified layer's paged store has no contract for non-finite rows yet
+    return c.cases(max_tokens=6, max_heads=3, head_dims=(64, 128), rope_dims=(16, 32, 64), max_positions=64).map(
+        lambda k: dataclasses.replace(k, unified=True))
 
 
 def value_args(kind: str) -> tuple[str, ...]:

@@ -191,20 +191,28 @@ def _qk_can_handle(case, device, inputs) -> bool | str:
         return f"head_dim {D} / rope_dim {R} not powers of two (tl.arange)"
     if q.stride(1) != D * q.stride(2):
         return "q heads not packed (the kernel reads q as (T, H·D))"
-    if inputs["forward_mode"] == "decode" and bool((inputs["loc"] < 0).any()):
-        return "padding slots (loc < 0): the bf16 ring store writes every row it is given"
+    paged = inputs.get("swa_cache") is not None
+    if paged and (D, R) != (512, 64):
+        return f"non-unified head_dim {D} / rope_dim {R}: the paged fp8 store is DeepSeek-V4's 448 fp8 + 64 bf16 only"
+    if (paged or inputs["forward_mode"] == "decode") and bool((inputs["loc"] < 0).any()):
+        return "padding slots (loc < 0): the kernel's store writes every row it is given"
     return True
 
 
 def _qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions, rope_style, ring,
-                  loc, forward_mode, q_out):
-    store = forward_mode == "decode"
+                  loc, forward_mode, q_out, swa_cache=None, swa_page_size=None):
+    """Unified decode: the bf16 ring store; unified verify: no store; non-unified (``swa_cache``):
+    the kernel's paged fp8 store (``bf16_store=False``) in every mode, as the model calls it."""
+    if swa_cache is not None:
+        cache, page_size, bf16_store = swa_cache, int(swa_page_size), False
+    else:
+        cache, page_size, bf16_store = (ring if forward_mode == "decode" else None), 1, True
     mod = load()["fused_qk_norm_rope_store"]
     T, H, D = q.shape
     q_out = mod.fused_qk_norm_rope_swa_store(
         q.reshape(T, H * D), kv, q_norm_weight, kv_norm_weight, eps, eps, rope_dim, cos, sin, positions,
-        swa_cache=ring if store else None, swa_loc=loc.to(torch.int32) if store else None, q_out=q_out,
-        dtype=q.dtype, bf16_store=True)
+        swa_cache=cache, swa_loc=loc.to(torch.int32) if cache is not None else None, swa_page_size=page_size,
+        q_out=q_out, dtype=q.dtype, bf16_store=bf16_store)
     return {"q_out": q_out, "kv_out": kv}  # kv normalised and rotated in place
 
 
@@ -222,7 +230,8 @@ def IMPLS() -> list[Impl]:
              can_handle=_attention_can_handle("verify_mla", _shared_kv_why_not, _shared_kv_declines_after),
              precision="bf16-p+bf16-partials+fp8-q", doc=doc + "verify_shared_kv_fwd: grouped heads, bf16 partials"),
         Impl("qk_norm_rope", "sglang-qk-norm-rope", "external", _qk_norm_rope, can_handle=_qk_can_handle,
-             may_write=("kv",), doc=doc + "fused_qk_norm_rope_swa_store, bf16 ring store in decode"),
+             may_write=("kv",), doc=doc + "fused_qk_norm_rope_swa_store, bf16 ring store in decode, "
+                                                "paged fp8 store on non-unified layers"),
     ]
 
 

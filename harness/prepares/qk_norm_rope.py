@@ -1,5 +1,7 @@
 """``qk_norm_rope`` as the prepare step of a timeline family (``harness.timeline.Prepare``): q and
-kv RMSNorm + RoPE; the op stores the kv rows itself in decode and hands them back otherwise."""
+kv RMSNorm + RoPE; on a unified layer the op stores the kv rows itself in decode and hands them back
+otherwise; on a non-unified one (``Family.non_unified_layers``) it stores them in every mode into the
+layer's paged fp8 SWA cache, and attention reads the stored rows decoded."""
 from __future__ import annotations
 
 import torch
@@ -21,7 +23,17 @@ class QkNormRopePrepare(OneRowPrepare):
     def backend_stores(self, mode, kv_returned):
         return mode != "decode" and kv_returned  # the op stores in decode; the backend stores what it is handed
 
+    def layer_caches(self, tr):
+        """Each non-unified layer's paged fp8 SWA cache over the ring's slots (stale canary bytes)."""
+        fam = tr.fam
+        lay = qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
+        pages = -(-tr.kv.buffers[0].shape[0] // fam.page_size)
+        return {k: torch.randint(0, 256, (pages, lay.page_bytes), generator=tr.w.g, dtype=torch.uint8
+                                 ).to(tr.device) for k in fam.non_unified_layers}
+
     def run(self, tr, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf):
+        if layer in tr.layer_caches:
+            return self._run_paged(tr, step, mode, layer, proj, pos_t, loc_phys, pad_loc, buf)
         fam, T = tr.fam, pos_t.shape[0]
         n_all = proj["q"].shape[0]
         q = proj["q"].view(n_all, fam.H, fam.D)
@@ -51,6 +63,43 @@ class QkNormRopePrepare(OneRowPrepare):
             tr._rec(step, mode, layer, "gate", compare.Record("gate:kv-returned", kv_out is not None,
                                                               detail="" if kv_out is not None else "prepare kept kv"))
         return kv_val[:T].contiguous(), q_out[:T], kv_out is not None
+
+    def _run_paged(self, tr, step, mode, layer, proj, pos_t, loc_phys, pad_loc, buf):
+        """A non-unified layer's prepare: the op stores into the layer's paged SWA cache (every
+        mode); the rows it stored, decoded, are what attention reads (mirrored into ``buf``)."""
+        fam, T = tr.fam, pos_t.shape[0]
+        n_all = proj["q"].shape[0]
+        positions = torch.cat((pos_t, torch.zeros(n_all - T, dtype=torch.int64, device=tr.device)))
+        loc = torch.cat((loc_phys, pad_loc))
+        args = dict(q=proj["q"].view(n_all, fam.H, fam.D), kv=proj["kv"], kv_norm_weight=tr.w.kv_norm[layer],
+                    q_norm_weight=None, eps=1e-6, rope_dim=fam.rope_dim, cos=tr.w.cos, sin=tr.w.sin,
+                    positions=positions, rope_style="interleaved")
+        pool, lay = tr.layer_caches[layer], qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
+        before = pool.clone()
+        out = tr.path.prepare.fn(forward_mode=mode, ring=None, loc=loc, q_out=None, swa_cache=pool,
+                                 swa_page_size=fam.page_size, **args)
+        oracle = qk_ref.qk_norm_rope_oracle(**args)
+        ref_q, ref_kv = qk_ref.qk_norm_rope(**args)
+        valid = loc >= 0
+        slots = loc[valid]
+        buf[slots] = qk_ref.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(buf.dtype)
+        kv_val = buf[loc.clamp(min=0)]  # exact: an e4m3 value times 2**e is a bf16 value
+        ref_pool = before.clone()  # the chain's rows through the same store, decoded
+        qk_ref.swa_paged_store(ref_kv, ref_pool, loc, lay)
+        ref_val = qk_ref.swa_decode(ref_pool[slots // lay.page_size], slots % lay.page_size, lay)
+        v = valid[:T]
+        tq = tolerance.lookup(OP, "q_out", torch.bfloat16)
+        tkv = tolerance.lookup(OP, "swa_cache", torch.uint8)
+        tr._rec_numeric(step, mode, layer, "prepare:q_out", out["q_out"][:T], oracle["q_out"][:T], ref_q[:T], tq)
+        tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][v], oracle["kv_out"][:T][v],
+                        ref_val[: int(v.sum())], tkv)
+        # gate: every mode stores exactly its rows' records, nothing else of the cache
+        pages, where = torch.unique(slots // lay.page_size, return_inverse=True)
+        owned = torch.zeros(len(pages), lay.min_page_bytes, dtype=torch.int32, device=pool.device).index_add_(
+            0, where, lay.written_bytes(slots % lay.page_size).int()) > 0
+        tr._rec(step, mode, layer, "gate", compare.untouched("gate:prepare-writes-only-its-rows", pool, before,
+                                                             pages, written_bytes=owned))
+        return kv_val[:T].contiguous(), out["q_out"][:T], out.get("kv_out") is not None
 
     def serve(self, engine, mode, layer, pr, pos_t, loc_logical, loc_phys, buf):
         from harness.e2e.model import EPS
