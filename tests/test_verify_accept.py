@@ -270,7 +270,9 @@ def test_bench_shapes_and_no_gpu(monkeypatch, tmp_path, capsys):
 
     full = vb.shapes(False)
     assert {s.B for s in full} == {1, 8, 64} and {s.V for s in full} == {32000, 128256, 160000}
-    assert {s.L for s in full} == {4} and len(vb.shapes(True)) == 4
+    assert {s.L for s in full} == {4} and [s.case for s in vb.shapes(True)] == [
+        "B=1,L=4,V=160000", "B=64,L=4,V=32000", "B=64,L=4,V=160000"]
+    assert set(vb.shapes(True)) < set(full)
     assert [s.case for s in vb.shapes(False, b=[2], v=[7])] == ["B=2,L=4,V=7"]
     monkeypatch.setattr(devices, "gpu_present", lambda: False)
     assert vb.main(["--out", str(tmp_path / "runs"), "--quick"]) == 0
