@@ -106,7 +106,7 @@ def test_plan_keeps_parity_and_timeline_counts_apart(tmp_path):
                                               timelines=450, gate_jobs=4, cores=16)}
     arg = lambda s, flag: s.argv[s.argv.index(flag) + 1]  # noqa: E731
     assert all(arg(s, "--generated") == "1700" for n, s in steps.items() if n.startswith("parity:") and "compiled" not in n)
-    assert arg(steps["parity:compiled"], "--jobs") == str(len(nightly.OPS))  # one process per op's torch.compile work
+    assert arg(steps["parity:compiled"], "--jobs") == str(len(nightly.OPS))  # a process per op's torch.compile work
     assert all(arg(s, "--generated") == "450" and arg(s, "--jobs") == "3"
                for n, s in steps.items() if n.startswith("timelines:"))
     assert all(arg(s, "--jobs") == "4" for n, s in steps.items() if n.startswith("gate:"))
