@@ -86,10 +86,14 @@ def capture_safe(op: str, inputs: dict):
 @contextlib.contextmanager
 def gate_decisions(op: str):
     """Yields the list of decisions the op's dispatch gate returns while the block runs: every
-    call of ``fused.<op>.<step>`` (whatever ``gate_fn`` the caller passes) is recorded."""
+    call of ``fused.<op>.<step>`` (whatever ``gate_fn`` the caller passes) is recorded. A step
+    without a ``gate_fn`` parameter (an op with no dispatch gate) yields an empty list."""
     f = importlib.import_module(f"fused.{op}")
     name = PLANS[op].step
     orig = getattr(f, name)
+    if not hasattr(orig, "default_gate") and "gate_fn" not in inspect.signature(orig).parameters:
+        yield []
+        return
     default = getattr(orig, "default_gate", None) or inspect.signature(orig).parameters["gate_fn"].default
     log: list = []
 
@@ -264,8 +268,9 @@ def graph_outcomes(op: str, *, before: dict, replayed: dict, eager: dict, at_cap
     replay = Outcome("gpu:graph-replay", f"replay == eager on the new inputs (bytes of {compared})",
                      "equal" if rec.passed else "differs", rec.passed and live, detail.strip())
     if not at_capture and not at_eager:
-        return [replay, Outcome("gpu:graph-gate", "-", "-", None, f"no gate decision observed (the implementation "
-                                                                   f"does not call fused.{op}.{PLANS[op].step})")]
+        why = (f"no gate decision observed (the implementation does not call fused.{op}.{PLANS[op].step}, "
+               f"or the op has no dispatch gate)")
+        return [replay, Outcome("gpu:graph-gate", "-", "-", None, why)]
     same = at_capture == at_eager
     return [replay, Outcome("gpu:graph-gate", f"at capture: {_decisions(at_capture)}",
                             f"replay inputs: {_decisions(at_eager)}", same,

@@ -85,6 +85,15 @@ def worker_counts(cores: int, gate_runs: int) -> dict[str, int]:
     return {"parity": per, "timelines": per, "gate": max(1, min(gate_runs, cores // 5))}
 
 
+def parity_jobs(per: int, weight: float, cores: int) -> int:
+    """Parity workers of an op of ``weight`` (``OpSpec.parity_weight``) when an op of weight 1 gets
+    ``per``: a heavier op gets ``per · weight`` up to a quarter of the cores (never fewer than
+    ``per``); a lighter one (weight < 1) ``per · weight`` rounded down, at least 1."""
+    if weight < 1:
+        return max(1, int(per * weight))
+    return max(per, min(int(per * weight), cores // 4))
+
+
 def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | None, layouts: list[str] | None,
          families: list[str] | None, bench: bool, gate: bool, ops: list[str] | None = None,
          generated: int | None = None, timelines: int | None = None, cores: int | None = None,
@@ -136,8 +145,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                           + [a for op in ops or OPS for a in ("--op", op)] + ["--generated", str(warm_gen)],
                           0.1 * budget_s, phase=-1))
     steps += [Step(f"parity:{op}", py + ["run", "--op", op, "--device", device, "--profile", profile, "--quiet",
-                                       "--jobs", str(max(workers["parity"],
-                                                         min(workers["parity"] * PARITY_WEIGHT.get(op, 1), cores // 4))),
+                                       "--jobs", str(parity_jobs(workers["parity"], PARITY_WEIGHT.get(op, 1), cores)),
                                        "--csv", str(out / f"parity-{op}.csv.gz"),
                                        "--junit", str(out / f"parity-{op}.xml"), "--stage-times"]
                    + kinds + gen + watchdog, par, nice=BACKGROUND_NICE)

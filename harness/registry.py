@@ -141,7 +141,9 @@ class OpSpec:
     kill: KillPlan | None = None  # its rows in the kill matrix (None: none)
     gpu: GpuPlan | None = None  # its GPU-only checks (None: none)
     nightly: bool = True  # the nightly runs its parity step
-    parity_weight: int = 1  # nightly parity workers relative to the other ops (implementations per case)
+    # nightly parity workers relative to the other ops (their cost per case: implementations, checks);
+    # < 1 for an op cheaper per case (harness.nightly.parity_jobs)
+    parity_weight: float = 1
     bench: str = ""  # module of its benchmark (harness.bench.perf's per-op API); "": none
     # role "prepare": zero-argument factory of its harness.timeline.Prepare adapter (harness/prepares/<op>.py)
     timeline: Callable[[], Any] | None = None

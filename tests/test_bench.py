@@ -16,7 +16,7 @@ from harness.bench import __main__ as bench_main
 from reports import frames
 from reports.rows import PerfRow, Provenance, columns, write_csv
 
-MODULES = (qk_norm_rope, mla_fp8_prepare, verify_attention)
+MODULES = tuple(bench_main.OPS.values())  # every op's benchmark (OpSpec.bench), as `python -m harness bench` runs them
 PROV = Provenance(git_sha="abc123", device="cuda:NVIDIA H200", arch="sm90", fp8_format="e4m3fn", torch="2.11",
                   triton="3.6", shim="", profile="bench-quick", seed=0)
 
@@ -147,7 +147,7 @@ def test_main_parses_ops_and_flags(monkeypatch, tmp_path):
 
     monkeypatch.setattr(perf, "run_ops", fake_run_ops)
     assert bench_main.main(["--out", str(tmp_path)]) == 7
-    assert seen["ops"] == ["qk_norm_rope", "mla_fp8_prepare", "verify_attention"]
+    assert seen["ops"] == [m.OP for m in MODULES]
     assert seen["quick"] is False and seen["nested"] is True and seen["out"] == tmp_path
     bench_main.main(["--out", str(tmp_path), "--quick", "--op", "verify_attention", "--op", "qk_norm_rope",
                      "--op", "verify_attention"])

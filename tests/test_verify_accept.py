@@ -270,7 +270,9 @@ def test_bench_shapes_and_no_gpu(monkeypatch, tmp_path, capsys):
 
     full = vb.shapes(False)
     assert {s.B for s in full} == {1, 8, 64} and {s.V for s in full} == {32000, 128256, 160000}
-    assert {s.L for s in full} == {4} and len(vb.shapes(True)) == 4
+    assert {s.L for s in full} == {4} and [s.case for s in vb.shapes(True)] == [
+        "B=1,L=4,V=160000", "B=64,L=4,V=32000", "B=64,L=4,V=160000"]
+    assert set(vb.shapes(True)) < set(full)
     assert [s.case for s in vb.shapes(False, b=[2], v=[7])] == ["B=2,L=4,V=7"]
     monkeypatch.setattr(devices, "gpu_present", lambda: False)
     assert vb.main(["--out", str(tmp_path / "runs"), "--quick"]) == 0
@@ -321,3 +323,59 @@ def test_tied_mismatching_drafts_bite_the_accept_length(spec, registry, device):
     tied_rejects = set(failed_checks(spec, impl, dataclasses.replace(c, ties=1.0, tie_drafts=True), device))
     assert "exact:output_ids" in random_rejects and "exact:accept_length" not in random_rejects
     assert {"exact:output_ids", "exact:accept_length"} <= tied_rejects
+
+
+def test_kill_plan_cases_are_the_mutants_proofs(spec):
+    """The kill matrix's targeted subset is each mutant's proof case (no timelines: no KV stored)."""
+    assert set(spec.kill.cases) == {case for case, _, _ in MUTANT_PROOF.values()}
+    assert spec.kill.timelines == () and set(spec.kill.clean) == {"reference", "fused"}
+
+
+def test_kill_matrix_kills_every_mutant_on_the_targeted_cases(registry, device):
+    """The op's rows of ``harness.killmatrix`` (what ``python -m harness mutants`` runs): clean rows pass,
+    every mutant is killed by parity. Planted: strided-rows left out of KillPlan.cases -> the
+    row-stride mutant survives."""
+    from harness import killmatrix
+
+    rows = killmatrix.build(registry, device, only=f"{OP}/", progress=None)
+    survivors, broken = killmatrix.verdict(rows)
+    assert not survivors and not broken
+    assert {r.subject for r in rows if r.kind == "mutant"} == {f"{OP}/{m}" for m in MUTANT_PROOF}
+
+
+# ----------------------------------------------------------------------------- the GPU plan, on the CPU
+
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+def test_gpu_plan_launches_and_graph_under_the_interpreter(spec, registry, device, impl):
+    """``harness.gpu_runners`` on the plan's case with the interpreter stand-ins of
+    ``tests/test_gpu_checks.py``: the fused call is one kernel, the chain six stage calls; replayed
+    as captured (validate's value checks off) it equals eager; no dispatch gate: the gate row skips."""
+    from harness import gpu_runners as gr
+    from tests.test_gpu_checks import _baked_capture, _count, _names
+
+    case = {c.name: c for c in cases.catalog(big=True)}[spec.gpu.cases[0]]
+    assert spec.gpu.full in {c.name for c in cases.catalog(big=True)}
+    fn = registry.impls[f"{OP}/{impl}"]
+    launches = gr.check_launches(spec, fn, case, device, count=_count, names=_names)
+    if impl == "fused":
+        assert launches.passed, launches
+    else:  # torch ops are no interpreter launches: the stage calls are what the CPU can count
+        assert launches.got == f"6 launches ({', '.join(sorted(spec.gpu.stages))}); 0 device kernels"
+    replay, gate = gr.check_graph(spec, fn, case, device, 0, capture=_baked_capture(OP))
+    assert replay.passed, replay
+    assert gate.passed is None and "no dispatch gate" in gate.detail
+
+
+def test_capture_patches_switch_off_the_value_checks_only(spec, device):
+    """Under ``capture_safe`` an out-of-range draft passes validate (its host copy is off), a wrong
+    dtype still fails; afterwards validate checks values again."""
+    from harness import gpu_runners as gr
+
+    kw = cases.build_inputs(CATALOG["llama2-b4-l4-v32000"], device)
+    bad = dict(kw, draft_tokens=torch.full_like(kw["draft_tokens"], 10 ** 6))
+    with gr.capture_safe(OP, kw):
+        ref.validate(**bad)
+        with pytest.raises(checks.DTypeError):
+            ref.validate(**dict(kw, target_logits=kw["target_logits"].float()))
+    with pytest.raises(checks.RangeError):
+        ref.validate(**bad)

@@ -7,6 +7,7 @@ arguments, ``cases/<op>.py::build_inputs``):
   mla_fp8_prepare   reference.mla_fp8_prepare:{mla_fp8_prepare_step, mla_fp8_prepare}, fused: the same
   verify_attention  reference.verify_attention:{verify_attention, verify_attention_sdpa},
                     fused.verify_attention:{verify_attention, verify_split_kv, verify_shared_kv}
+  verify_accept     reference.verify_accept:verify_accept, fused.verify_accept:verify_accept
 The launch-level helpers (``q_norm_rope``, ``cast_fp8``, ``prefix_split_partials`` ...), the oracles
 and the pure gates take arguments their entry point has validated: they are not called here.
 

@@ -64,6 +64,8 @@ def _tokens(case, n: int = 2):
     if hasattr(case, "prefix"):
         kind, k = case.prefix.split(":")
         return dataclasses.replace(case, prefix=f"const:{max(n, int(k))}")
+    if not hasattr(case, "T"):  # requests without a prefix or a token count: n requests
+        return dataclasses.replace(case, B=max(case.B, n))
     return dataclasses.replace(case, T=max(case.T, n))
 
 

@@ -16,8 +16,9 @@ def _swap_fp8(dtype):
 
 
 def _per_request(op: str) -> bool:
-    """Whether the op's call has per-request structure (indptr arguments)."""
-    return bool(args_of(op, "indptr"))
+    """Whether the op's call is a per-request attention (indptr arguments beside q, k, v): the
+    classes that break its heads, prefix and token counts."""
+    return bool(args_of(op, "indptr")) and len(args_of(op, "data", only=("q", "k", "v"))) == 3
 
 
 def _mismatched(which: str):
@@ -26,6 +27,9 @@ def _mismatched(which: str):
 
 
 def _t0(kw, a, p, ctx):
+    if hasattr(MODULES[ctx.op], "t0"):  # the op module's own (a call whose tokens are not its arguments' rows)
+        MODULES[ctx.op].t0(kw, ctx)
+        return
     if _per_request(ctx.op):
         for k in ("q", "k", "v"):
             kw[k] = kw[k][:0]
@@ -35,6 +39,14 @@ def _t0(kw, a, p, ctx):
     for k in per_token:
         if kw.get(k) is not None:
             kw[k] = kw[k][:0]
+
+
+def _b0(kw, a, p, ctx):
+    if hasattr(MODULES[ctx.op], "b0"):  # the op module's own
+        MODULES[ctx.op].b0(kw, ctx)
+        return
+    kw.update(q=kw["q"][:0], k=kw["k"][:0], v=kw["v"][:0], qo_indptr=kw["qo_indptr"][:1],
+              kv_indptr=kw["kv_indptr"][:1])
 
 
 def _all_padding(kw, a, p, ctx):
@@ -154,7 +166,8 @@ CLASSES: tuple[BadClass, ...] = (  # in report order
     _c("rank-missing-dim", "the last two axes flattened into one", _E,
        lambda op: tuple(a for a in tensor_args(op) if a not in ("positions", "loc", "out_cache_loc", "slot_map",
                                                                 "decode_kernel_loc", "qo_indptr", "kv_indptr",
-                                                                "kv_indices", "kv_norm_weight", "q_norm_weight")),
+                                                                "kv_indices", "draft_tokens", "kv_norm_weight",
+                                                                "q_norm_weight")),
        lambda kw, a, p, ctx: _set(kw, a, lambda t: t.flatten(-2)), error=checks.RankError),
     _c("rank-0d", "a 0-d tensor for a tensor argument", _E, _any_tensor,
        lambda kw, a, p, ctx: _set(kw, a, lambda t: t.reshape(-1)[0].clone()), error=checks.RankError),
@@ -173,9 +186,9 @@ CLASSES: tuple[BadClass, ...] = (  # in report order
     _c("size-t0", "no tokens: legal for qk and mla (empty outputs, nothing written); verify needs a draft token "
        "per request", {op: _E if _per_request(op) else _A for op in OPS}, lambda op: ("*",), _t0,
        names=lambda op, a: ("qo_indptr",)),
-    _c("size-b0", "no requests (qo_indptr of one entry)", _E, lambda op: ("*",) if _per_request(op) else (),
-       lambda kw, a, p, ctx: kw.update(q=kw["q"][:0], k=kw["k"][:0], v=kw["v"][:0], qo_indptr=kw["qo_indptr"][:1],
-                                       kv_indptr=kw["kv_indptr"][:1]), names=lambda op, a: ("qo_indptr",)),
+    _c("size-b0", "no requests (qo_indptr of one entry)", _E,
+       lambda op: ("*",) if _per_request(op) or hasattr(MODULES[op], "b0") else (), _b0,
+       names=lambda op, a: ("qo_indptr",)),
     _c("size-empty-prefix", "every request with an empty prefix (kv_indptr all zero): legal", _A,
        lambda op: ("*",) if _per_request(op) else (),
        lambda kw, a, p, ctx: kw.update(kv_indptr=torch.zeros_like(kw["kv_indptr"]))),

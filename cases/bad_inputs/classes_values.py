@@ -13,7 +13,9 @@ from reference import checks
 
 
 def _index_high(op: str, a: str, kw: dict) -> int:
-    """One past the largest legal entry of index argument ``a``."""
+    """One past the largest legal entry of index argument ``a`` (the op module's ``index_high`` where it has one)."""
+    if hasattr(MODULES[op], "index_high"):
+        return MODULES[op].index_high(a, kw)
     if a == "positions":
         return kw["cos"].shape[0]
     if a == "loc":
@@ -139,7 +141,8 @@ def _indptr_ends(kw, a, p, ctx):
     if p["end"] == "first":
         t[0] = 1
     else:
-        t[-1] = (kw["q"].shape[0] if a == "qo_indptr" else kw["kv_indices"].shape[0]) + 1
+        rows = getattr(MODULES[ctx.op], "indptr_rows", None)  # the rows it indexes, where the op module says
+        t[-1] = (rows(a, kw) if rows else kw["q"].shape[0] if a == "qo_indptr" else kw["kv_indices"].shape[0]) + 1
     kw[a] = t
 
 

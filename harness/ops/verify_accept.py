@@ -10,9 +10,33 @@ import functools
 
 import torch
 
-from harness.registry import Impl, OpSpec, OutputSpec, Registry
+from harness.registry import GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 OP = "verify_accept"
+
+# kill matrix: the targeted catalog subset, one case per mutant's bug (a rejected draft, the bonus row
+# after a mismatch at real vocabulary size, planted tied maxima, strided logits rows); no timelines: the
+# op stores no KV, so no timeline family runs it
+KILL = KillPlan(clean=("reference", "fused"),
+                cases=("none-accepted", "llama2-b4-l4-v32000", "ties-planted", "strided-rows"))
+
+STAGES = ("row_argmax", "gather_targets", "match", "accept_lengths", "bonus_tokens", "output_ids")
+
+
+def _capture_patches(inputs):
+    """As a CUDA graph runs it: the value checks of ``validate`` (a host copy of qo_indptr and of
+    the drafts' range) off after the validated eager call; the tensor checks stay."""
+    from reference import verify_accept as r
+
+    return [(r, "validate", r.validate_tensors)]
+
+
+# GPU-only checks (harness.gpu_runners): one program per request, the chain's six launches. Both are
+# captured: the only syncs are validate's host copies, which the capture patches turn off after the
+# validated eager call (the chain itself is gathers, compares and a cumprod on device). No dispatch gate
+# (the fused call always launches its kernel): the graph check's gate row is a skip
+GPU = GpuPlan(("b8-l3-v8192-mixed",), "b64-l4-v160k", 1, STAGES, lambda c, kw: len(STAGES), "verify_accept",
+              capture_patches=_capture_patches)
 
 
 def _no_effects(case, inputs, oracle):
@@ -66,6 +90,14 @@ def _spec() -> OpSpec:
         inputs=("target_logits", "draft_tokens", "qo_indptr"),
         doc="greedy (top-1) chain acceptance after the target forward: vocab argmax (lowest index among "
             "equal maxima, NaN the maximum), accept length, bonus token, ids padded with -1",
+        kill=KILL,
+        gpu=GPU,
+        nightly=True,  # a parity op: the nightly runs its parity step
+        # per case it is cheap beside the float ops (integer outputs compared exactly: no rounded chains for
+        # an allowance, no buffers to canary): half their workers, i.e. 1 of the 16-core host's parity
+        # processes (harness.nightly.parity_jobs), which keeps the concurrent steps within 2 x the cores
+        parity_weight=0.5,
+        bench="harness.bench.verify_accept",  # its GPU benchmark (harness.bench.perf per-op API)
         # measured on the 2-core CPU: the ci run (31 catalog + 150 generated cases), reference + fused, in 81 s
         interpreter_generated=150,
     )
