@@ -43,6 +43,8 @@ class Family:
     # instead of the ring; the kernel stores in every mode and attention reads the rows decoded)
     non_unified_layers: tuple[int, ...] = ()
     page_size: int = 4
+    # the nightly's timeline workers for it relative to the other families (harness.nightly.parity_jobs)
+    nightly_weight: float = 1.0
 
 
 FAMILIES = {
@@ -52,7 +54,8 @@ FAMILIES = {
     # DeepSeek-V4 MQA, a unified layer (the ring) over a non-unified one (the paged fp8 SWA cache):
     # the store gate's three branches in one stack (head_dim - rope_dim: one 64-value fp8 tile)
     "dsv4-mqa-mixed": Family("dsv4-mqa-mixed", "ring", "qk_norm_rope", H=2, Hkv=1, D=128, Dv=128, rope_dim=64,
-                             causal=True, model_family="generic", verify_store="pre", non_unified_layers=(1,)),
+                             causal=True, model_family="generic", verify_store="pre", non_unified_layers=(1,),
+                             nightly_weight=0.5),  # one worker: two small layers beside dsv4-mqa-ring's
     # Kimi-K3 absorbed MLA, fp8 KV in a translating paged pool (seed 001): mla_fp8_prepare + MLA attention
     "k3-mla-fp8": Family("k3-mla-fp8", "paged", "mla_fp8_prepare", H=2, Hkv=1, D=80, Dv=64, rope_dim=16,
                          causal=True, model_family="kimi-k3", verify_store="pre", translated=True, kv_descale=2.0),

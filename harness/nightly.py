@@ -154,7 +154,9 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
         shard = compiled_shard(compiled_shards, day)
         steps.append(Step("parity:compiled",
                           py + ["run", "--device", device, "--profile", profile, "--quiet",
-                                "--jobs", str(len(ops or OPS)),
+                                # one process per op, at most a fifth of the cores (as a gate layout):
+                                # inductor's compiles, not the processes, bound this step
+                                "--jobs", str(min(len(ops or OPS), max(1, cores // 5))),
                                 "--kind", "compiled", "--generated", "0", "--csv",
                                 str(out / "parity-compiled.csv.gz"), "--junit",
                                 str(out / "parity-compiled.xml"), "--stage-times",
@@ -168,7 +170,9 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
               else ["--generated", "500"] if profile == "nightly" else [])
     for fam in families or sorted(tl.FAMILIES):
         steps.append(Step(f"timelines:{fam}", py + ["timelines", "--device", device, "--profile", profile,
-                                                    "--family", fam, "--quiet", "--jobs", str(workers["timelines"]),
+                                                    "--family", fam, "--quiet", "--jobs",
+                                                    str(parity_jobs(workers["timelines"], tl.FAMILIES[fam].nightly_weight,
+                                                                    cores)),
                                                     "--csv", str(out / f"timelines-{fam}.csv.gz")] + tl_gen + watchdog,
                           par,
                           nice=BACKGROUND_NICE))
