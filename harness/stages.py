@@ -110,29 +110,51 @@ def count_triton_compiles() -> None:
 
 
 class Table:
-    """Stage seconds per op, summed over every (implementation, case) run added."""
+    """Stage seconds per op, summed over every (implementation, case) run added, and each run's own
+    seconds per stage (for the median: a process's one-time costs, such as the first load of a
+    kernel from the disk cache or of a torch kernel's module, land in a few runs and move the mean,
+    not the median)."""
 
     def __init__(self):
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.runs: dict[str, int] = defaultdict(int)
+        self.per_run: dict[str, list[dict[str, float]]] = defaultdict(list)
 
     def add(self, op: str, stages: dict | tuple, run: bool = True) -> None:
-        for k, v in dict(stages).items():
+        stages = dict(stages)
+        for k, v in stages.items():
             self.seconds[op][k] += v
         self.runs[op] += int(run)
+        if run:
+            self.per_run[op].append(stages)
+        elif self.per_run[op]:  # the parent's share of the run it just wrote rows for (``rows``)
+            for k, v in stages.items():
+                self.per_run[op][-1][k] = self.per_run[op][-1].get(k, 0.0) + v
 
     def frame(self) -> pd.DataFrame:
-        """op, stage, runs, total_s, mean_ms (per run), share (of the op's summed stage time)."""
+        """op, stage, runs, total_s, mean_ms (per run), median_ms (over the runs, a run without
+        the stage counting 0), share (of the op's summed stage time). The row ``all`` is the sum
+        over the stages (its median is the median run's total, not the sum of the medians)."""
         rows = []
         for op in sorted(self.seconds):
-            sec = self.seconds[op]
+            sec, runs = self.seconds[op], self.per_run[op]
             total = sum(sec.get(s, 0.0) for s in STAGES)
+            n = max(self.runs[op], 1)
+
+            def median(key) -> float:
+                vals = [key(r) for r in runs]
+                return 1e3 * float(pd.Series(vals).median()) if vals else float("nan")
+
             for s in STAGES + (COMPILE,):
                 if s in sec:
                     rows.append(dict(op=op, stage=s if s != COMPILE else f"({COMPILE}, {int(sec[COMPILES])} kernels)",
-                                     runs=self.runs[op], total_s=sec[s], mean_ms=1e3 * sec[s] / max(self.runs[op], 1),
+                                     runs=self.runs[op], total_s=sec[s], mean_ms=1e3 * sec[s] / n,
+                                     median_ms=median(lambda r, s=s: r.get(s, 0.0)),
                                      share=sec[s] / total if total else float("nan")))
-        return pd.DataFrame(rows, columns=["op", "stage", "runs", "total_s", "mean_ms", "share"])
+            rows.append(dict(op=op, stage="all", runs=self.runs[op], total_s=total, mean_ms=1e3 * total / n,
+                             median_ms=median(lambda r: sum(r.get(s, 0.0) for s in STAGES)),
+                             share=1.0 if total else float("nan")))
+        return pd.DataFrame(rows, columns=["op", "stage", "runs", "total_s", "mean_ms", "median_ms", "share"])
 
     def compiles(self) -> tuple[int, float]:
         """(kernels compiled, seconds compiling) over every op."""
@@ -144,6 +166,7 @@ class Table:
         if f.empty:
             return "stage times: no runs"
         f = f.assign(total_s=f["total_s"].map("{:.2f}".format), mean_ms=f["mean_ms"].map("{:.2f}".format),
+                     median_ms=f["median_ms"].map("{:.2f}".format),
                      share=f["share"].map(lambda x: f"{100 * x:.1f}%"))
         sync = "synced per stage" if os.environ.get(SYNC_ENV) == "1" else f"not synced ({SYNC_ENV}=1 syncs)"
         return f"stage times (wall, summed over workers; {sync}):\n" + f.to_string(index=False)

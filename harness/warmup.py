@@ -126,14 +126,17 @@ def _init(kind: str, fp8_format: str, plugin_specs: tuple[str, ...], target: str
     suite.set_worker_state(dry_device(target), default_registry(extra=plugin_specs))
 
 
-def _call_like_the_run(spec, impls, case, dev) -> list[str]:
+def _call_like_the_run(spec, impls, case, dev, seconds: dict | None = None) -> list[str]:
     """Each implementation's calls of ``harness.runners.run_case`` on ``case`` (the reruns launch
-    what the first call launched; the poisoned run takes caller-provided outputs). Errors, one line each."""
+    what the first call launched; the poisoned run takes caller-provided outputs). Errors, one line
+    each. ``seconds`` gets the wall time of building the inputs (``inputs``) and of the calls (``calls``)."""
     import torch
 
     from harness import runners
 
+    t0 = time.perf_counter()
     pristine = spec.build_inputs(case, dev)
+    t1 = time.perf_counter()
     errors, ref_out = [], None
     for impl in impls:
         fresh = lambda: copy.deepcopy(pristine)  # noqa: E731
@@ -149,10 +152,13 @@ def _call_like_the_run(spec, impls, case, dev) -> list[str]:
                 impl.fn(**runners.provide_outputs(spec, fresh(), shapes, dev))
         except Exception as exc:  # garbage outputs (nothing was launched) may upset host code: say so, go on
             errors.append(f"{impl.key} {case}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+    if seconds is not None:
+        seconds["inputs"] = seconds.get("inputs", 0.0) + t1 - t0
+        seconds["calls"] = seconds.get("calls", 0.0) + time.perf_counter() - t1
     return errors
 
 
-def _collect(task) -> tuple[list[Variant], list[str]]:
+def _collect(task) -> tuple[list[Variant], list[str], dict]:
     from triton import knobs
 
     from harness import suite
@@ -161,10 +167,10 @@ def _collect(task) -> tuple[list[Variant], list[str]]:
     dev, reg = suite.worker_state()
     knobs.runtime.jit_cache_hook = _record
     before = set(_SEEN)
-    errors = []
+    errors, seconds = [], {}
     for case in cases:
-        errors += _call_like_the_run(reg.ops[op], [reg.impls[k] for k in impl_keys], case, dev)
-    return [v for k, v in _SEEN.items() if k not in before], errors
+        errors += _call_like_the_run(reg.ops[op], [reg.impls[k] for k in impl_keys], case, dev, seconds)
+    return [v for k, v in _SEEN.items() if k not in before], errors, seconds
 
 
 def _jit_function(module: str, qualname: str):
@@ -252,7 +258,7 @@ def run(tasks: list[tuple], jobs: int, dev, *, plugin_specs=(), target: str | No
                 timeout_s=TASK_TIMEOUT_S, isolate=True)
     t0 = time.time()
     variants: dict[tuple, Variant] = {}
-    errors, lost = [], []
+    errors, lost, spent = [], [], []
     for k, res in pool.run(_collect, tasks, jobs, name=lambda t: f"warmup-collect-{t[0]}", **init):
         if isinstance(res, pool.Lost):
             lost.append(f"collect {tasks[k][0]} ({len(tasks[k][2])} cases): {res.detail}")
@@ -260,10 +266,16 @@ def run(tasks: list[tuple], jobs: int, dev, *, plugin_specs=(), target: str | No
         for v in res[0]:
             variants.setdefault((v.module, v.qualname, v.key), v)
         errors += res[1]
+        spent.append(dict(op=tasks[k][0], cases=len(tasks[k][2]), **res[2]))
     collect_s = time.time() - t0
     n_cases = sum(len(t[2]) for t in tasks)
     progress(f"warmup: {len(variants)} kernel variants in {n_cases} cases ({collect_s:.1f} s to collect, "
              f"{jobs} processes)" + (f"; {len(errors)} calls raised (first: {errors[0]})" if errors else ""))
+    if spent:  # where the collect's time went: the rest of its wall time is worker start-up and idling
+        per = pd.DataFrame(spent).assign(slowest_task_s=lambda f: f["inputs"] + f["calls"]).groupby("op").agg(
+            cases=("cases", "sum"), inputs_s=("inputs", "sum"), calls_s=("calls", "sum"),
+            slowest_task_s=("slowest_task_s", "max")).reset_index()
+        progress("  collect, summed over processes:\n" + per.to_string(index=False, float_format="{:.1f}".format))
     todo = sorted(variants.values(), key=lambda v: (v.kernel, v.key))
     for _, r in describe(todo).iterrows():
         progress(f"  {r['kernel']}: {r['variants']} variants; varies: {r['varies'] or '-'}")
