@@ -53,6 +53,12 @@ BACKGROUND_NICE = 5
 # parameters (dtypes, head dims, block sizes, flags): a sample of the draws meets nearly all of them,
 # and a variant it misses is compiled by the first step that launches it (its compile_s shows that).
 WARMUP_GENERATED = 300
+# Shares of --budget-s. The warmup's plan took 30 s to compile and 56 s to collect on a fresh H200
+# (2026-12-01; 250 variants), the collect mostly one chunk of big verify_attention cases: with them
+# spread it fits in 15 %; a quarter is its ceiling, and what it leaves goes to correctness, which ends
+# at 80 % of the budget from the start. The benchmarks get the rest (bench --quick: 76 rows in 106 s).
+WARMUP_SHARE = 0.25
+CORRECTNESS_ENDS = 0.8
 
 
 @dataclass
@@ -71,6 +77,8 @@ class Step:
     timed_out: bool = False
     fails: list[str] = field(default_factory=list)
     compile_s: float | None = None  # Triton compile seconds its log reports (warmup: wall; others: summed)
+    until_s: float | None = None  # must end by this many seconds after the nightly's start (its budget_s
+    # shrinks to what is left of that when it starts: a short warmup leaves its time to the steps after it)
 
 
 def worker_counts(cores: int, gate_runs: int) -> dict[str, int]:
@@ -101,8 +109,9 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
          case_timeout_s: float | None = None) -> list[Step]:
     """The steps, with their time limits: on a GPU first the warmup alone (``harness.warmup``: the
     Triton variants the parity steps launch on their catalogs and the first ``WARMUP_GENERATED``
-    generated cases per op, compiled once in parallel into Triton's cache) in 10 % of
-    the budget, then correctness in 70 %, benchmarks in 20 %. Parity and timeline steps run every case under ``case_timeout_s`` (default: the device's,
+    generated cases per op, compiled once in parallel into Triton's cache) in at most
+    ``WARMUP_SHARE`` of the budget, then correctness until ``CORRECTNESS_ENDS`` of it from the start
+    (what the warmup leaves unused goes to correctness), benchmarks in the rest. Parity and timeline steps run every case under ``case_timeout_s`` (default: the device's,
     ``harness.suite.default_case_timeout``): a stalled case is a ``timeout`` row, never a slow step.
     ``generated`` overrides the generated parity cases per op (default: the profile's),
     ``timelines`` the generated timelines per family (default: the profile's; 500 per family in
@@ -126,7 +135,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
     if gate_jobs is not None:
         workers["gate"] = gate_jobs
     py = [sys.executable, "-m", "harness"]
-    par = 0.7 * budget_s
+    par = CORRECTNESS_ENDS * budget_s
     gen = [] if generated is None else ["--generated", str(generated)]
     kinds = ["--kind", "reference", "--kind", "fused", "--kind", "external"]
     from harness import suite
@@ -143,7 +152,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
         steps.append(Step("warmup", py + ["warmup", "--device", device, "--profile", profile, "--jobs",
                                           str(min(cores, 16)), "--kind", "fused", "--kind", "external"]
                           + [a for op in ops or OPS for a in ("--op", op)] + ["--generated", str(warm_gen)],
-                          0.1 * budget_s, phase=-1))
+                          WARMUP_SHARE * budget_s, phase=-1))
     steps += [Step(f"parity:{op}", py + ["run", "--op", op, "--device", device, "--profile", profile, "--quiet",
                                        "--jobs", str(parity_jobs(workers["parity"], PARITY_WEIGHT.get(op, 1), cores)),
                                        "--csv", str(out / f"parity-{op}.csv.gz"),
@@ -184,10 +193,14 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
             steps.append(Step(f"gate:{lay}", py + ["gate", "--device", device, "--profile", gp, "--layout", lay,
                                                    "--jobs", str(workers["gate"]), "--csv", str(out / f"gate-{lay}.csv")],
                               par))
+    for s in steps:
+        if s.phase == 0:
+            s.until_s = par
     if bench:
         # the small shape set: the full one (nox -s bench) took longer than the whole 20 % on the H200
         # (qk_norm_rope 62 s, mla 31 s, verify_attention 2 of 24 shapes when its 109 s ran out)
-        steps.append(Step("bench", py + ["bench", "--out", str(out / "bench"), "--quick"], 0.2 * budget_s, phase=1))
+        steps.append(Step("bench", py + ["bench", "--out", str(out / "bench"), "--quick"],
+                          (1 - CORRECTNESS_ENDS) * budget_s, phase=1))
     return steps
 
 
@@ -271,10 +284,15 @@ def _poll(step: Step) -> bool:
     return True
 
 
-def run_steps(steps: list[Step], out: Path, *, poll_s: float = 2.0, progress=print) -> None:
+def run_steps(steps: list[Step], out: Path, *, poll_s: float = 2.0, progress=print, t0: float | None = None) -> None:
+    """Run the steps phase by phase (each phase's steps concurrently). ``t0``: the nightly's start
+    (default: now), from which a step's ``until_s`` counts."""
+    t0 = time.time() if t0 is None else t0
     for phase in sorted({s.phase for s in steps}):
         group = [s for s in steps if s.phase == phase]
         for s in group:
+            if s.until_s is not None:
+                s.budget_s = max(0.0, min(s.budget_s, t0 + s.until_s - time.time()))
             _start(s, out)
         progress(f"nightly: phase {phase}: started {', '.join(s.name for s in group)}")
         last = time.time()
@@ -371,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     print(f"verify-parity nightly: device={device} profile={args.profile} budget {args.budget_s:.0f}s, "
           f"{len(steps)} steps -> {out}", flush=True)
-    run_steps(steps, out, progress=lambda m: print(m, flush=True))
+    run_steps(steps, out, progress=lambda m: print(m, flush=True), t0=t0)
     first = [s for s in steps if s.phase < 0]
     report = _report_step(out, args.baseline)
     run_steps([report], out, progress=lambda m: print(m, flush=True))

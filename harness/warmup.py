@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib
 import os
 import sys
@@ -231,19 +232,31 @@ def describe(variants: list[Variant]) -> "pd.DataFrame":
 
 def plan_tasks(reg, ops, impls, profile, *, seed=0, generated=None, shard_spec=None, case_filter=None,
                interpreted=False) -> list[tuple]:
-    """(op, impl keys, cases) chunks of the parity plan of ``harness.suite.run`` with the same arguments."""
+    """(op, impl keys, cases) chunks of the parity plan of ``harness.suite.run`` with the same arguments:
+    each ``big`` catalog case a task of its own, every op's big ones first, then the other cases in
+    chunks of ``CASES_PER_TASK``. Workers take tasks in this order, so the longest start first: a big
+    case's inputs take seconds to draw (a verify_attention case of B 32 x prefix 32K about 10 s on
+    the H200 host), and 20 of them in one chunk made that chunk 35 of the collect's 56 s (2026-12-01)."""
+    from cases import base
     from harness import suite
 
-    tasks = []
+    big, rest = [], []
     for op in ops:
         keys = [i.key for i in impls if i.op == op and i.kind not in SKIP_KINDS]
         if not keys:
             continue
-        planned = suite.shard(suite.plan_cases(reg.ops[op], profile, seed=seed, generated=generated,
+        spec = reg.ops[op]
+        key = functools.partial(base.case_id, spec.name)
+        small = {key(c) for c in spec.catalog(big=False)}
+        planned = suite.shard(suite.plan_cases(spec, profile, seed=seed, generated=generated,
                                                interpreted=interpreted), shard_spec)
         cases = [p.case for p in planned if not case_filter or case_filter in p.display or case_filter in p.full_id]
-        tasks += [(op, keys, cases[i:i + CASES_PER_TASK]) for i in range(0, len(cases), CASES_PER_TASK)]
-    return tasks
+        heavy_ids = {key(c) for c in spec.catalog(big=profile.big)} - small
+        heavy = [c for c in cases if key(c) in heavy_ids]
+        light = [c for c in cases if key(c) not in heavy_ids]
+        big += [(op, keys, [c]) for c in heavy]
+        rest += [(op, keys, light[i:i + CASES_PER_TASK]) for i in range(0, len(light), CASES_PER_TASK)]
+    return big + rest
 
 
 def run(tasks: list[tuple], jobs: int, dev, *, plugin_specs=(), target: str | None = None, progress=print,

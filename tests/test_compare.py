@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from harness import compare, tolerance
@@ -253,3 +255,15 @@ def test_untouched_checks_the_bytes_a_written_row_does_not_own():
         rec = compare.untouched("u", bad, before, torch.tensor([1]), written_bytes=owned)
         assert not rec.passed and "do not own" in rec.detail, col
     assert compare.untouched("u", bad, before, torch.tensor([1])).passed  # whole rows: no byte of row 1 checked
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.lists(st.integers(1, 7), min_size=0, max_size=4), data=st.data())
+def test_worst_indices_are_torch_unravel_index(shape, data):
+    """The records' worst-element indices name the element ``torch.unravel_index`` names (planted:
+    column-major order, or dropping a unit dimension, fails)."""
+    n = 1
+    for d in shape:
+        n *= d
+    i = data.draw(st.integers(0, n - 1))
+    assert compare._idx(i, shape) == tuple(int(v) for v in torch.unravel_index(torch.tensor(i), shape))

@@ -125,3 +125,23 @@ def test_head_grouping_does_not_multiply_verify_attention_compiles(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "_verify_shared_kv_prefix_kernel: " in r.stdout and "BLOCK_H(" in r.stdout, r.stdout
     assert not re.search(r"(?i)kv_group_num\(", r.stdout), r.stdout
+
+
+def test_big_catalog_cases_are_tasks_of_their_own_and_go_first(registry):
+    """Workers take the collect's tasks in order: every ``big`` catalog case (inputs of seconds) is a
+    task alone, ahead of every chunk, so the longest tasks start first. Planted: chunking the plan
+    in order (big cases inside a 20-case chunk) or appending them last fails."""
+    from cases import base, profiles
+    from harness import warmup
+
+    ops = ["qk_norm_rope", "verify_attention"]
+    impls = [registry.impls[k] for k in ("qk_norm_rope/fused", "verify_attention/fused")]
+    tasks = warmup.plan_tasks(registry, ops, impls, profiles.PROFILES["nightly"], generated=45)
+    big = {op: {base.case_id(op, c) for c in registry.ops[op].catalog(big=True)}
+           - {base.case_id(op, c) for c in registry.ops[op].catalog(big=False)} for op in ops}
+    assert all(big.values())
+    alone = [t for t in tasks if len(t[2]) == 1 and base.case_id(t[0], t[2][0]) in big[t[0]]]
+    assert tasks[:len(alone)] == alone and sum(map(len, big.values())) == len(alone)
+    n = sum(len(t[2]) for t in tasks)
+    assert n == sum(len(registry.ops[op].catalog(big=True)) + 45 for op in ops)
+    assert max(len(t[2]) for t in tasks) == warmup.CASES_PER_TASK
