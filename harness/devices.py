@@ -92,6 +92,36 @@ def prepare_triton() -> None:
         shim.install()
 
 
+SYNC_ENV = "VP_CUDA_SYNC"  # "spin" (CUDA's default for few processes) | "blocking"
+_CU_CTX_SCHED = {"spin": 0x01, "blocking": 0x04}  # CU_CTX_SCHED_SPIN, CU_CTX_SCHED_BLOCKING_SYNC
+
+
+@functools.cache
+def cuda_sync_mode(mode: str) -> None:
+    """How this process's host threads wait for the GPU (a sync, ``.item()``, a device-to-host copy):
+    ``spin`` polls on a core until the work is done, ``blocking`` sleeps and is woken. Set on the
+    primary context of GPU 0 through the driver (``cuDevicePrimaryCtxSetFlags``), before torch first
+    uses the device; ``select`` calls it when ``VP_CUDA_SYNC`` is set. Many processes sharing one GPU
+    (the nightly's concurrent steps) wait on each other's work: spinning, each waiting process holds
+    a core that the others' host work needs. NVIDIA only (ROCm: ``DeviceUnavailable``)."""
+    import ctypes
+
+    if mode not in _CU_CTX_SCHED:
+        raise ValueError(f"{SYNC_ENV}: expected one of {sorted(_CU_CTX_SCHED)}, got {mode!r}")
+    if torch.version.hip:
+        raise DeviceUnavailable(f"{SYNC_ENV}={mode}: only on NVIDIA GPUs (this torch is a ROCm build)")
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise DeviceUnavailable(f"{SYNC_ENV}={mode}: the CUDA driver library: {exc}") from exc
+    dev = ctypes.c_int()
+    for call, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(dev), 0)),
+                       ("cuDevicePrimaryCtxSetFlags_v2", None)):
+        rc = getattr(cu, call)(*(args if args is not None else (dev, _CU_CTX_SCHED[mode])))
+        if rc != 0:
+            raise DeviceUnavailable(f"{SYNC_ENV}={mode}: {call} returned CUDA error {rc}")
+
+
 def select(requested: str = "auto", *, fp8_format: str | None = None) -> Device:
     """Resolve "auto" | "cpu" | "cuda" | "rocm" to a Device and prepare Triton for it.
 
@@ -112,6 +142,8 @@ def select(requested: str = "auto", *, fp8_format: str | None = None) -> Device:
         return Device("cpu", "cpu", "interpreter", fmt, shim.SHIM_ID)
     if not gpu_present():
         raise DeviceUnavailable(f"device {requested!r} requested but torch sees no GPU")
+    if os.environ.get(SYNC_ENV, "spin") != "spin":
+        cuda_sync_mode(os.environ[SYNC_ENV])
     dev = _gpu_device()
     if dev.kind != requested:
         raise DeviceUnavailable(f"device {requested!r} requested but this GPU is {dev.kind} ({dev.name})")

@@ -77,6 +77,7 @@ class Step:
     timed_out: bool = False
     fails: list[str] = field(default_factory=list)
     compile_s: float | None = None  # Triton compile seconds its log reports (warmup: wall; others: summed)
+    env: dict = field(default_factory=dict)  # added to the step's environment
     until_s: float | None = None  # must end by this many seconds after the nightly's start (its budget_s
     # shrinks to what is left of that when it starts: a short warmup leaves its time to the steps after it)
 
@@ -106,7 +107,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
          families: list[str] | None, bench: bool, gate: bool, ops: list[str] | None = None,
          generated: int | None = None, timelines: int | None = None, cores: int | None = None,
          gate_jobs: int | None = None, compiled_shards: int = 1, day: int | None = None, warmup: bool = True,
-         case_timeout_s: float | None = None) -> list[Step]:
+         case_timeout_s: float | None = None, cuda_sync: str = "blocking") -> list[Step]:
     """The steps, with their time limits: on a GPU first the warmup alone (``harness.warmup``: the
     Triton variants the parity steps launch on their catalogs and the first ``WARMUP_GENERATED``
     generated cases per op, compiled once in parallel into Triton's cache) in at most
@@ -125,6 +126,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
     (about 2-3 s each on the H200 host), which took most of the parity steps' time when they ran
     every case."""
     from cases import e2e_gate
+    from harness import devices
 
     gp = "full" if device != "cpu" else "cpu-lite"
     gprof = e2e_gate.PROFILES[gp]
@@ -196,6 +198,8 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
     for s in steps:
         if s.phase == 0:
             s.until_s = par
+            if device == "cuda":  # the steps share one GPU: a process waiting for it sleeps (harness.devices)
+                s.env = {devices.SYNC_ENV: cuda_sync}
     if bench:
         # the small shape set: the full one (nox -s bench) took longer than the whole 20 % on the H200
         # (qk_norm_rope 62 s, mla 31 s, verify_attention 2 of 24 shapes when its 109 s ran out)
@@ -248,7 +252,7 @@ def _start(step: Step, out: Path) -> None:
     step.log.parent.mkdir(parents=True, exist_ok=True)
     # the steps run side by side: one intra-op thread per process unless the caller chose (torch's default,
     # one per core in each of ~26 processes, made every CPU-side comparison crawl; docs/nightly.md)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **step.env)
     env.setdefault("OMP_NUM_THREADS", "1")
     step.t0 = time.time()
     nice = step.nice
@@ -371,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the compiled step on one rotating slice of n of its catalog per night (default 1: all)")
     ap.add_argument("--case-timeout-s", type=float, default=None,
                     help="per-case limit of the parity and timeline steps (default: 120 s on a GPU, 900 s on the CPU)")
+    ap.add_argument("--cuda-sync", default="blocking", choices=("blocking", "spin"),
+                    help="how the correctness steps' processes wait for an NVIDIA GPU (VP_CUDA_SYNC; default "
+                         "blocking: a waiting process sleeps and leaves its core to the others)")
     ap.add_argument("--no-warmup", action="store_true", help="no compile-ahead step (harness.warmup) first")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-gate", action="store_true")
@@ -385,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = plan(out, profile=args.profile, device=device, budget_s=args.budget_s, jobs=args.jobs,
                  layouts=args.layout, families=args.family, bench=not args.no_bench, gate=not args.no_gate,
                  ops=args.op, generated=args.generated, timelines=args.timelines, gate_jobs=args.gate_jobs,
-                 compiled_shards=args.compiled_shards, warmup=not args.no_warmup, case_timeout_s=args.case_timeout_s)
+                 compiled_shards=args.compiled_shards, warmup=not args.no_warmup, case_timeout_s=args.case_timeout_s,
+                 cuda_sync=args.cuda_sync)
     t0 = time.time()
     print(f"verify-parity nightly: device={device} profile={args.profile} budget {args.budget_s:.0f}s, "
           f"{len(steps)} steps -> {out}", flush=True)

@@ -251,3 +251,22 @@ def _finished(name, rc):
     s = nightly.Step(name, [], 1.0)
     s.rc = rc
     return s
+
+
+def test_correctness_steps_sleep_while_they_wait_for_the_gpu_and_the_benchmarks_do_not(tmp_path):
+    """On CUDA every phase-0 step runs with ``VP_CUDA_SYNC=blocking`` (the steps share one GPU), the
+    benchmarks with CUDA's default; the variable reaches the step's process. Planted: the env not
+    passed to ``Popen`` fails the last assertion; blocking set on the bench fails the second."""
+    steps = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=2, layouts=None,
+                         families=None, bench=True, gate=True)
+    assert all(s.env == {"VP_CUDA_SYNC": "blocking"} for s in steps if s.phase == 0)
+    assert all(not s.env for s in steps if s.phase != 0)
+    spin = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=2, layouts=None,
+                        families=None, bench=False, gate=False, cuda_sync="spin")
+    assert {s.env["VP_CUDA_SYNC"] for s in spin if s.phase == 0} == {"spin"}
+    assert all(not s.env for s in nightly.plan(tmp_path, profile="dev", device="cpu", budget_s=600, jobs=None,
+                                               layouts=None, families=None, bench=False, gate=False))
+    step = _step("parity:x", "import os; print('sync', os.environ.get('VP_CUDA_SYNC'))")
+    step.env = {"VP_CUDA_SYNC": "blocking"}
+    nightly.run_steps([step], tmp_path, poll_s=0.05, progress=lambda m: None)
+    assert "sync blocking" in step.log.read_text()

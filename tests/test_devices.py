@@ -1,0 +1,48 @@
+"""``harness.devices``: how a process waits for the GPU (``VP_CUDA_SYNC``)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, subprocess_env
+
+# one process: select the GPU with the mode, then the CPU seconds a wait on a ~0.3 s kernel costs
+_WAIT = """
+import time, torch
+from harness import devices
+devices.select("cuda")
+torch.cuda._sleep(1_000_000)  # context, module load
+torch.cuda.synchronize()
+c0, w0 = time.process_time(), time.perf_counter()
+torch.cuda._sleep(int(0.3 * torch.cuda.get_device_properties(0).clock_rate * 1e3))
+torch.cuda.synchronize()
+print(time.process_time() - c0, time.perf_counter() - w0)
+"""
+
+
+def _wait_seconds(mode: str) -> tuple[float, float]:
+    r = subprocess.run([sys.executable, "-c", _WAIT], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=subprocess_env(VP_CUDA_SYNC=mode))
+    assert r.returncode == 0, r.stdout + r.stderr
+    cpu, wall = map(float, r.stdout.split())
+    return cpu, wall
+
+
+@pytest.mark.gpu
+def test_blocking_sync_leaves_the_core_while_waiting():
+    """Under ``blocking`` a wait on the GPU costs almost no CPU time; under ``spin`` it costs the
+    wait. Planted: ``cuda_sync_mode`` not setting the flag (or setting SPIN for both) makes the
+    blocking wait cost ~0.3 s of CPU and fails the first assertion."""
+    cpu, wall = _wait_seconds("blocking")
+    assert wall > 0.1 and cpu < 0.25 * wall, (cpu, wall)
+    cpu, wall = _wait_seconds("spin")
+    assert wall > 0.1 and cpu > 0.5 * wall, (cpu, wall)
+
+
+def test_an_unknown_sync_mode_is_named():
+    from harness import devices
+
+    with pytest.raises(ValueError, match="VP_CUDA_SYNC: expected one of"):
+        devices.cuda_sync_mode("yield")
