@@ -77,28 +77,21 @@ def _idx(i: int, shape) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _topk_unique(flat: torch.Tensor, k: int) -> list[int] | None:
-    """``torch.topk(flat, k).indices`` when that answer is the only one (the ``k`` largest values
-    are distinct and no other element equals the ``k``-th: any algorithm gives it), else None.
-    Shape: flat (n,), 1 <= k <= n."""
+def _topk_device(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, unique) of ``torch.topk(flat, k)`` on ``flat``'s device, nothing sent to the host:
+    ``unique`` (a bool tensor) is True when that answer is the only one (the ``k`` largest values are
+    distinct and no other element equals the ``k``-th: any algorithm gives it). Shape: flat (n,), 1 <= k <= n."""
     v, i = torch.topk(flat, k)
     unique = (flat >= v[-1]).sum() == k
     if k > 1:
         unique &= (v[:-1] > v[1:]).all()
+    return i, unique
+
+
+def _topk_unique(flat: torch.Tensor, k: int) -> list[int] | None:
+    """``torch.topk(flat, k).indices`` when that answer is the only one (``_topk_device``), else None."""
+    i, unique = _topk_device(flat, k)
     return i.tolist() if bool(unique) else None
-
-
-def _topk_indices(flat: torch.Tensor, k: int) -> list[int]:
-    """``torch.topk(flat, k).indices`` as the CPU computes it, ties included, for ``flat`` on any
-    device: off the CPU the device's answer when it is the only one (``_topk_unique``), else the
-    CPU's on a copy (the CPU orders tied elements by its algorithm, which a GPU's need not share).
-    Shape: flat (n,)."""
-    if k <= 0:
-        return []
-    if flat.device.type == "cpu":
-        return torch.topk(flat, k).indices.tolist()
-    found = _topk_unique(flat, k)
-    return found if found is not None else torch.topk(flat.cpu(), k).indices.tolist()
 
 
 def _as_f64(check: str, got: torch.Tensor | None, oracle: torch.Tensor):
@@ -161,24 +154,37 @@ def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: tor
         if r.shape == o.shape:  # = _scaled(r, o, tol).max()
             ref_err = (r - o).abs_().div_(den).masked_fill_(~(fo & _finite(r.abs())), 0.0).max()
     # one transfer for the scalars: finite oracle elements, whether one has |o| >= 100 atol, err,
-    # ref_err, max_abs, max_rel (NaN where the oracle holds a NaN, as diff / clamp_min(NaN) says), n_both
+    # ref_err, max_abs, max_rel (NaN where the oracle holds a NaN, as diff / clamp_min(NaN) says), n_both,
+    # the elements whose NaN/Inf placement differs from the oracle's
     stats = torch.stack((fo.sum().double(), (fo & (oa >= 100 * tol.atol)).any().double(), e.max(), ref_err,
-                         diff.max(), (diff / oa.clamp_min_(tol.atol)).max(), both.sum().double())).tolist()
-    n_fo, big, err, ref_err, max_abs, max_rel, n_both = stats
+                         diff.max(), (diff / oa.clamp_min_(tol.atol)).max(), both.sum().double(),
+                         _special_mismatch(x, o).sum().double())).tolist()
+    n_fo, big, err, ref_err, max_abs, max_rel, n_both = stats[:7]
     n_both = int(n_both)
     if n_fo and not big:
         return Record(check, False, detail=f"degenerate case: oracle max |o| = {float(o.abs()[fo].max()):.3g} "
                                            f"is under 100×atol, writing zeros would pass")
-    n_special = int(_special_mismatch(x, o).sum()) if n_both < o.numel() else 0  # all finite: no mismatch
+    n_special = int(stats[7])
     allowed = tol.allowed(ref_err, is_reference=is_reference)
-    n_over = int((e > allowed).sum())
+    # the second and last transfer: how many elements are over, and the WORST_K worst with their values.
+    # Off the CPU the device's top-k is kept when it is the only answer (``_topk_device``); on a tie the
+    # CPU's, on a copy (the CPU orders tied elements by its algorithm, which a GPU's need not share)
+    k = min(WORST_K, n_both)
+    with_ref = r is not None and r.shape == o.shape
+    parts = [(e > allowed).sum().double().reshape(1)]
     flat = e.masked_fill_(outside, -1.0).flatten()
+    if k:
+        at, unique = _topk_device(flat, k)
+        parts += [unique.double().reshape(1), at.double()] + [t.flatten()[at] for t in (x, o) + ((r,) if with_ref else ())]
+    got = torch.cat(parts).tolist()
+    n_over = int(got[0])
     worst = []
-    idx = _topk_indices(flat, min(WORST_K, n_both))
-    if idx:
-        at = torch.tensor(idx, device=x.device)
-        with_ref = r is not None and r.shape == o.shape
-        vals = torch.stack((x.flatten()[at], o.flatten()[at]) + ((r.flatten()[at],) if with_ref else ())).tolist()
+    if k:
+        idx, vals = [int(v) for v in got[2:2 + k]], [got[2 + k * (j + 1): 2 + k * (j + 2)] for j in range(2 + with_ref)]
+        if got[1] != 1.0 and x.device.type != "cpu":
+            idx = torch.topk(flat.cpu(), k).indices.tolist()
+            at = torch.tensor(idx, device=x.device)
+            vals = torch.stack([t.flatten()[at] for t in (x, o) + ((r,) if with_ref else ())]).tolist()
         for j, i in enumerate(idx):
             rv = f"/{vals[2][j]:.6g}" if with_ref else ""
             worst.append(f"{_idx(i, o.shape)}: {vals[0][j]:.6g}/{vals[1][j]:.6g}{rv}")
