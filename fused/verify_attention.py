@@ -2,10 +2,10 @@
 gate (a pure function) and the dispatcher shared-KV → split-KV → reference.
 
 Kernels live in ``fused/kernels/verify_attention.py`` (one jit helper holds the math). Both
-paths launch a prefix kernel writing per-split partials ``(m, l, v_scale·Σp·v)`` and one
+paths launch the prefix kernel writing per-split partials ``(m, l, v_scale·Σp·v)`` and one
 combine kernel that adds the draft triangle and merges by log-sum-exp:
-  split-KV   prefix grid (B, H, S), combine grid (B, H)            — per-head baseline;
-  shared-KV  prefix grid (B, H/BLOCK_H, S), combine (B, H/BLOCK_H) — one KV tile per head block.
+  split-KV   prefix grid (B, H, S) at BLOCK_H 1, combine grid (B, H) — per-head baseline;
+  shared-KV  prefix grid (B, H/BLOCK_H, S), combine (B, H/BLOCK_H)   — one KV tile per head block.
 """
 from __future__ import annotations
 
@@ -220,20 +220,18 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
                   stride_kb_s=k_buffer.stride(0), stride_kb_h=k_buffer.stride(1),
                   stride_vb_s=v_buffer.stride(0), stride_vb_h=v_buffer.stride(1),
                   kv_group_num=group, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages, **dims)
-    if "prefix" not in stages:
-        pass
-    elif kind == "shared_kv":
-        kern._verify_shared_kv_prefix_kernel[(B, triton.cdiv(H, block_h), prefix_splits or S)](
-            HAS_KV_HEADS=Hkv > 1, BLOCK_H=block_h, L_PAD=l_pad, SINGLE_P_DOT=single_p_dot, **common)
-    else:
-        kern._verify_split_kv_prefix_kernel[(B, H, prefix_splits or S)](L_PAD=l_pad, **common)
+    # the split-KV kernel is the shared-KV one at BLOCK_H 1, reading its KV head per query head
+    has_kv_heads = (Hkv > 1) if kind == "shared_kv" else True
+    if "prefix" in stages:
+        kern._verify_prefix_kernel[(B, triton.cdiv(H, block_h), prefix_splits or S)](
+            HAS_KV_HEADS=has_kv_heads, BLOCK_H=block_h, L_PAD=l_pad, SINGLE_P_DOT=single_p_dot, **common)
     if "combine" not in stages:
         return {"o": o}
     kern._verify_combine_kernel[(B, triton.cdiv(H, cbh))](
         o_ptr=o, mid_acc_ptr=mid_acc, mid_ml_ptr=mid_ml, q_ptr=q, k_ptr=k, v_ptr=v, L=L, H=H, num_kv_splits=S,
         sm_scale=sm_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_k_t=k.stride(0),
         stride_k_h=k.stride(1), stride_v_t=v.stride(0), stride_v_h=v.stride(1), kv_group_num=group,
-        HAS_KV_HEADS=(Hkv > 1) if kind == "shared_kv" else True, IS_CAUSAL=bool(is_causal), BLOCK_H=cbh,
+        HAS_KV_HEADS=has_kv_heads, IS_CAUSAL=bool(is_causal), BLOCK_H=cbh,
         L_PAD=l_pad_for(L, cbh), L_KEYS=max(16, triton.next_power_of_2(L)), SINGLE_P_DOT=single_p_dot,
         num_warps=num_warps, **dims)
     return {"o": o}
@@ -325,11 +323,12 @@ def compile_specs():
                    **{s: "i32" for s in ("stride_q_t", "stride_q_h", "stride_kb_s", "stride_kb_h", "stride_vb_s",
                                          "stride_vb_h", "kv_group_num")}}
         tag = f"D={D},Dv={Dv},hkv={hkv},kv={kv}"
-        specs.append((f"_verify_split_kv_prefix_kernel[{tag}]", kern._verify_split_kv_prefix_kernel, pre_sig,
-                      dict(L_PAD=l_pad_for(4, 1), BLOCK_N=block_n, **dims), warps))
+        specs.append((f"_verify_prefix_kernel[{tag},split_kv]", kern._verify_prefix_kernel, pre_sig,
+                      dict(HAS_KV_HEADS=True, BLOCK_H=1, L_PAD=l_pad_for(4, 1), BLOCK_N=block_n, SINGLE_P_DOT=False,
+                           **dims), warps))
         for single in (False, True):  # p_precision bf16x2 / bf16
-            specs.append((f"_verify_shared_kv_prefix_kernel[{tag}{',single_p_dot' if single else ''}]",
-                          kern._verify_shared_kv_prefix_kernel, pre_sig,
+            specs.append((f"_verify_prefix_kernel[{tag}{',single_p_dot' if single else ''}]",
+                          kern._verify_prefix_kernel, pre_sig,
                           dict(HAS_KV_HEADS=hkv > 1, BLOCK_H=bh, L_PAD=l_pad_for(4, bh),
                                BLOCK_N=block_n, SINGLE_P_DOT=single, **dims), warps))
         comb_sig = {"o_ptr": "*bf16", "mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16",
