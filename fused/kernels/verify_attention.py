@@ -114,6 +114,17 @@ def _prefix_partial(
 
 
 @triton.jit
+def _head_block_rows(b, head_start, L, H, BLOCK_H: tl.constexpr, L_PAD: tl.constexpr):
+    """The BLOCK_H·L_PAD rows of a head block, head-major: each row's draft index, query head,
+    whether it is real (draft < L, head < H) and its token index b·L + draft (int64: b is)."""
+    offs_r = tl.arange(0, BLOCK_H * L_PAD)
+    row_l = offs_r % L_PAD
+    row_head = head_start + offs_r // L_PAD
+    row_mask = (row_l < L) & (row_head < H)
+    return row_l, row_head, row_mask, b * L + row_l
+
+
+@triton.jit
 def _split_bounds(kv_indptr_ptr, b, split, num_kv_splits):
     """This request's slot offset and the [lo, hi) of this split (cdiv partition, as the reference)."""
     kv_start = tl.load(kv_indptr_ptr + b)
@@ -163,14 +174,10 @@ def _verify_prefix_kernel(
     b = tl.program_id(0).to(tl.int64)
     head_start = tl.program_id(1) * BLOCK_H
     split = tl.program_id(2)
-    offs_r = tl.arange(0, BLOCK_H * L_PAD)
     offs_dn = tl.arange(0, BLOCK_DN)
     offs_dp = tl.arange(0, BLOCK_DPE)
     offs_dv = tl.arange(0, BLOCK_DV)
-    row_l = offs_r % L_PAD
-    row_head = head_start + offs_r // L_PAD
-    row_mask = (row_l < L) & (row_head < H)
-    row_tok = b * L + row_l
+    row_l, row_head, row_mask, row_tok = _head_block_rows(b, head_start, L, H, BLOCK_H=BLOCK_H, L_PAD=L_PAD)
     kv_start, lo, hi = _split_bounds(kv_indptr_ptr, b, split, num_kv_splits)
     if HAS_KV_HEADS:
         kv_head = head_start // kv_group_num  # seed 003: valid because BLOCK_H divides the group
@@ -208,15 +215,11 @@ def _verify_combine_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     head_start = tl.program_id(1) * BLOCK_H
-    offs_r = tl.arange(0, BLOCK_H * L_PAD)
     offs_dn = tl.arange(0, BLOCK_DN)
     offs_dp = tl.arange(0, BLOCK_DPE)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_j = tl.arange(0, L_KEYS)
-    row_l = offs_r % L_PAD
-    row_head = head_start + offs_r // L_PAD
-    row_mask = (row_l < L) & (row_head < H)
-    row_tok = b * L + row_l
+    row_l, row_head, row_mask, row_tok = _head_block_rows(b, head_start, L, H, BLOCK_H=BLOCK_H, L_PAD=L_PAD)
     if HAS_KV_HEADS:
         kv_head = head_start // kv_group_num
     else:
