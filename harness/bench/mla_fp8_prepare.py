@@ -165,7 +165,8 @@ def finish(out: Path, ctx: perf.Context) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return perf.main_for(sys.modules[__name__], argv, quick_help=f"B {B_QUICK} x H {H_QUICK} only",
-                         options={"--b": f"batch sizes (default {B_FULL})", "--h": f"local head counts (default {H_FULL})"},
+                         options={"--b": f"batch sizes (default {B_FULL})",
+                                  "--h": f"local head counts (default {H_FULL})"},
                          pick=lambda args, ap: shapes(args.quick, args.b, args.h))
 
 

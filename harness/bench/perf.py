@@ -211,7 +211,8 @@ def fused_vs_chain(m: Measured, fused: PerfRow) -> dict:
 
 
 def fused_line(m: Measured, fused: PerfRow) -> str:
-    """The progress line's head: the fused p50, its share of the copy roof, its ratios to the chain and torch.compile."""
+    """The progress line's head: the fused p50, its share of the copy roof, its ratios to the chain
+    and to torch.compile."""
     return (f"fused {fused.p50_us:7.2f} us (launches {fused.launches}, {fused.frac_of_copy:5.1%} of copy) | "
             f"x{fused.speedup_vs_reference:5.2f} vs reference (launches {m.timings['reference'].launches}) | "
             f"x{fused.speedup_vs_compiled:5.2f} vs compiled")
