@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fused._compile_specs import variant
 from reference import verify_accept as ref
 
 SENTINEL = tl.constexpr(2 ** 31 - 1)  # an index no row has: lanes that saw no element (constexpr: the compiler reads no other global)
@@ -123,13 +124,9 @@ def verify_accept(*, target_logits, draft_tokens, qo_indptr):
 
 def compile_specs():
     """Signatures for the ahead-of-time compile check (``python -m harness compile``): both index
-    dtypes of the drafts and of qo_indptr."""
+    dtypes of the drafts and of qo_indptr (the kernel's own arguments: ``fused._compile_specs``)."""
     block_v, warps, stages = block_config(interpreted=False)
-    specs = []
-    for draft_sig in ("*i32", "*i64"):
-        for qo_sig in ("*i32", "*i64"):
-            sig = {"out_ptr": "*i32", "len_ptr": "*i32", "logits_ptr": "*bf16", "draft_ptr": draft_sig,
-                   "qo_ptr": qo_sig, "V": "i32", "L": "i32", "stride_row": "i32", "stride_out": "i32"}
-            specs.append((f"_verify_accept_kernel[draft={draft_sig[1:]},qo={qo_sig[1:]}]", _verify_accept_kernel, sig,
-                          {"BLOCK_V": block_v, "NUM_STAGES": stages}, warps))
-    return specs
+    return [variant(f"draft={draft_sig[1:]},qo={qo_sig[1:]}", _verify_accept_kernel,
+                    {"out_ptr": "*i32", "len_ptr": "*i32", "logits_ptr": "*bf16", "draft_ptr": draft_sig,
+                     "qo_ptr": qo_sig}, {"BLOCK_V": block_v, "NUM_STAGES": stages}, warps)
+            for draft_sig in ("*i32", "*i64") for qo_sig in ("*i32", "*i64")]

@@ -2,10 +2,10 @@
 gate (a pure function) and the dispatcher shared-KV → split-KV → reference.
 
 Kernels live in ``fused/kernels/verify_attention.py`` (one jit helper holds the math). Both
-paths launch a prefix kernel writing per-split partials ``(m, l, v_scale·Σp·v)`` and one
+paths launch the prefix kernel writing per-split partials ``(m, l, v_scale·Σp·v)`` and one
 combine kernel that adds the draft triangle and merges by log-sum-exp:
-  split-KV   prefix grid (B, H, S), combine grid (B, H)            — per-head baseline;
-  shared-KV  prefix grid (B, H/BLOCK_H, S), combine (B, H/BLOCK_H) — one KV tile per head block.
+  split-KV   prefix grid (B, H, S) at BLOCK_H 1, combine grid (B, H) — per-head baseline;
+  shared-KV  prefix grid (B, H/BLOCK_H, S), combine (B, H/BLOCK_H)   — one KV tile per head block.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from fused._compile_specs import variant
 from fused.kernels import verify_attention as kern
 from reference import verify_attention as ref
 from reference.checks import RangeError, UnsupportedError, check_bool, check_choice, check_int
@@ -165,6 +166,15 @@ def _check_kernel_knobs(kind: str, *, block_h, combine_block_h, topk, custom_mas
                                           f"got block_h={block_h!r}")
 
 
+def _dims(D: int, Dv: int) -> dict:
+    """The head-dimension constexprs of every kernel: the nope (GQA: all of D) and rope parts of q·k,
+    the value width, and their power-of-two tiles."""
+    pe_dim = D - Dv
+    return dict(NOPE_DIM=D - pe_dim, PE_DIM=pe_dim, DV=Dv, BLOCK_DN=triton.next_power_of_2(D - pe_dim),
+                BLOCK_DPE=max(1, triton.next_power_of_2(pe_dim)),  # next_power_of_2(0) == 0 (seed 002)
+                BLOCK_DV=triton.next_power_of_2(Dv))
+
+
 def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
             k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, combine_block_h=None, check=True,
             validate=True, stages=("prefix", "combine"), p_precision="bf16x2", prefix_splits=None, **_routing):
@@ -202,8 +212,6 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
     cbh = combine_block_h or combine_block_h_for(L, block_h)
     if combine_block_h is not None and (cbh & (cbh - 1) or (group % cbh and Hkv > 1) or cbh > H):
         raise ValueError(f"combine_block_h {cbh}: must be a power of two <= H {H} dividing KV_GROUP_NUM {group}")
-    pe_dim = D - Dv
-    nope_dim = D - pe_dim
     _, block_n, num_warps, num_stages = block_config(D)
     l_pad = l_pad_for(L, block_h)
     S = num_kv_splits
@@ -211,29 +219,25 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
         o = torch.empty(T, H, Dv, dtype=q.dtype, device=q.device)
     mid_acc = torch.empty(T, H, S, Dv, dtype=torch.float32, device=q.device)
     mid_ml = torch.empty(T, H, S, 2, dtype=torch.float32, device=q.device)
-    dims = dict(NOPE_DIM=nope_dim, PE_DIM=pe_dim, DV=Dv, BLOCK_DN=triton.next_power_of_2(nope_dim),
-                BLOCK_DPE=max(1, triton.next_power_of_2(pe_dim)),  # next_power_of_2(0) == 0 (seed 002)
-                BLOCK_DV=triton.next_power_of_2(Dv))
+    dims = _dims(D, Dv)
     common = dict(mid_acc_ptr=mid_acc, mid_ml_ptr=mid_ml, q_ptr=q, k_buffer_ptr=k_buffer, v_buffer_ptr=v_buffer,
                   kv_indptr_ptr=kv_indptr, kv_indices_ptr=kv_indices, L=L, H=H, num_kv_splits=S,
                   scale=sm_scale * k_scale, v_scale=v_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1),
                   stride_kb_s=k_buffer.stride(0), stride_kb_h=k_buffer.stride(1),
                   stride_vb_s=v_buffer.stride(0), stride_vb_h=v_buffer.stride(1),
                   kv_group_num=group, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages, **dims)
-    if "prefix" not in stages:
-        pass
-    elif kind == "shared_kv":
-        kern._verify_shared_kv_prefix_kernel[(B, triton.cdiv(H, block_h), prefix_splits or S)](
-            HAS_KV_HEADS=Hkv > 1, BLOCK_H=block_h, L_PAD=l_pad, SINGLE_P_DOT=single_p_dot, **common)
-    else:
-        kern._verify_split_kv_prefix_kernel[(B, H, prefix_splits or S)](L_PAD=l_pad, **common)
+    # the split-KV kernel is the shared-KV one at BLOCK_H 1, reading its KV head per query head
+    has_kv_heads = (Hkv > 1) if kind == "shared_kv" else True
+    if "prefix" in stages:
+        kern._verify_prefix_kernel[(B, triton.cdiv(H, block_h), prefix_splits or S)](
+            HAS_KV_HEADS=has_kv_heads, BLOCK_H=block_h, L_PAD=l_pad, SINGLE_P_DOT=single_p_dot, **common)
     if "combine" not in stages:
         return {"o": o}
     kern._verify_combine_kernel[(B, triton.cdiv(H, cbh))](
         o_ptr=o, mid_acc_ptr=mid_acc, mid_ml_ptr=mid_ml, q_ptr=q, k_ptr=k, v_ptr=v, L=L, H=H, num_kv_splits=S,
         sm_scale=sm_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_k_t=k.stride(0),
         stride_k_h=k.stride(1), stride_v_t=v.stride(0), stride_v_h=v.stride(1), kv_group_num=group,
-        HAS_KV_HEADS=(Hkv > 1) if kind == "shared_kv" else True, IS_CAUSAL=bool(is_causal), BLOCK_H=cbh,
+        HAS_KV_HEADS=has_kv_heads, IS_CAUSAL=bool(is_causal), BLOCK_H=cbh,
         L_PAD=l_pad_for(L, cbh), L_KEYS=max(16, triton.next_power_of_2(L)), SINGLE_P_DOT=single_p_dot,
         num_warps=num_warps, **dims)
     return {"o": o}
@@ -308,41 +312,34 @@ def verify_attention(*, gate_fn=gate, **kw):
 
 def compile_specs():
     """Signatures for ``python -m harness compile``: every constexpr variant the wrappers launch
-    on sm90, for GQA D 64/128/256 and MLA 576/512, bf16 and fp8 KV; the shared-KV prefix and the
-    combine also with SINGLE_P_DOT (``p_precision="bf16"``)."""
+    on sm90, for GQA D 64/128/256 and MLA 576/512, bf16 and fp8 KV: the prefix kernel at BLOCK_H 1
+    (split-KV) and at the shared-KV head block, and the combine, both also with SINGLE_P_DOT
+    (``p_precision="bf16"``). Arguments and constexprs are the kernels' own (``fused._compile_specs``)."""
     specs = []
     for (D, Dv, hkv), kv in [((64, 64, 2), "bf16"), ((128, 128, 1), "bf16"), ((256, 256, 1), "bf16"),
                              ((256, 256, 1), "fp8e4nv"), ((576, 512, 1), "bf16"), ((576, 512, 1), "fp8e4nv")]:
-        pe = D - Dv
-        bh_cap, block_n, warps, _ = block_config(D, "sm90")
-        dims = dict(NOPE_DIM=D - pe, PE_DIM=pe, DV=Dv, BLOCK_DN=triton.next_power_of_2(D - pe),
-                    BLOCK_DPE=max(1, triton.next_power_of_2(pe)), BLOCK_DV=triton.next_power_of_2(Dv))
-        group = 16 // hkv if hkv > 1 else 16
-        bh = block_h_for(group, D, "sm90")
-        pre_sig = {"mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16", "k_buffer_ptr": f"*{kv}",
-                   "v_buffer_ptr": f"*{kv}", "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "L": "i32",
-                   "H": "i32", "num_kv_splits": "i32", "scale": "fp32", "v_scale": "fp32",
-                   **{s: "i32" for s in ("stride_q_t", "stride_q_h", "stride_kb_s", "stride_kb_h", "stride_vb_s",
-                                         "stride_vb_h", "kv_group_num")}}
+        _, block_n, warps, _ = block_config(D, "sm90")
+        dims = _dims(D, Dv)
+        bh = block_h_for(16 // hkv if hkv > 1 else 16, D, "sm90")
+        pre_types = {"mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16", "k_buffer_ptr": f"*{kv}",
+                     "v_buffer_ptr": f"*{kv}", "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "scale": "fp32",
+                     "v_scale": "fp32"}
         tag = f"D={D},Dv={Dv},hkv={hkv},kv={kv}"
-        specs.append((f"_verify_split_kv_prefix_kernel[{tag}]", kern._verify_split_kv_prefix_kernel, pre_sig,
-                      dict(L_PAD=l_pad_for(4, 1), BLOCK_N=block_n, **dims), warps))
+        specs.append(variant(f"{tag},split_kv", kern._verify_prefix_kernel, pre_types,
+                             dict(HAS_KV_HEADS=True, BLOCK_H=1, L_PAD=l_pad_for(4, 1), BLOCK_N=block_n,
+                                  SINGLE_P_DOT=False, **dims), warps))
         for single in (False, True):  # p_precision bf16x2 / bf16
-            specs.append((f"_verify_shared_kv_prefix_kernel[{tag}{',single_p_dot' if single else ''}]",
-                          kern._verify_shared_kv_prefix_kernel, pre_sig,
-                          dict(HAS_KV_HEADS=hkv > 1, BLOCK_H=bh, L_PAD=l_pad_for(4, bh),
-                               BLOCK_N=block_n, SINGLE_P_DOT=single, **dims), warps))
-        comb_sig = {"o_ptr": "*bf16", "mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16",
-                    "k_ptr": "*bf16", "v_ptr": "*bf16", "L": "i32", "H": "i32", "num_kv_splits": "i32",
-                    "sm_scale": "fp32",
-                    **{s: "i32" for s in ("stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
-                                          "stride_v_h", "kv_group_num")}}
+            specs.append(variant(f"{tag}{',single_p_dot' if single else ''}", kern._verify_prefix_kernel, pre_types,
+                                 dict(HAS_KV_HEADS=hkv > 1, BLOCK_H=bh, L_PAD=l_pad_for(4, bh), BLOCK_N=block_n,
+                                      SINGLE_P_DOT=single, **dims), warps))
+        comb_types = {"o_ptr": "*bf16", "mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16",
+                      "k_ptr": "*bf16", "v_ptr": "*bf16", "sm_scale": "fp32"}
         # the single-dot combine causal, and non-causal where its shared-KV user is (DSpark: several KV heads)
         for causal, single in ((True, False), (False, False), (True, True), (False, True)):
             if single and not causal and hkv == 1:
                 continue
-            specs.append((f"_verify_combine_kernel[{tag},causal={int(causal)}{',single_p_dot' if single else ''}]",
-                          kern._verify_combine_kernel, comb_sig,
-                          dict(HAS_KV_HEADS=hkv > 1, IS_CAUSAL=causal, BLOCK_H=bh,
-                               L_PAD=l_pad_for(4, bh), L_KEYS=16, SINGLE_P_DOT=single, **dims), warps))
+            specs.append(variant(f"{tag},causal={int(causal)}{',single_p_dot' if single else ''}",
+                                 kern._verify_combine_kernel, comb_types,
+                                 dict(HAS_KV_HEADS=hkv > 1, IS_CAUSAL=causal, BLOCK_H=bh, L_PAD=l_pad_for(4, bh),
+                                      L_KEYS=16, SINGLE_P_DOT=single, **dims), warps))
     return specs

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness import usage
+from harness import ids, usage
 from harness.usage import UsageError
-
-MAX_REPRO_LINES = 40
 
 
 def _registry():
@@ -93,26 +91,6 @@ def _select_impls(reg, args, default_kinds):
     return ops, chosen
 
 
-def _print_report(frame: pd.DataFrame, out=sys.stdout) -> int:
-    from harness.suite import failures, summary
-
-    if frame.empty:
-        print("no runs", file=out)
-        return 1
-    s = summary(frame)
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format):
-        print("\n" + s.to_string(index=False), file=out)
-    known = frame[frame["status"] == "known"]
-    for key, g in known.groupby(["impl", "known"], sort=False):
-        print(f"KNOWN {key[0]} [{key[1]}]: {g['case'].nunique()} cases ({', '.join(sorted(set(g['check'])))})", file=out)
-    bad = failures(frame).drop_duplicates(["impl", "case"])
-    for _, r in bad.head(MAX_REPRO_LINES).iterrows():
-        print(f"FAIL {r['impl']} {r['case']} [{r['check']}] {r['detail'] or r['worst']}\n  repro: {r['repro']}", file=out)
-    if len(bad) > MAX_REPRO_LINES:
-        print(f"... {len(bad) - MAX_REPRO_LINES} more failing (impl, case) pairs in the CSV", file=out)
-    return 0 if bad.empty else 1
-
-
 def cmd_list(args) -> int:
     dev, prof, reg = _setup(args)
     for name, spec in sorted(reg.ops.items()):
@@ -157,8 +135,11 @@ def cmd_run(args) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
     if args.expect_fail and not args.broad and not (args.op or args.case or args.impl or args.generated):
         from cases.mutants import gpu
+        from harness import kills
 
-        rc = _kill_matrix(args, dev, prof, reg)  # the default mutant run: targeted catalogs + timelines, every check
+        rc = kills.run_kill_matrix(reg, dev, prof, seed=args.seed, csv=args.csv, kill_matrix=args.kill_matrix,
+                                   junit=args.junit, e2e=args.e2e, e2e_problems=args.e2e_problems, jobs=args.jobs,
+                                   quiet=args.quiet)  # the default mutant run: targeted catalogs + timelines
         print(gpu.skip_note())
         return rc
     # torch.compile of the chains runs on every device, but on the CPU machine inductor's C++
@@ -195,51 +176,12 @@ def cmd_run(args) -> int:
 
         print(f"junit -> {junit.write(frame, args.junit)}")
     if args.expect_fail:  # mutant runs: every implementation must be flagged
-        return _print_kills(frame)
-    return _print_report(frame)
+        from harness import kills
 
+        return kills.print_kills(frame)
+    from harness import summary
 
-def _kill_matrix(args, dev, prof, reg) -> int:
-    """mutant × (parity, timeline, gate) on targeted catalogs and timelines; clean impls must pass all.
-    The op mutants' parity rows go to ``--csv`` (``report --mutants``), the matrix to ``--kill-matrix``."""
-    from harness import killmatrix, suite
-    from reports.rows import write_csv
-
-    prov = suite.provenance(dev, prof, args.seed)
-    parity = []
-
-    def record(impl, case, res):
-        if impl.kind == "mutant":
-            parity.extend(suite.rows_for(suite.Planned(reg.ops[impl.op], case), impl, dev, res, prov))
-
-    print("\nkill matrix (targeted parity catalogs + store-timing timelines):", flush=True)
-    rows = killmatrix.build(reg, dev, progress=None if args.quiet else lambda m: print(m, flush=True),
-                            record=record)
-    print(f"mutant parity rows: {len(parity)} -> {write_csv(parity, args.csv)}")
-    if args.junit:
-        from reports import junit
-        from reports.rows import to_frame
-
-        print(f"junit -> {junit.write(to_frame(parity), args.junit)}")
-    if args.e2e:
-        print("\nkill matrix e2e column (the gate on the micro-models):", flush=True)
-        rows = killmatrix.e2e_column(rows, reg, dev, problems=args.e2e_problems, jobs=args.jobs,
-                                     progress=None if args.quiet else lambda m: print(m, flush=True))
-        for r in rows:
-            if r.kind != "clean":
-                print(f"e2e {r.e2e:9s} {r.subject}: {r.e2e_detail}")
-    path = Path(args.kill_matrix)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    killmatrix.frame(rows).to_csv(path, index=False)
-    survivors, broken = killmatrix.verdict(rows)
-    n_mut = sum(r.kind != "clean" for r in rows)
-    print(f"kill matrix -> {path}: {n_mut - len(survivors)}/{n_mut} mutants killed; "
-          f"{sum(r.kind == 'clean' for r in rows) - len(broken)}/{sum(r.kind == 'clean' for r in rows)} clean pass")
-    for r in survivors:
-        print(f"SURVIVED {r.subject}: {r.doc}")
-    for r in broken:
-        print(f"CLEAN FAILS {r.subject}: {r.first_failure}")
-    return 1 if survivors or broken else 0
+    return summary.print_report(frame)
 
 
 def _timeline_path(reg, family: str, spec):
@@ -355,24 +297,6 @@ def cmd_timelines(args) -> int:
     return 1 if fails or not n_runs or done < len(tasks) else 0
 
 
-def _print_kills(frame: pd.DataFrame) -> int:
-    per = frame.groupby("impl").agg(failed_cases=("status", lambda s: 0), runs=("case", "nunique"))
-    from reports.rows import failing
-
-    failed = frame[failing(frame["status"])].groupby("impl")  # a mutant that hangs (timeout) is flagged too
-    per["failed_cases"] = failed["case"].nunique()
-    per["killed_by"] = failed["check"].agg(lambda c: ",".join(sorted({x.split("@")[0] for x in c})))
-    per = per.fillna({"failed_cases": 0, "killed_by": ""})
-    print("\n" + per.reset_index().to_string(index=False))
-    survivors = per.index[per["failed_cases"] == 0].tolist()
-    for name, grp in failed:
-        r = grp.iloc[0]
-        print(f"KILLED {name}: {r['case']} [{r['check']}]\n  repro: {r['repro']}")
-    for s in survivors:
-        print(f"SURVIVED {s}: no check flagged it")
-    return 1 if survivors else 0
-
-
 def cmd_gpu(rest: list[str]) -> int:
     from harness import gpu_checks
 
@@ -402,47 +326,10 @@ _DELEGATED = {"gpu": cmd_gpu, "bench": cmd_bench, "nightly": cmd_nightly,
 
 
 def cmd_repro(args) -> int:
-    from cases import base
-    from harness import runners
-    from harness.suite import Planned, provenance, rows_for
-    from reports.rows import to_frame
+    from harness import repro
 
     dev, prof, reg = _setup(args)
-    cid = args.case_id
-    if ":" in cid.split("/")[0]:
-        op, fields = cid.split(":", 1)
-    else:
-        op, fields = cid.split("/", 1) if "/" in cid else (cid, "")
-    if op not in reg.ops:
-        raise UsageError("case id", f"unknown op {op!r} in {cid!r}; known: {', '.join(sorted(reg.ops))}")
-    spec = reg.ops[op]
-    if ":" in cid.split("/")[0]:
-        try:
-            case = base.parse_case(spec.case_type, fields)
-        except (ValueError, TypeError) as exc:
-            raise UsageError("case id", f"{cid!r}: {str(exc).removeprefix('case id: ')}") from None
-    else:
-        named = {c.name: c for c in spec.catalog(big=True)}
-        if fields not in named:
-            raise UsageError("case id", f"no catalog case {fields!r} in {op}; known: {', '.join(named)}")
-        case = named[fields]
-    chosen = [(n, reg.impls.get(f"{op}/{n}")) for n in args.impl or ["fused"] if ":" not in n]
-    chosen += [(i.name, i) for i in args.loaded if i.op == op]
-    if not chosen:
-        raise UsageError("--impl", f"{', '.join(args.impl)} provides no implementation of {op}")
-    for name, impl in chosen:
-        if impl is None:
-            raise UsageError("--impl", f"unknown implementation {name!r} for {op}; "
-                                       f"known: {', '.join(i.name for i in reg.for_op(op))}")
-    rows = []
-    for name, impl in chosen:
-        res = runners.run_case(spec, impl, case, dev)
-        rows += rows_for(Planned(spec, case), impl, dev, res, provenance(dev, prof, 0))
-    frame = to_frame(rows)
-    cols = ["impl", "check", "status", "err", "ref_err", "allowed", "max_abs", "mismatch_frac", "worst", "detail"]
-    with pd.option_context("display.width", 250, "display.max_colwidth", 120, "display.float_format", "{:.4g}".format):
-        print(frame[cols].to_string(index=False))
-    return 0 if (frame["status"] != "fail").all() else 1
+    return repro.run(reg, dev, prof, args.case_id, args.impl, args.loaded)
 
 
 def cmd_compile(args) -> int:
@@ -533,31 +420,6 @@ def cmd_serve(args) -> int:
     return server.main(args)
 
 
-def _timeline_arg(text: str):
-    """``--timeline``: a catalog name or a ``timeline:...`` id (a FAIL line's) -> the Timeline."""
-    from cases import base
-    from cases import timelines as tl
-
-    if text.startswith("timeline:"):
-        try:
-            return base.parse_case(tl.Timeline, text.split(":", 1)[1])
-        except (ValueError, TypeError) as exc:
-            raise argparse.ArgumentTypeError(f"{text!r}: {str(exc).removeprefix('case id: ')}") from None
-    named = {t.name: t for t in tl.catalog()}
-    if text not in named:
-        raise argparse.ArgumentTypeError(f"no catalog timeline {text!r} (and not a 'timeline:...' id); "
-                                         f"known: {', '.join(named)}")
-    return named[text]
-
-
-def _path_arg(text: str) -> tuple[str, str]:
-    """``--path prepare+attn`` -> (prepare, attn); the names are checked against the registry later."""
-    parts = text.split("+")
-    if len(parts) != 2 or not all(parts):
-        raise argparse.ArgumentTypeError(f"expected prepare+attn implementation names, e.g. fused+fused, got {text!r}")
-    return parts[0], parts[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m harness`` and the ``verify-parity`` console script (pyproject [project.scripts])."""
     from cases import e2e_gate, profiles
@@ -628,10 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     common(p)
     p.add_argument("--family", action="append", choices=sorted(tl.FAMILIES), help="model family (repeatable; "
                                                                                   "default: all)")
-    p.add_argument("--timeline", type=_timeline_arg, default=None,
+    p.add_argument("--timeline", type=ids.timeline_arg, default=None,
                    help=f"one catalog timeline ({', '.join(t.name for t in tl.catalog())}), or a 'timeline:...' id "
                         f"from a FAIL line")
-    p.add_argument("--path", action="append", type=_path_arg,
+    p.add_argument("--path", action="append", type=ids.path_arg,
                    help="prepare+attn implementation names, e.g. reference+reference (repeatable; default fused+fused)")
     p.add_argument("--path-mutant", default=None, choices=[m.name for m in mt.PATH_MUTANTS],
                    help="run a path mutant of cases/mutants/timelines.py instead")
@@ -707,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layout", default="qwen35-gqa", choices=M.LAYOUTS)
     p.add_argument("--models", type=usage.input_dir, default=None,
                    help=f"directory of <layout>.safetensors (default {e2e_gate.MODEL_DIR}; else random weights)")
-    p.add_argument("--path", type=_path_arg, default=("reference", "reference"),
+    p.add_argument("--path", type=ids.path_arg, default=("reference", "reference"),
                    help="prepare+attn implementations (the fused switch; default reference+reference)")
     p.add_argument("--path-mutant", default=None, choices=[m.name for m in mt.PATH_MUTANTS],
                    help="serve a path mutant of cases/mutants/timelines.py")

@@ -124,7 +124,11 @@ def stage_calls(op: str):
             return fn(*args, **kw)
         return wrapper
 
-    with _patched([(ref, n, counted(n, getattr(ref, n))) for n in PLANS[op].stages]):
+    where = []  # (module, attribute): a bare name is one of reference/<op>.py
+    for n in PLANS[op].stages:
+        mod, _, attr = n.rpartition(":")
+        where.append((importlib.import_module(mod) if mod else ref, attr))
+    with _patched([(m, a, counted(a, getattr(m, a))) for m, a in where]):
         yield calls
 
 

@@ -97,7 +97,9 @@ class GpuPlan:
     cases: tuple[str, ...]  # catalog names for launches and graph: realistic verify batches
     full: str  # catalog name for the determinism rerun: the largest real shape of the catalog
     fused_launches: int  # device kernels of one fused call, by design
-    stages: tuple[str, ...]  # the reference chain's launch functions in reference/<op>.py
+    # the reference chain's launch functions: names in reference/<op>.py, or ``module:name`` for one of
+    # another module of the chain
+    stages: tuple[str, ...]
     expected_stages: Callable[[Any, dict], int]  # calls of them in one reference call of (case, inputs)
     step: str  # the function of fused/<op>.py that takes ``gate_fn``
     reference_not_capturable: str = ""  # why the reference chain cannot be captured ("": it can)

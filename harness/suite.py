@@ -1,4 +1,4 @@
-"""A parity run: plan (op × implementation × case), run with progress, rows, summary.
+"""A parity run: plan (op × implementation × case), run with progress, rows (their summary: ``harness.summary``).
 
 Cases per op: the whole catalog (``big`` entries only in profiles that ask for them) plus
 ``profile.generated`` hypothesis-drawn cases, deterministic for ``seed``.
@@ -11,7 +11,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-import pandas as pd
 from tqdm import tqdm
 
 from cases import base
@@ -20,7 +19,7 @@ from harness import devices, pool, runners, stages
 from harness.devices import Device
 from harness.ledger import verdicts as ledger_verdicts
 from harness.registry import Impl, OpSpec, Registry
-from reports.rows import FAILING, ParityRow, Provenance, failing, git_sha
+from reports.rows import FAILING, ParityRow, Provenance, git_sha
 
 
 @dataclass(frozen=True)
@@ -311,36 +310,3 @@ def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: 
         results.close()
         bar.close()
     return [r for g in sorted(by_group) for r in by_group[g]]
-
-
-def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (op, impl): cases, cases passing every check, failing (``timeout`` among them: cases that
-    gave no result in their time limit), known, refused; worst err/allowed; the implementation's
-    fp8_policy and precision class as its rows state them."""
-    if frame.empty:
-        return frame
-    keys = ["op", "impl", "kind", "case"]
-    f = frame.assign(failed=failing(frame["status"]), timeout=frame["status"] == "timeout",
-                     refused=frame["status"] == "refused", known=frame["status"] == "known",
-                     ratio=frame["err"] / frame["allowed"])
-    per_case = f.groupby(keys).agg(failed=("failed", "any"), timeout=("timeout", "any"), refused=("refused", "all"),
-                                   known=("known", "any"), ratio=("ratio", "max"), seconds=("seconds", "first"))
-    per_case["known"] &= ~per_case["failed"]  # a case with a failure the ledger does not explain counts as failed
-    out = per_case.groupby(keys[:3]).agg(
-        cases=("failed", "size"), passed=("failed", lambda x: int((~x).sum())), failed=("failed", "sum"),
-        timeout=("timeout", "sum"), known=("known", "sum"), refused=("refused", "sum"),
-        worst_err_over_allowed=("ratio", "max"), seconds=("seconds", "sum"))
-    out["passed"] -= out["refused"] + out["known"]
-    out = out.reset_index()
-    if "fp8_policy" in frame:  # each implementation's fp8 overflow policy, as its rows state it
-        pol = frame.groupby(keys[:3])["fp8_policy"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))
-        out.insert(3, "fp8_policy", out.set_index(keys[:3]).index.map(pol).fillna(""))
-    if "precision" in frame:  # each implementation's declared precision class (harness.tolerance), beside it
-        prec = frame.groupby(keys[:3])["precision"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))
-        out.insert(4 if "fp8_policy" in out else 3, "precision", out.set_index(keys[:3]).index.map(prec).fillna(""))
-    return out
-
-
-def failures(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose status fails the run (``reports.rows.FAILING``: fail, timeout)."""
-    return frame[failing(frame["status"])]

@@ -132,30 +132,29 @@ def _creatable(path: Path, what: str) -> None:
         raise argparse.ArgumentTypeError(f"cannot create {what} {str(path)!r}: directory {str(anc)!r} is not writable")
 
 
+def _writable(text: str, what: str, mode: int, denied: str) -> str:
+    """``text`` as given: an existing path that grants ``mode`` (else ``denied``), or one ``_creatable``."""
+    p = Path(text)
+    if p.exists():
+        if not os.access(p, mode):
+            raise argparse.ArgumentTypeError(denied)
+        return text
+    _creatable(p, what)
+    return text
+
+
 def output_file(text: str) -> str:
     """An argparse ``type``: a file the command will write (checked now, created later)."""
-    p = Path(text)
-    if not text or p.is_dir():
+    if not text or Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory; expected a file path")
-    if p.exists():
-        if not os.access(p, os.W_OK):
-            raise argparse.ArgumentTypeError(f"{text!r} is not writable")
-        return text
-    _creatable(p, "file")
-    return text
+    return _writable(text, "file", os.W_OK, f"{text!r} is not writable")
 
 
 def output_dir(text: str) -> str:
     """An argparse ``type``: a directory the command will write into (checked now, created later)."""
-    p = Path(text)
-    if p.exists():
-        if not p.is_dir():
-            raise argparse.ArgumentTypeError(f"{text!r} is a file; expected a directory")
-        if not os.access(p, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"directory {text!r} is not writable")
-        return text
-    _creatable(p, "directory")
-    return text
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file; expected a directory")
+    return _writable(text, "directory", os.W_OK | os.X_OK, f"directory {text!r} is not writable")
 
 
 def input_file(text: str) -> str:

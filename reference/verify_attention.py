@@ -1,5 +1,7 @@
 """Target-verify attention over a paged prefix plus the draft chunk (seeds 002, 003) — the
-unfused per-head split-KV chain and a dense fp64 oracle.
+unfused per-head split-KV chain and a dense fp64 oracle. A batch of one verify width takes the same
+launches over every request at once (``reference.verify_attention_batched``); the SDPA baseline is
+``reference.verify_attention_sdpa``.
 
 Launches of the unfused chain, per query head h (the structure of the per-head kernel):
   1. ``prefix_split_partials``  the prefix of request b cut into ``num_kv_splits`` chunks;
@@ -15,7 +17,7 @@ Split partition (shared with the kernels): split_len = cdiv(n, S); split s cover
 
 Roundings (keyword flags, all off by default: the chain above, bitwise): the roundings real
 kernels make on purpose, emulated so that ``harness.tolerance.PRECISION_CLASSES`` can derive
-an allowance from them (``_Roundings``; the batched path and the per-request loop both apply them):
+an allowance from them (``_Roundings``; the per-request loop and its batched form both apply them):
   ``bf16_p``         P = exp(x − m) rounded to bf16 before every P·V product (prefix splits and
                      the draft partial); the row sums l use the unrounded p, as kernels do.
   ``bf16_partials``  each prefix split's normalised partial acc/l rounded to bf16 (a kernel
@@ -278,7 +280,9 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
 
     ``bf16_p``, ``bf16_partials``, ``fp8_q``: emulate a kernel's rounding (module docstring; the
     precision classes of ``harness.tolerance``); off, the chain is bitwise the unrounded one.
-    ``_stages`` (prefix, draft, combine) replaces the launches; only mutants pass it.
+    ``_stages`` (prefix, draft, combine) replaces the launches; only mutants pass it. Without them
+    a batch that ``verify_attention_batched.batchable`` takes (one width, no tree mask, its padded
+    scores small enough) runs the same launches over every request at once; any other, request by request.
     """
     B, T, H, Hkv, D, Dv = validate(
         q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
@@ -290,9 +294,12 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
     rnd = _Roundings.of(k_buffer.dtype, bf16_p=bf16_p, bf16_partials=bf16_partials, fp8_q=fp8_q)
     prefix_fn, draft_fn, combine_fn = _stages or (prefix_split_partials, draft_partial, combine)
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
-    if _stages is None and custom_mask is None and _batchable(qo, kvp, H, Dv):
-        res = _batched(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, scale=sm_scale, k_scale=k_scale,
-                       v_scale=v_scale, num_kv_splits=num_kv_splits, is_causal=is_causal, rnd=rnd)
+    from reference import verify_attention_batched as batched  # it builds on this module's launches
+
+    if _stages is None and custom_mask is None and batched.batchable(qo, kvp, H, Dv):  # the same chain, batch at once
+        res = batched.batched_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, scale=sm_scale,
+                                    k_scale=k_scale, v_scale=v_scale, num_kv_splits=num_kv_splits,
+                                    is_causal=is_causal, rnd=rnd)
         return _finish(res, q, o)
     trees = tree_masks(custom_mask, qo)
     res = torch.empty(T, H, Dv, dtype=torch.float32, device=q.device)
@@ -317,82 +324,6 @@ def _finish(res: torch.Tensor, q: torch.Tensor, o: torch.Tensor | None) -> dict:
         return {"o": out}
     o.copy_(out)
     return {"o": o}
-
-
-# The batch at once: the same three launches, each over every request (padded to the longest
-# prefix, padding keys masked). Used when the widths are uniform, there is no tree mask and no
-# mutant stage, and the padded score tensor stays small; the per-request loop above otherwise.
-# The end-to-end engine calls the reference with a hundred requests per step: one set of launches
-# instead of a hundred.
-BATCHED_SCORE_BYTES = 1 << 28
-SDPA_CHUNK_BYTES = 1 << 31  # expanded K/V per SDPA call of verify_attention_sdpa
-
-
-def _batchable(qo: list[int], kvp: list[int], H: int, Dv: int) -> bool:
-    B = len(qo) - 1
-    widths = {qo[b + 1] - qo[b] for b in range(B)}
-    if len(widths) != 1 or B < 2:
-        return False
-    L, n_max = widths.pop(), max(kvp[b + 1] - kvp[b] for b in range(B))
-    return B * H * L * (n_max + L + Dv) * 4 <= BATCHED_SCORE_BYTES
-
-
-def _batched(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, *, scale, k_scale, v_scale, num_kv_splits,
-             is_causal, rnd: _Roundings = _Roundings()) -> torch.Tensor:
-    """The chain over the whole batch -> (T, H, Dv) fp32: the same three launches as the loop, each
-    over every request (``prefix_split_partials_batched``, ``draft_partial_batched``, ``combine``)."""
-    dev = q.device
-    B, L = len(qo) - 1, qo[1] - qo[0]
-    T, H, D = q.shape
-    Hkv = k.shape[1]
-    lens = torch.tensor([kvp[b + 1] - kvp[b] for b in range(B)], device=dev)  # (B,)
-    n_max = int(lens.max())
-    pos = torch.arange(n_max, device=dev)
-    valid = pos[None, :] < lens[:, None]  # (B, N)
-    start = torch.tensor(kvp[:-1], device=dev)[:, None]
-    idx = torch.where(valid, kv_indices[(start + pos).clamp(max=max(kv_indices.numel() - 1, 0))].long(), 0)
-    qh = q.float().view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
-    kp = k_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, D), exact upcast
-    vp = v_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, Dv)
-    parts = rnd.prefix(prefix_split_partials_batched(_rounded(qh, rnd.q_prefix), kp, vp, lens, scale=scale * k_scale,
-                                                     v_scale=v_scale, num_kv_splits=num_kv_splits,
-                                                     p_dtype=rnd.p_prefix))
-    kd = k.float().view(B, L, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, D)
-    vd = v.float().view(B, L, Hkv, -1).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, Dv)
-    parts.append(draft_partial_batched(qh, kd, vd, scale=scale, mask=draft_mask(L, is_causal, None, dev),
-                                       p_dtype=rnd.p_draft))
-    return combine(parts).transpose(1, 2).reshape(T, H, -1)  # (B, H, L, Dv) -> (T, H, Dv)
-
-
-def prefix_split_partials_batched(qh, kp, vp, lens, *, scale, v_scale, num_kv_splits, p_dtype=None):
-    """Launch 1 over the batch. qh (B, H, L, D); kp (B, Hkv, N, D), vp (B, Hkv, N, Dv) fp32, each
-    request's prefix padded to N; lens (B,) its true length -> per split, (m, l, acc) of every
-    request with the keys outside its split (the cdiv partition of ``split_bounds``) masked.
-    ``p_dtype``: P rounded to it before P·V."""
-    B, H, L, D = qh.shape
-    Hkv, n_max = kp.shape[1], kp.shape[2]
-    if n_max == 0:
-        return []
-    pos = torch.arange(n_max, device=qh.device)
-    x = (qh.reshape(B, Hkv, -1, D) @ kp.transpose(-1, -2)).view(B, H, L, n_max) * scale
-    split_len = -(-lens // num_kv_splits)  # (B,)
-    out = []
-    for s in range(num_kv_splits):
-        lo = torch.minimum(s * split_len, lens)[:, None]
-        hi = torch.minimum(lo + split_len[:, None], lens[:, None])
-        in_split = (pos[None, :] >= lo) & (pos[None, :] < hi)  # (B, N)
-        # the values outside the split are zeroed as well as their scores masked: P = 0 there, but
-        # 0·NaN (a pool row only the padding points at) or 0·Inf (a row of another split) is NaN
-        v_s = torch.where(in_split[:, None, :, None], vp, 0.0)  # (B, Hkv, N, Dv)
-        m, l_, acc = _partial(x, v_s, in_split[:, None, None, :], p_dtype)
-        out.append((m, l_, acc * v_scale))
-    return out
-
-
-def draft_partial_batched(qh, kd, vd, *, scale, mask, p_dtype=None):
-    """Launch 2 over the batch. qh, kd (B, H, L, D); vd (B, H, L, Dv); mask (L, L) -> (m, l, acc).
-    ``p_dtype``: P rounded to it before P·V."""
-    return _partial((qh @ kd.transpose(-1, -2)) * scale, vd, mask, p_dtype)
 
 
 def dense_mask(n: int, L: int, is_causal: bool, tree: torch.Tensor | None, device) -> torch.Tensor:
@@ -428,74 +359,3 @@ def verify_attention_oracle(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr
             w = torch.softmax(x.masked_fill(~mask[:, None], float("-inf")), dim=-1)
             out[t0:t1, kh * g:(kh + 1) * g] = (w.reshape(L * g, -1) @ vals[:, kh]).view(L, g, Dv)
     return {"o": out.cpu()}
-    return {"o": out}
-
-
-def _sdpa_row_groups(mask: torch.Tensor, kh: torch.Tensor):
-    """Draft rows in groups that each take one SDPA call: [(rows, keys, mask rows)] with rows a
-    slice or an index tensor, keys (Hkv, n + L, D). SDPA adds its mask to the scores, so a key
-    with a NaN / ±Inf element poisons the rows it is hidden from (−inf + NaN, −inf + Inf are
-    NaN); the oracle's softmax never sees such a score. Rows are grouped by which of those keys
-    they do not see, and each group's call gets them zeroed (masked there, so never weighted).
-    Finite keys (every well-formed case): one group, the keys as they are."""
-    hidden = ~mask & ~torch.isfinite(kh).all(-1).all(0)  # (L, n + L): a non-finite key this row must not see
-    if not bool(hidden.any()):
-        return [(slice(None), kh, mask)]
-    patterns, which = torch.unique(hidden, dim=0, return_inverse=True)
-    return [(torch.nonzero(which == i).flatten(), torch.where(pat[None, :, None], 0.0, kh), mask[which == i])
-            for i, pat in enumerate(patterns)]
-
-
-def verify_attention_sdpa(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale,
-                          is_causal=True, k_scale=1.0, v_scale=1.0, custom_mask=None, o=None, **kw):
-    """torch SDPA per request on dense fp64 K/V (prefix pre-scaled by k_scale / v_scale) with the
-    explicit (L, n + L) mask — an independent implementation, not a reference. fp64, not fp32: on
-    the H200 (torch 2.11, CUDA 13) SDPA's fp32 math path gave 5.364e-4 where a plain fp32
-    softmax(q·kᵀ)·v on the same GPU gives 5.040e-4 and fp64 5.046e-4 (an output that cancels terms
-    of ~0.5; K3 fp8 case with q_scale 4, 2.8x the allowed error, nightly of 2026-11-29); the
-    memory-efficient backend does not take this call (enable_gqa with a mask).
-
-    Non-finite inputs follow the oracle, not SDPA's conventions: a key the mask hides is never
-    seen whatever its score (``_sdpa_row_groups``), and a row whose every visible score is −inf
-    (q = ±Inf against keys of the opposite sign) is 0/0 = NaN, where SDPA's safe softmax gives 0.
-    Both only where some q or key element is not finite; otherwise one SDPA call per head chunk."""
-    validate(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-             kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
-             custom_mask=custom_mask, o=o, **kw)
-    sm_scale, k_scale, v_scale, is_causal = float(sm_scale), float(k_scale), float(v_scale), bool(is_causal)
-    T, H, _ = q.shape
-    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
-    trees = tree_masks(custom_mask, qo)
-    res = torch.empty(T, H, v.shape[2], dtype=torch.float64, device=q.device)
-    for b in range(len(qo) - 1):
-        t0, t1 = qo[b], qo[b + 1]
-        idx = kv_indices[kvp[b]: kvp[b + 1]].long()
-        keys = torch.cat((k_buffer[idx].double() * k_scale, k[t0:t1].double()))  # (n+L, Hkv, D)
-        vals = torch.cat((v_buffer[idx].double() * v_scale, v[t0:t1].double()))  # (n+L, Hkv, Dv)
-        mask = dense_mask(idx.numel(), t1 - t0, is_causal, trees[b], q.device)
-        qh, kh, vh = q[t0:t1].double().transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1)
-        # only a non-finite q or key makes a score ±Inf / NaN (bf16 / fp8 values times normal fp32 scales stay
-        # far inside fp64), and only then can every score of a row be -inf (or a tree row sees no key at all)
-        maybe_dead = not (bool(torch.isfinite(qh).all()) and bool(torch.isfinite(kh).all())
-                          and bool(mask.any(-1).all()))
-        out_b = res[t0:t1]  # (L, H, Dv), a view
-        # SDPA expands K/V to every query head it is given: heads go in chunks of one KV head's group
-        # whose expanded fp64 K/V stay within SDPA_CHUNK_BYTES (K3 at 200K tokens, 128 heads: 1.7 GB a head)
-        g = H // kh.shape[0]
-        chunk = max(1, min(g, SDPA_CHUNK_BYTES // (8 * keys.shape[0] * (keys.shape[2] + vals.shape[2]))))
-        for rows, kg, mg in _sdpa_row_groups(mask, kh):
-            qg = qh[:, rows]  # (H, L_g, D)
-            for h0 in range(0, H, chunk):
-                h1, j = min(h0 + chunk, (h0 // g + 1) * g), h0 // g
-                y = torch.nn.functional.scaled_dot_product_attention(
-                    qg[None, h0:h1], kg[None, j: j + 1], vh[None, j: j + 1], attn_mask=mg, scale=sm_scale,
-                    enable_gqa=True)[0]  # (h1 - h0, L_g, Dv)
-                if maybe_dead:
-                    x = (qg[h0:h1] @ kg[j].T).masked_fill(~mg, float("-inf"))  # (h1 - h0, L_g, n + L)
-                    y = torch.where((x.amax(-1) == float("-inf"))[..., None], float("nan"), y)
-                out_b[rows, h0:h1] = y.transpose(0, 1)
-    out = res.to(q.dtype)
-    if o is None:
-        return {"o": out}
-    o.copy_(out)
-    return {"o": o}

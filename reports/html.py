@@ -84,7 +84,7 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
            gate: pd.DataFrame | None = None, diff: pd.DataFrame | None = None, baseline: str = "",
            threshold: float = 0.10, killmatrix: pd.DataFrame | None = None,
            timelines: pd.DataFrame | None = None) -> str:
-    from harness.suite import summary
+    from harness.summary import summary
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined)

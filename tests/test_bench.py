@@ -193,7 +193,7 @@ def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path):
     from harness.suite import provenance
 
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
-    rows = mod.run([shape], ctx, tmp_path)
+    rows = perf.run_shapes(mod, [shape], ctx, tmp_path)
     assert [r.impl for r in rows] == list(mod.IMPLS)
     assert {r.case for r in rows} == {shape.case} and {r.op for r in rows} == {mod.OP}
     assert all(r.p50_us == 2.0 and r.speedup_vs_reference == 1.0 and r.speedup_vs_compiled == 1.0 for r in rows)
@@ -253,7 +253,7 @@ def test_verify_attention_peers_are_measured_beside_ours(device, fake_measuremen
 
     monkeypatch.setattr(verify_attention, "_peers", lambda kw, dev: {"sglang-shared-kv": lambda: None})
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
-    rows = verify_attention.run([verify_attention.Shape("gqa", B=1, prefix=40, H=4)], ctx, tmp_path)
+    rows = perf.run_shapes(verify_attention, [verify_attention.Shape("gqa", B=1, prefix=40, H=4)], ctx, tmp_path)
     assert [r.impl for r in rows] == list(verify_attention.IMPLS) + ["sglang-shared-kv"]
     wide = pd.read_csv(tmp_path / "verify_attention_bench.csv")
     assert wide["sglang_shared_ms"][0] == 0.002 and wide["sglang_shared_over_bf16p"][0] == 1.0

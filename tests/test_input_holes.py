@@ -24,6 +24,8 @@ from reference import checks
 from reference import mla_fp8_prepare as rm
 from reference import qk_norm_rope as rq
 from reference import verify_attention as rv
+from reference import verify_attention_batched as rvb
+from reference import verify_attention_sdpa as rvs
 
 # ----------------------------------------------------------------------------- inputs
 
@@ -69,7 +71,7 @@ MLA_FNS = {"ref.mla_fp8_prepare": (rm.mla_fp8_prepare, mla_kw), "fused.mla_fp8_p
            "ref.mla_fp8_prepare_step": (rm.mla_fp8_prepare_step, mla_step_kw),
            "fused.mla_fp8_prepare_step": (fm.mla_fp8_prepare_step, mla_step_kw)}
 VA_FNS = {"ref.verify_attention": (rv.verify_attention, va_kw),
-          "ref.verify_attention_sdpa": (rv.verify_attention_sdpa, va_kw),
+          "ref.verify_attention_sdpa": (rvs.verify_attention_sdpa, va_kw),
           "fused.verify_split_kv": (fv.verify_split_kv, va_kw), "fused.verify_shared_kv": (fv.verify_shared_kv, va_kw),
           "fused.verify_attention": (fv.verify_attention, va_kw)}
 ALL_FNS = {**QK_FNS, **MLA_FNS, **VA_FNS}
@@ -246,7 +248,7 @@ def test_batched_reference_is_immune_to_rows_it_does_not_read(device, value):
     _poison_unread(clean, 0.0)
     dirty = _poison_unread(va_kw(device, o=None), value)
     dirty["kv_indices"].copy_(clean["kv_indices"])
-    assert rv._batchable(dirty["qo_indptr"].tolist(), dirty["kv_indptr"].tolist(), 4, 64)  # the batched path runs
+    assert rvb.batchable(dirty["qo_indptr"].tolist(), dirty["kv_indptr"].tolist(), 4, 64)  # the batched path runs
     want = rv.verify_attention(**clean)["o"]
     got = rv.verify_attention(**dirty)["o"]
     assert not got.isnan().any() and torch.equal(_bits(got), _bits(want))
@@ -296,7 +298,7 @@ def _assert_like_the_oracle(kw):
 
     oracle = rv.verify_attention_oracle(**kw)["o"]
     chain = rv.verify_attention(**kw)["o"]
-    got = rv.verify_attention_sdpa(**kw)["o"]
+    got = rvs.verify_attention_sdpa(**kw)["o"]
     same = zip(_placement(chain.double().cpu()), _placement(oracle.cpu()))  # the oracle is on the CPU
     assert all(torch.equal(a, b) for a, b in same)  # the contract
     fin = compare.finite("finite:o", got, oracle)

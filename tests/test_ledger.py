@@ -9,7 +9,7 @@ import textwrap
 import pandas as pd
 import pytest
 
-from harness import ledger, runners, suite
+from harness import ledger, runners, suite, summary
 from harness.ledger import KnownFailure
 from harness.registry import Impl
 from reference import qk_norm_rope as r
@@ -50,8 +50,8 @@ def test_a_known_failure_reads_known_and_names_its_entry(registry, device):
     kv = f[f["check"].str.startswith("numeric:kv_out")]
     assert len(kv) and (kv["status"] == "known").all() and (kv["known"] == "odd-tokens").all()
     assert "fail" not in set(f["status"])
-    assert not suite.failures(f).shape[0]
-    s = suite.summary(f).iloc[0]
+    assert not summary.failures(f).shape[0]
+    s = summary.summary(f).iloc[0]
     assert (s["known"], s["failed"], s["passed"]) == (1, 0, 0)
 
 
@@ -65,7 +65,7 @@ def test_a_failure_the_entry_does_not_name_still_fails(registry, device):
     f = _rows(registry, device, "odd-tokens-odd-heads", _weightless_when_odd, (narrow,))
     assert (f[f["check"].str.startswith("numeric:kv_out")]["status"] == "fail").all()
     assert (f["check"] == "ledger:odd-tokens").any()  # and its own checks passed: fixed?
-    assert suite.summary(f).iloc[0]["failed"] == 1
+    assert summary.summary(f).iloc[0]["failed"] == 1
 
 
 def test_a_known_failure_that_did_not_happen_fails(registry, device):

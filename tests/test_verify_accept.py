@@ -255,7 +255,7 @@ def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
     monkeypatch.setattr(perf, "compile_static", lambda fn: fn)
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
     shape_list = [vb.Shape(B=2, V=300), vb.Shape(B=3, V=4097)]
-    rows = vb.run(shape_list, ctx, tmp_path)
+    rows = perf.run_shapes(vb, shape_list, ctx, tmp_path)
     assert [r.impl for r in rows] == list(vb.IMPLS) * 2 and {r.op for r in rows} == {OP}
     assert all(r.gbps == pytest.approx(vb.bytes_moved(s) / 2e-6 / 1e9) for s in shape_list for r in rows
                if r.case == s.case)

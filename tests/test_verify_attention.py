@@ -20,6 +20,8 @@ from cases.mutants import verify_attention as va_mutants
 from harness import compare, poison, runners, tolerance
 from reference import checks
 from reference import verify_attention as ref
+from reference import verify_attention_batched as ref_batched
+from reference import verify_attention_sdpa as ref_sdpa
 from tests.helpers import assert_passes, failed_checks
 
 OP = "verify_attention"
@@ -89,7 +91,7 @@ def test_reference_chain_agrees_with_oracle_and_sdpa(device):
         o = ref.verify_attention_oracle(**kw)["o"]
         tol = tolerance.lookup(OP, "o", torch.bfloat16)
         r = compare.numeric("o", ref.verify_attention(**kw)["o"], o, None, tol, is_reference=True)
-        s = compare.numeric("o", ref.verify_attention_sdpa(**kw)["o"], o, None, tol, is_reference=True)
+        s = compare.numeric("o", ref_sdpa.verify_attention_sdpa(**kw)["o"], o, None, tol, is_reference=True)
         assert r.passed and s.passed, (c.name, r.err, s.err, r.detail, s.detail)
         worst = max(worst, r.err)
     assert worst > 0.5, "suspiciously exact: is the comparison looking at bf16 outputs at all?"
@@ -119,12 +121,12 @@ def test_batched_chain_equals_the_per_request_loop(device, monkeypatch):
     for c in CATALOG.values():
         kw = cases.build_inputs(c, device)
         qo, kvp = kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist()
-        if kw.get("custom_mask") is not None or not ref._batchable(qo, kvp, kw["q"].shape[1], kw["v"].shape[2]):
+        if kw.get("custom_mask") is not None or not ref_batched.batchable(qo, kvp, kw["q"].shape[1], kw["v"].shape[2]):
             continue
         taken += 1
         batched = ref.verify_attention(**kw)["o"].float()
         with monkeypatch.context() as m:  # the loop form; the _finish capture stays
-            m.setattr(ref, "BATCHED_SCORE_BYTES", 0)
+            m.setattr(ref_batched, "BATCHED_SCORE_BYTES", 0)
             ref.verify_attention(**kw)
         b32, l32 = fp32[-2], fp32[-1]
         S = ref.verify_attention_oracle(**{**kw, "v": _abs_values(kw["v"]), "v_buffer": _abs_values(kw["v_buffer"])})
@@ -135,6 +137,21 @@ def test_batched_chain_equals_the_per_request_loop(device, monkeypatch):
         r = compare.numeric("o", batched.to(torch.bfloat16), oracle, None, tol, is_reference=True)
         assert r.passed, (c.name, r.err, r.detail)
     assert taken >= len(CATALOG) // 2, taken
+
+
+@pytest.mark.parametrize("flags", [{}, {"bf16_p": True, "bf16_partials": True, "fp8_q": True}])
+def test_batched_entry_is_the_chains_batched_form(device, flags):
+    """``reference-batched`` (the batched chain as an entry point) gives the bytes of the chain's own
+    batched form, its rounding flags included, and refuses what that form does not compute (ragged
+    widths, a tree mask) with a typed error. Planted: the entry dropping the roundings fails."""
+    for name in ("qwen35-h16-l4-b3", "batch24-mixed", "k3-mla-h4-l2-e4m3fnuz"):
+        kw = cases.build_inputs(CATALOG[name], device)
+        a = ref.verify_attention(**kw, **flags)["o"]
+        b = ref_batched.verify_attention_batched(**kw, **flags)["o"]
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name
+    for name, arg in (("ragged-widths", "qo_indptr"), ("tree-topk2-qwen35", "custom_mask")):
+        with pytest.raises(checks.UnsupportedError, match=arg):
+            ref_batched.verify_attention_batched(**cases.build_inputs(CATALOG[name], device))
 
 
 def test_batched_chain_masks_other_requests_and_padding(device):
@@ -179,7 +196,7 @@ def test_sdpa_baseline_computes_in_fp64(monkeypatch, device):
         return real(*a, **k)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    ref.verify_attention_sdpa(**cases.build_inputs(CATALOG["qwen35-tp-h4-l3"], device))
+    ref_sdpa.verify_attention_sdpa(**cases.build_inputs(CATALOG["qwen35-tp-h4-l3"], device))
     assert seen and all(x == (torch.float64,) * 3 for x in seen), seen
 
 
@@ -188,9 +205,9 @@ def test_sdpa_head_chunks_change_nothing(device, monkeypatch):
     call gives the bytes the whole group per call gives, for GQA with several KV heads and MLA."""
     for name in ("gqa-hkv4-h16-d64-l8", "k3-mla-h4-l2-e4m3fnuz"):
         kw = cases.build_inputs(CATALOG[name], device)
-        whole = ref.verify_attention_sdpa(**kw)["o"]
-        monkeypatch.setattr(ref, "SDPA_CHUNK_BYTES", 1)
-        one = ref.verify_attention_sdpa(**kw)["o"]
+        whole = ref_sdpa.verify_attention_sdpa(**kw)["o"]
+        monkeypatch.setattr(ref_sdpa, "SDPA_CHUNK_BYTES", 1)
+        one = ref_sdpa.verify_attention_sdpa(**kw)["o"]
         monkeypatch.undo()
         assert torch.equal(whole, one), name
         # and both are right: a chunk reading the wrong KV head would agree with itself (planted: j = 0)
@@ -419,7 +436,7 @@ BAD = [
 @pytest.mark.parametrize("arg,make,err", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
     fn = {"reference": ref.verify_attention, "split_kv": fused.verify_split_kv, "shared_kv": fused.verify_shared_kv,
-          "dispatch": fused.verify_attention, "sdpa": ref.verify_attention_sdpa}[impl]
+          "dispatch": fused.verify_attention, "sdpa": ref_sdpa.verify_attention_sdpa}[impl]
     kw = _kw(device)
     kw[arg] = make(kw)
     with pytest.raises(err) as info:
@@ -628,7 +645,7 @@ def _paths(monkeypatch):
     """The chain's two forms: batched (where the case allows it), then the per-request loop (for
     the rest of the test)."""
     yield "batched"
-    monkeypatch.setattr(ref, "BATCHED_SCORE_BYTES", 0)
+    monkeypatch.setattr(ref_batched, "BATCHED_SCORE_BYTES", 0)
     yield "loop"
     monkeypatch.undo()
 

@@ -123,7 +123,7 @@ def test_head_grouping_does_not_multiply_verify_attention_compiles(tmp_path):
     r = _cli(["warmup", "--target", "sm90", "--list", "--jobs", "1", "--op", "verify_attention", "--generated", "0",
               "--case", "qwen35-tp-", "--impl", "fused-shared-kv"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "_verify_shared_kv_prefix_kernel: " in r.stdout and "BLOCK_H(" in r.stdout, r.stdout
+    assert "_verify_prefix_kernel: " in r.stdout and "BLOCK_H(" in r.stdout, r.stdout
     assert not re.search(r"(?i)kv_group_num\(", r.stdout), r.stdout
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from cases import profiles
-from harness import pool, suite
+from harness import pool, suite, summary
 from harness.registry import Impl
 from tests.helpers import subprocess_env
 
@@ -161,7 +161,7 @@ def test_a_hung_case_is_a_timeout_row_with_its_stack_and_the_run_goes_on(plugin_
     assert "hangs_on_8_heads" in stack and "faulthandler" in stack, stack
     assert (frame[frame["case"] != HUNG]["status"] == "pass").all() and frame["case"].nunique() == 5
     assert f"FAIL vendor-hangs {HUNG} [timeout]" in r.stdout, r.stdout
-    s = suite.summary(frame).iloc[0]
+    s = summary.summary(frame).iloc[0]
     assert (s["cases"], s["passed"], s["failed"], s["timeout"]) == (5, 4, 1, 1), s
     case = next(tc for tc in ET.parse(xml).getroot().iter("testcase") if tc.get("name") == HUNG)
     assert case.find("failure") is not None and case.find("failure").get("type") == "timeout"
@@ -201,7 +201,7 @@ def test_in_process_the_limit_interrupts_the_case_and_keeps_the_implementations_
         assert "_hangs" in hung and "limit 2 s" in hung, hung
         if impls[0] is hang:
             assert frame[frame["impl"] == "reference"]["detail"].iloc[0] == "not run: hangs timed out first on this case"
-    assert suite.summary(frame)["timeout"].sum() == 2
+    assert summary.summary(frame)["timeout"].sum() == 2
 
 
 def test_a_hung_timeline_is_a_timeout_row(plugin_dir, tmp_path):

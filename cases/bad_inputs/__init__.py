@@ -5,7 +5,7 @@ Entry points (``TARGETS``), each called the way the runners call it (the op's st
 arguments, ``cases/<op>.py::build_inputs``):
   qk_norm_rope      reference.qk_norm_rope:{qk_norm_rope_step, qk_norm_rope}, fused.qk_norm_rope: the same
   mla_fp8_prepare   reference.mla_fp8_prepare:{mla_fp8_prepare_step, mla_fp8_prepare}, fused: the same
-  verify_attention  reference.verify_attention:{verify_attention, verify_attention_sdpa},
+  verify_attention  reference.verify_attention:verify_attention, reference.verify_attention_sdpa: the same,
                     fused.verify_attention:{verify_attention, verify_split_kv, verify_shared_kv}
   verify_accept     reference.verify_accept:verify_accept, fused.verify_accept:verify_accept
 The launch-level helpers (``q_norm_rope``, ``cast_fp8``, ``prefix_split_partials`` ...), the oracles

@@ -35,7 +35,7 @@ UNREAD = ("k_buffer",)
 TARGETS = (
     Target("reference.verify_attention:verify_attention", OP, R,
            "reference.verify_attention:verify_attention"),
-    Target("reference.verify_attention:verify_attention_sdpa", OP, "external",
+    Target("reference.verify_attention_sdpa:verify_attention_sdpa", OP, "external",
            "reference.verify_attention:verify_attention"),
     Target("fused.verify_attention:verify_attention", OP, F,
            "reference.verify_attention:verify_attention"),

@@ -7,15 +7,22 @@ from harness.registry import Impl
 from reference import qk_norm_rope as r
 
 
-def _rope_swapped_on_q(*, forward_mode, ring, loc, q, q_norm_weight, eps, cos, sin, positions, rope_dim,
-                       rope_style, q_out, kv, kv_norm_weight):
-    """q rotated with the other rope style (neox <-> interleaved); kv correct."""
-    other = "neox" if rope_style == "interleaved" else "interleaved"
-    q_res = r.q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, other, q_out)
-    kv_res = r.kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, rope_style)
-    if forward_mode == "decode":
-        r.ring_store(kv_res, ring, loc)
-    return {"q_out": q_res, "kv_out": kv_res}
+def _rope_swapped_on(side: str):
+    """The chain with ``side`` ("q" or "kv") rotated with the other rope style (neox <-> interleaved),
+    the other side correct."""
+    def step(*, forward_mode, ring, loc, q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out, kv,
+             kv_norm_weight):
+        other = "neox" if rope_style == "interleaved" else "interleaved"
+        q_res = r.q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim,
+                              other if side == "q" else rope_style, q_out)
+        kv_res = r.kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim,
+                                other if side == "kv" else rope_style)
+        if forward_mode == "decode":
+            r.ring_store(kv_res, ring, loc)
+        return {"q_out": q_res, "kv_out": kv_res}
+
+    step.__doc__ = f"{side} rotated with the other rope style (neox <-> interleaved); the other side correct."
+    return step
 
 
 def _eps_outside_sqrt(*, forward_mode, ring, loc, q, q_norm_weight, eps, cos, sin, positions, rope_dim,
@@ -133,7 +140,7 @@ def _pad_byte_written(**kw):
 
 
 MUTANTS = [
-    Impl("qk_norm_rope", "mutant-rope-style-swapped-q", "mutant", _rope_swapped_on_q,
+    Impl("qk_norm_rope", "mutant-rope-style-swapped-q", "mutant", _rope_swapped_on("q"),
          doc="seed 000 class: rope style swapped on q only (GPT-J pairs vs neox halves)",
          catches=("numeric:q_out",)),
     Impl("qk_norm_rope", "mutant-eps-outside-sqrt", "mutant", _eps_outside_sqrt,
@@ -157,21 +164,10 @@ MUTANTS = [
 ]
 
 
-def _rope_swapped_on_kv(*, forward_mode, ring, loc, q, q_norm_weight, eps, cos, sin, positions, rope_dim,
-                        rope_style, q_out, kv, kv_norm_weight):
-    """kv rotated with the other rope style (neox <-> interleaved); q correct."""
-    other = "neox" if rope_style == "interleaved" else "interleaved"
-    q_res = r.q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out)
-    kv_res = r.kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, other)
-    if forward_mode == "decode":
-        r.ring_store(kv_res, ring, loc)
-    return {"q_out": q_res, "kv_out": kv_res}
-
-
 # store-timing: its bug shows in the timelines (the ring holds mis-rotated keys); registered after
 # every op's MUTANTS (cases.mutants.register)
 TIMELINE_MUTANTS = [
-    Impl("qk_norm_rope", "mutant-rope-style-swapped-kv", "mutant", _rope_swapped_on_kv,
+    Impl("qk_norm_rope", "mutant-rope-style-swapped-kv", "mutant", _rope_swapped_on("kv"),
          doc="seed 000 class: rope style swapped on the kv side only, so the ring holds mis-rotated keys",
          catches=("numeric:kv_out", "effect:ring")),
 ]

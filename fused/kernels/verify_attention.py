@@ -2,20 +2,19 @@
 ``_attend_tile`` (one online-softmax step over a tile of keys) is the only place where scores,
 masks, exponentials and the P·V product are computed; every kernel below calls it.
 
-  _verify_split_kv_prefix_kernel   grid (B, H, S): one query head × L drafts per program
-                                   (rows padded to L_PAD ≥ 16 for tl.dot), re-reading the
-                                   prefix for every head — the per-head baseline.
-  _verify_shared_kv_prefix_kernel  grid (B, H / BLOCK_H, S): BLOCK_H heads × L_PAD drafts per
-                                   program share each KV tile (BLOCK_H·L_PAD ≥ 16 rows).
-  _verify_combine_kernel           grid (B, H / BLOCK_H): the draft triangle (unscaled, causal
-                                   or not) then a log-sum-exp merge of the S prefix partials.
+  _verify_prefix_kernel   grid (B, H / BLOCK_H, S): BLOCK_H heads × L_PAD drafts per program
+                          share each KV tile (BLOCK_H·L_PAD ≥ 16 rows): the shared-KV kernel;
+                          at BLOCK_H = 1 (one query head × L drafts per program, rows padded to
+                          L_PAD ≥ 16, the prefix re-read for every head) the per-head split-KV one.
+  _verify_combine_kernel  grid (B, H / BLOCK_H): the draft triangle (unscaled, causal or not)
+                          then a log-sum-exp merge of the S prefix partials.
 
 Rows are head-major: row r is head ``head_start + r // L_PAD``, draft ``r % L_PAD``; rows with
 draft index ≥ L are padding (q = 0, never stored). Loaded bf16/fp8 values go to the dots as
 bf16 (fp8 e4m3 converts exactly); everything else is fp32. P·V uses P = P_hi + P_lo, two bf16
 dots with fp32 accumulation, i.e. ~16 mantissa bits of P (a single bf16 P would cost up to
 half a bf16 ulp per weight — more than the exact-fp32 tolerance). ``SINGLE_P_DOT`` (the shared-KV
-prefix and the combine kernel) makes that one dot with P rounded to bf16, the FlashAttention
+prefix, BLOCK_H > 1, and the combine kernel) makes that one dot with P rounded to bf16, the FlashAttention
 design: precision class ``bf16-p`` (harness.tolerance), one tensor-core product instead of two.
 """
 from __future__ import annotations
@@ -115,6 +114,17 @@ def _prefix_partial(
 
 
 @triton.jit
+def _head_block_rows(b, head_start, L, H, BLOCK_H: tl.constexpr, L_PAD: tl.constexpr):
+    """The BLOCK_H·L_PAD rows of a head block, head-major: each row's draft index, query head,
+    whether it is real (draft < L, head < H) and its token index b·L + draft (int64: b is)."""
+    offs_r = tl.arange(0, BLOCK_H * L_PAD)
+    row_l = offs_r % L_PAD
+    row_head = head_start + offs_r // L_PAD
+    row_mask = (row_l < L) & (row_head < H)
+    return row_l, row_head, row_mask, b * L + row_l
+
+
+@triton.jit
 def _split_bounds(kv_indptr_ptr, b, split, num_kv_splits):
     """This request's slot offset and the [lo, hi) of this split (cdiv partition, as the reference)."""
     kv_start = tl.load(kv_indptr_ptr + b)
@@ -138,7 +148,7 @@ def _store_partial(mid_acc_ptr, mid_ml_ptr, row_tok, row_head, row_mask, split, 
 
 @triton.jit(do_not_specialize=["L", "H", "num_kv_splits", "kv_group_num"])  # one compile per layout, not
 # per batch shape or head grouping
-def _verify_split_kv_prefix_kernel(
+def _verify_prefix_kernel(
     mid_acc_ptr,  # (T, H, S, DV) fp32 out: v_scale·Σ p·v per split
     mid_ml_ptr,  # (T, H, S, 2) fp32 out: (max, sum) per split
     q_ptr,  # (T, H, D) bf16
@@ -152,47 +162,10 @@ def _verify_split_kv_prefix_kernel(
     v_scale,
     stride_q_t, stride_q_h,
     stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
-    kv_group_num,  # H / Hkv
-    L_PAD: tl.constexpr,  # rows: next_power_of_2(L), at least 16 (tl.dot)
-    BLOCK_N: tl.constexpr,
-    NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr,
-    BLOCK_DN: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    split = tl.program_id(2)
-    offs_r = tl.arange(0, L_PAD)
-    offs_dn = tl.arange(0, BLOCK_DN)
-    offs_dp = tl.arange(0, BLOCK_DPE)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    row_mask = offs_r < L
-    row_tok = b * L + offs_r
-    row_head = tl.zeros([L_PAD], dtype=tl.int32) + head
-    kv_start, lo, hi = _split_bounds(kv_indptr_ptr, b, split, num_kv_splits)
-    kv_head = head // kv_group_num
-    q_nope, q_pe = _load_q_rows(q_ptr, row_tok, row_head, row_mask, stride_q_t, stride_q_h, offs_dn, offs_dp,
-                                NOPE_DIM=NOPE_DIM, PE_DIM=PE_DIM, R=L_PAD, BLOCK_DPE=BLOCK_DPE)
-    m, l, acc = _prefix_partial(q_nope, q_pe, k_buffer_ptr, v_buffer_ptr, kv_indices_ptr, kv_start, lo, hi,
-                                kv_head * stride_kb_h, kv_head * stride_vb_h, stride_kb_s, stride_vb_s,
-                                scale, v_scale, offs_dn, offs_dp, offs_dv,
-                                R=L_PAD, BLOCK_N=BLOCK_N, BLOCK_DV=BLOCK_DV, NOPE_DIM=NOPE_DIM, PE_DIM=PE_DIM, DV=DV,
-                                SINGLE_P_DOT=False)
-    _store_partial(mid_acc_ptr, mid_ml_ptr, row_tok, row_head, row_mask, split, H, num_kv_splits, m, l, acc,
-                   offs_dv, DV=DV)
-
-
-@triton.jit(do_not_specialize=["L", "H", "num_kv_splits", "kv_group_num"])  # one compile per layout, not
-# per batch shape or head grouping
-def _verify_shared_kv_prefix_kernel(
-    mid_acc_ptr, mid_ml_ptr,  # as the split-KV kernel
-    q_ptr, k_buffer_ptr, v_buffer_ptr, kv_indptr_ptr, kv_indices_ptr,
-    L, H, num_kv_splits, scale, v_scale,
-    stride_q_t, stride_q_h,
-    stride_kb_s, stride_kb_h, stride_vb_s, stride_vb_h,
     kv_group_num,  # H / Hkv; the wrapper guarantees kv_group_num % BLOCK_H == 0
     HAS_KV_HEADS: tl.constexpr,  # several KV heads (offset per head block) vs one (MLA / MQA)
-    BLOCK_H: tl.constexpr,  # query heads per program, all on one KV head
-    L_PAD: tl.constexpr,  # drafts per head, padded: BLOCK_H·L_PAD ≥ 16
+    BLOCK_H: tl.constexpr,  # query heads per program, all on one KV head (1: the per-head split-KV kernel)
+    L_PAD: tl.constexpr,  # drafts per head, padded: BLOCK_H·L_PAD ≥ 16 (tl.dot)
     BLOCK_N: tl.constexpr,
     NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr,
     BLOCK_DN: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -201,14 +174,10 @@ def _verify_shared_kv_prefix_kernel(
     b = tl.program_id(0).to(tl.int64)
     head_start = tl.program_id(1) * BLOCK_H
     split = tl.program_id(2)
-    offs_r = tl.arange(0, BLOCK_H * L_PAD)
     offs_dn = tl.arange(0, BLOCK_DN)
     offs_dp = tl.arange(0, BLOCK_DPE)
     offs_dv = tl.arange(0, BLOCK_DV)
-    row_l = offs_r % L_PAD
-    row_head = head_start + offs_r // L_PAD
-    row_mask = (row_l < L) & (row_head < H)
-    row_tok = b * L + row_l
+    row_l, row_head, row_mask, row_tok = _head_block_rows(b, head_start, L, H, BLOCK_H=BLOCK_H, L_PAD=L_PAD)
     kv_start, lo, hi = _split_bounds(kv_indptr_ptr, b, split, num_kv_splits)
     if HAS_KV_HEADS:
         kv_head = head_start // kv_group_num  # seed 003: valid because BLOCK_H divides the group
@@ -246,15 +215,11 @@ def _verify_combine_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     head_start = tl.program_id(1) * BLOCK_H
-    offs_r = tl.arange(0, BLOCK_H * L_PAD)
     offs_dn = tl.arange(0, BLOCK_DN)
     offs_dp = tl.arange(0, BLOCK_DPE)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_j = tl.arange(0, L_KEYS)
-    row_l = offs_r % L_PAD
-    row_head = head_start + offs_r // L_PAD
-    row_mask = (row_l < L) & (row_head < H)
-    row_tok = b * L + row_l
+    row_l, row_head, row_mask, row_tok = _head_block_rows(b, head_start, L, H, BLOCK_H=BLOCK_H, L_PAD=L_PAD)
     if HAS_KV_HEADS:
         kv_head = head_start // kv_group_num
     else:

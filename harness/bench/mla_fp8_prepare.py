@@ -16,11 +16,10 @@ DIR/perf.csv (PerfRow). Without a GPU it says so and exits 0.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -136,52 +135,39 @@ def _compiled_chain():
     return perf.compile_static(chain)
 
 
-def run(shape_list: list[perf.VerifyShape], ctx: perf.Context, out: Path) -> list[PerfRow]:
-    import pandas as pd
+WIDE_CSV = "bench.csv"
 
+
+def measurements(shape_list: list[perf.VerifyShape], ctx: perf.Context):
     compiled_chain = _compiled_chain()
-    rows, wide = [], []
     for s in shape_list:
         kw = _inputs(s.T, s.H, ctx.dev.torch_device, ctx.dev.fp8_dtype)
         t = perf.measure(_implementations(kw, compiled_chain), ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
-        moved = _bytes_moved(s.T, s.H)
-        new = perf.perf_rows(OP, s.case, t, bytes_moved=moved, copy_gbps=ctx.copy_gbps, prov=ctx.prov)
-        fr = next(r for r in new if r.impl == "fused")
-        rows += new
-        us = {k: v.p50_us for k, v in t.items()}
-        n = {k: v.launches for k, v in t.items()}
-        wide.append(BenchRow(
-            B=s.B, L=L, T=s.T, H=s.H, bytes_moved=moved,
-            fused_us=us["fused"], reference_us=us["reference"], compiled_us=us["compiled"], aten5_us=us["aten5"],
-            reference_over_fused=fr.speedup_vs_reference, compiled_over_fused=fr.speedup_vs_compiled,
-            aten5_over_fused=perf.ratio(us["aten5"], us["fused"]), fused_gbps=fr.gbps,
-            fused_frac_of_copy=fr.frac_of_copy,
-            fused_launches=n["fused"], reference_launches=n["reference"], compiled_launches=n["compiled"],
-            aten5_launches=n["aten5"]))
-        print(f"  {s.case}: fused {us['fused']:7.2f} us (launches {n['fused']}, {fr.frac_of_copy:5.1%} of copy) | "
-              f"x{fr.speedup_vs_reference:5.2f} vs reference | x{fr.speedup_vs_compiled:5.2f} vs compiled | "
-              f"x{wide[-1].aten5_over_fused:5.2f} vs aten5", flush=True)
         del kw
-    frame = pd.DataFrame([asdict(r) for r in wide])
-    out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out / "bench.csv", index=False)
+        yield perf.Measured(s, t, _bytes_moved(s.T, s.H))
+
+
+def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
+    s, t, fused = m.shape, m.timings, rows["fused"]
+    aten5_over_fused = perf.ratio(t["aten5"].p50_us, t["fused"].p50_us)
+    row = BenchRow(B=s.B, L=L, T=s.T, H=s.H, bytes_moved=m.bytes_moved, aten5_us=t["aten5"].p50_us,
+                   aten5_over_fused=aten5_over_fused, aten5_launches=t["aten5"].launches,
+                   **perf.fused_vs_chain(m, fused))
+    return row, f"{perf.fused_line(m, fused)} | x{aten5_over_fused:5.2f} vs aten5"
+
+
+def finish(out: Path, ctx: perf.Context) -> None:
+    """meta.json beside bench.csv: the device and versions of the run."""
     (out / "meta.json").write_text(json.dumps({"device": ctx.dev.name, "arch": ctx.dev.arch,
                                                "copy_gbps": ctx.copy_gbps, "torch": ctx.prov.torch,
                                                "triton": ctx.prov.triton, "git_sha": ctx.prov.git_sha}, indent=2))
-    print(f"  wrote {out / 'bench.csv'}")
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m harness.bench.{OP}", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="directory for bench.csv, meta.json and perf.csv")
-    ap.add_argument("--quick", action="store_true", help=f"B {B_QUICK} x H {H_QUICK} only")
-    ap.add_argument("--b", type=int, action="append", help=f"batch sizes (default {B_FULL})")
-    ap.add_argument("--h", type=int, action="append", help=f"local head counts (default {H_FULL})")
-    args = ap.parse_args(argv)
-    return perf.run_ops([sys.modules[__name__]], out=args.out, quick=args.quick, nested=False, prog=ap.prog,
-                        shapes={OP: shapes(args.quick, args.b, args.h)})
+    return perf.main_for(sys.modules[__name__], argv, quick_help=f"B {B_QUICK} x H {H_QUICK} only",
+                         options={"--b": f"batch sizes (default {B_FULL})",
+                                  "--h": f"local head counts (default {H_FULL})"},
+                         pick=lambda args, ap: shapes(args.quick, args.b, args.h))
 
 
 # ----------------------------------------------------------------------------- wrapper checks

@@ -7,16 +7,21 @@ An op benchmark module provides: ``OP``; ``IMPLS`` (the PerfRow impl names it me
 ``reference`` = the unfused chain and ``compiled`` = torch.compile of it); ``EXPECTED_LAUNCHES``
 (fused impl -> launches it must make, else the run exits 1); ``WARMUP_MS``, ``REP_MS`` (do_bench);
 ``EXTRA_TIMINGS`` (do_bench calls per shape beyond IMPLS); ``shapes(quick)`` (each with a
-``case`` id); ``run(shapes, ctx, out) -> list[PerfRow]``, which also writes its own CSV to ``out``.
+``case`` id); ``measurements(shapes, ctx)``, yielding one ``Measured`` per shape; ``wide_row(measured,
+rows) -> (its wide row, the progress line)`` with ``rows`` the shape's PerfRows by impl; ``WIDE_CSV``,
+the file in ``out`` its wide rows go to (``run_shapes``, the loop over its shapes); optionally
+``finish(out, ctx)``, called after that file is written. ``main_for`` is each op's command line.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -183,6 +188,71 @@ def context(profile: BenchProfile, seed: int = 0) -> Context:
                    sms=torch.cuda.get_device_properties(0).multi_processor_count)
 
 
+# ----------------------------------------------------------------------------- one op's run
+
+@dataclass(frozen=True)
+class Measured:
+    """One shape of an op's run: its timings per impl, the bytes the op must move there, and what
+    else the op's wide row needs (``extra``: numbers, no tensors)."""
+    shape: Any  # has a ``case`` id
+    timings: dict[str, Timing]
+    bytes_moved: int
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def fused_vs_chain(m: Measured, fused: PerfRow) -> dict:
+    """The wide-row columns every op has: the fused impl's p50, ratios, bandwidth and launches beside
+    the reference chain's and torch.compile's."""
+    t = m.timings
+    return dict(fused_us=t["fused"].p50_us, reference_us=t["reference"].p50_us, compiled_us=t["compiled"].p50_us,
+                reference_over_fused=fused.speedup_vs_reference, compiled_over_fused=fused.speedup_vs_compiled,
+                fused_gbps=fused.gbps, fused_frac_of_copy=fused.frac_of_copy, fused_launches=t["fused"].launches,
+                reference_launches=t["reference"].launches, compiled_launches=t["compiled"].launches)
+
+
+def fused_line(m: Measured, fused: PerfRow) -> str:
+    """The progress line's head: the fused p50, its share of the copy roof, its ratios to the chain
+    and to torch.compile."""
+    return (f"fused {fused.p50_us:7.2f} us (launches {fused.launches}, {fused.frac_of_copy:5.1%} of copy) | "
+            f"x{fused.speedup_vs_reference:5.2f} vs reference (launches {m.timings['reference'].launches}) | "
+            f"x{fused.speedup_vs_compiled:5.2f} vs compiled")
+
+
+def run_shapes(mod, shape_list: list, ctx: Context, out: Path) -> list[PerfRow]:
+    """One op's run: per shape of ``mod.measurements`` its PerfRows and a progress line; its wide
+    rows (``mod.wide_row``) to ``out / mod.WIDE_CSV``, then ``mod.finish(out, ctx)`` where it has one."""
+    rows, wide = [], []
+    for m in mod.measurements(shape_list, ctx):
+        new = perf_rows(mod.OP, m.shape.case, m.timings, bytes_moved=m.bytes_moved, copy_gbps=ctx.copy_gbps,
+                        prov=ctx.prov)
+        rows += new
+        row, line = mod.wide_row(m, {r.impl: r for r in new})
+        wide.append(row)
+        print(f"  {m.shape.case}: {line}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([dataclasses.asdict(r) for r in wide]).to_csv(out / mod.WIDE_CSV, index=False)
+    if hasattr(mod, "finish"):
+        mod.finish(out, ctx)
+    print(f"  wrote {out / mod.WIDE_CSV}")
+    return rows
+
+
+def main_for(mod, argv: list[str] | None, *, quick_help: str, options: Mapping[str, str] = {},
+             pick: Callable[[argparse.Namespace, argparse.ArgumentParser], list] | None = None) -> int:
+    """``python -m harness.bench.<op> --out DIR [--quick]``: ``run_ops`` on that op alone, its CSVs in
+    DIR. ``options``: its own repeatable int flags -> their help; ``pick(args, parser)``: the shapes
+    they select (default: the profile's)."""
+    ap = argparse.ArgumentParser(prog=f"python -m harness.bench.{mod.OP}", description=mod.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help=f"directory for {mod.WIDE_CSV} and perf.csv")
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    for flag, text in options.items():
+        ap.add_argument(flag, type=int, action="append", help=text)
+    args = ap.parse_args(argv)
+    return run_ops([mod], out=args.out, quick=args.quick, nested=False, prog=ap.prog,
+                   shapes=None if pick is None else {mod.OP: pick(args, ap)})
+
+
 # ----------------------------------------------------------------------------- plan and driver
 
 def estimate_s(mod, shapes: list) -> float:
@@ -216,7 +286,7 @@ def run_ops(mods: list, *, out: Path, quick: bool, nested: bool, shapes: dict[st
     for m in mods:
         t0 = time.monotonic()
         print(f"[{m.OP}] {len(shapes[m.OP])} shapes", flush=True)
-        rows += m.run(shapes[m.OP], ctx, out / m.OP if nested else out)
+        rows += run_shapes(m, shapes[m.OP], ctx, out / m.OP if nested else out)
         print(f"[{m.OP}] done in {time.monotonic() - t0:.0f} s", flush=True)
     path = write_csv(rows, out / "perf.csv")
     with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3g}".format):

@@ -18,11 +18,9 @@ it says so and exits 0.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
@@ -108,43 +106,30 @@ def _inputs(s: perf.VerifyShape, dev) -> dict:
     return c.build_inputs(case, dev)
 
 
-def run(shape_list: list[perf.VerifyShape], ctx: perf.Context, out: Path) -> list[PerfRow]:
-    import pandas as pd
+WIDE_CSV = "qk_norm_rope_bench.csv"
 
+
+def measurements(shape_list: list[perf.VerifyShape], ctx: perf.Context):
     compiled_chain = perf.compile_static(_chain)
-    rows, wide = [], []
     for s in shape_list:
         kw = _inputs(s, ctx.dev)
         impls = _implementations(kw, compiled_chain)
         (qa, ka), (qb, kb) = impls["fused"](), impls["reference"]()
         diff = max(float((qa.float() - qb.float()).abs().max()), float((ka.float() - kb.float()).abs().max()))
         t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
-        new = perf.perf_rows(OP, s.case, t, bytes_moved=bytes_moved(s), copy_gbps=ctx.copy_gbps, prov=ctx.prov)
-        fr = next(r for r in new if r.impl == "fused")
-        rows += new
-        wide.append(BenchRow(
-            B=s.B, L=L, T=s.T, H=s.H, D=D, bytes_moved=bytes_moved(s), fused_us=t["fused"].p50_us,
-            reference_us=t["reference"].p50_us, compiled_us=t["compiled"].p50_us,
-            reference_over_fused=fr.speedup_vs_reference, compiled_over_fused=fr.speedup_vs_compiled,
-            fused_gbps=fr.gbps, fused_frac_of_copy=fr.frac_of_copy, fused_launches=t["fused"].launches,
-            reference_launches=t["reference"].launches, compiled_launches=t["compiled"].launches, max_abs_diff=diff))
-        print(f"  {s.case}: fused {fr.p50_us:7.2f} us (launches {fr.launches}, {fr.frac_of_copy:5.1%} of copy) | "
-              f"x{fr.speedup_vs_reference:5.2f} vs reference (launches {t['reference'].launches}) | "
-              f"x{fr.speedup_vs_compiled:5.2f} vs compiled | max|Δ| {diff:.3g}", flush=True)
-        del kw, impls
-    out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([asdict(r) for r in wide]).to_csv(out / "qk_norm_rope_bench.csv", index=False)
-    print(f"  wrote {out / 'qk_norm_rope_bench.csv'}")
-    return rows
+        del kw, impls, qa, ka, qb, kb
+        yield perf.Measured(s, t, bytes_moved(s), {"max_abs_diff": diff})
+
+
+def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
+    s, diff = m.shape, m.extra["max_abs_diff"]
+    row = BenchRow(B=s.B, L=L, T=s.T, H=s.H, D=D, bytes_moved=m.bytes_moved, **perf.fused_vs_chain(m, rows["fused"]),
+                   max_abs_diff=diff)
+    return row, f"{perf.fused_line(m, rows['fused'])} | max|Δ| {diff:.3g}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m harness.bench.{OP}", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="directory for qk_norm_rope_bench.csv and perf.csv")
-    ap.add_argument("--quick", action="store_true", help=f"B {B_QUICK} x H {H_QUICK} only")
-    args = ap.parse_args(argv)
-    return perf.run_ops([sys.modules[__name__]], out=args.out, quick=args.quick, nested=False, prog=ap.prog)
+    return perf.main_for(sys.modules[__name__], argv, quick_help=f"B {B_QUICK} x H {H_QUICK} only")
 
 
 # ----------------------------------------------------------------------------- wrapper checks

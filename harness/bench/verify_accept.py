@@ -20,10 +20,8 @@ DIR/perf.csv (PerfRow). Without a GPU it says so and exits 0.
 """
 from __future__ import annotations
 
-import argparse
 import sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
@@ -134,49 +132,35 @@ def _implementations(kw: dict, compiled_chain) -> dict:
     return {"fused": fused, "reference": lambda: _chain(*args), "compiled": lambda: compiled_chain(*args)}
 
 
-def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
-    import pandas as pd
+WIDE_CSV = "verify_accept_bench.csv"
 
+
+def measurements(shape_list: list[Shape], ctx: perf.Context):
     compiled_chain = perf.compile_static(_chain)
-    rows, wide = [], []
     for s in shape_list:
         kw = _inputs(s, ctx.dev.torch_device)
         impls = _implementations(kw, compiled_chain)
         (fo, fn), (ro, rn) = impls["fused"](), impls["reference"]()
         bad = int((fo != ro).sum()) + int((fn != rn).sum())
         t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
-        moved = bytes_moved(s)
-        new = perf.perf_rows(OP, s.case, t, bytes_moved=moved, copy_gbps=ctx.copy_gbps, prov=ctx.prov)
-        fr = next(r for r in new if r.impl == "fused")
-        rows += new
-        wide.append(BenchRow(
-            B=s.B, L=s.L, V=s.V, T=s.T, bytes_moved=moved, fused_us=t["fused"].p50_us,
-            reference_us=t["reference"].p50_us, compiled_us=t["compiled"].p50_us,
-            reference_over_fused=fr.speedup_vs_reference, compiled_over_fused=fr.speedup_vs_compiled,
-            fused_gbps=fr.gbps, fused_frac_of_copy=fr.frac_of_copy, fused_launches=t["fused"].launches,
-            reference_launches=t["reference"].launches, compiled_launches=t["compiled"].launches, mismatches=bad))
-        print(f"  {s.case}: fused {fr.p50_us:7.2f} us (launches {fr.launches}, {fr.frac_of_copy:5.1%} of copy) | "
-              f"x{fr.speedup_vs_reference:5.2f} vs reference (launches {t['reference'].launches}) | "
-              f"x{fr.speedup_vs_compiled:5.2f} vs compiled | mismatches {bad}", flush=True)
-        if bad:
-            print(f"  MISMATCH {s.case}: {bad} output elements of the fused kernel differ from the chain's", flush=True)
-        del kw, impls
-    out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([asdict(r) for r in wide]).to_csv(out / "verify_accept_bench.csv", index=False)
-    print(f"  wrote {out / 'verify_accept_bench.csv'}")
-    return rows
+        del kw, impls, fo, fn, ro, rn
+        yield perf.Measured(s, t, bytes_moved(s), {"mismatches": bad})
+
+
+def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
+    s, bad = m.shape, m.extra["mismatches"]
+    row = BenchRow(B=s.B, L=s.L, V=s.V, T=s.T, bytes_moved=m.bytes_moved, **perf.fused_vs_chain(m, rows["fused"]),
+                   mismatches=bad)
+    line = f"{perf.fused_line(m, rows['fused'])} | mismatches {bad}"
+    if bad:
+        line += f"\n  MISMATCH {s.case}: {bad} output elements of the fused kernel differ from the chain's"
+    return row, line
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m harness.bench.{OP}", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="directory for verify_accept_bench.csv and perf.csv")
-    ap.add_argument("--quick", action="store_true", help=f"(B, V) {QUICK} only")
-    ap.add_argument("--b", type=int, action="append", help=f"batch sizes (default {B_FULL})")
-    ap.add_argument("--v", type=int, action="append", help=f"vocabularies (default {V_FULL})")
-    args = ap.parse_args(argv)
-    return perf.run_ops([sys.modules[__name__]], out=args.out, quick=args.quick, nested=False, prog=ap.prog,
-                        shapes={OP: shapes(args.quick, args.b, args.v)})
+    return perf.main_for(sys.modules[__name__], argv, quick_help=f"(B, V) {QUICK} only",
+                         options={"--b": f"batch sizes (default {B_FULL})", "--v": f"vocabularies (default {V_FULL})"},
+                         pick=lambda args, ap: shapes(args.quick, args.b, args.v))
 
 
 if __name__ == "__main__":

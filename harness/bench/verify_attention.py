@@ -24,11 +24,9 @@ device time without the host's launch cost, which dominates an eager time of a s
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
@@ -192,13 +190,13 @@ def _peers(kw: dict, dev) -> dict:
     return sglang.bench_calls(kw)
 
 
-def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
-    import pandas as pd
+WIDE_CSV = "verify_attention_bench.csv"
 
+
+def measurements(shape_list: list[Shape], ctx: perf.Context):
     from fused import verify_attention as f
 
     compiled = perf.compile_static(_dense_reference)
-    rows, wide = [], []
     for s in shape_list:
         B, n = s.B, s.prefix
         kw, D, Dv = _inputs(s.layout, B, n, s.H, L, dev=ctx.dev.torch_device)
@@ -215,54 +213,53 @@ def run(shape_list: list[Shape], ctx: perf.Context, out: Path) -> list[PerfRow]:
         # replayed from a graph: a launch alone is shorter than its host-side launch path, so its eager time is the host's
         t_prefix, t_combine, t_graph = (profiling.graph_time_us(lambda st=st: f._launch("shared_kv", **kw, stages=st, **fast))
                                         for st in (("prefix",), ("combine",), ("prefix", "combine")))
-        kv_bytes = kv_bytes_read(s.layout, B, n, D, Dv)
-        new = perf.perf_rows(OP, s.case, t, bytes_moved=kv_bytes, copy_gbps=ctx.copy_gbps, prov=ctx.prov)
-        by = {r.impl: r for r in new}
-        sh, sp = by["fused-shared-kv"], by["fused-split-kv"]
-        ms = {k: v.p50_us / 1e3 for k, v in t.items()}
-        peer = {k: ms.get(k, float("nan")) for k in PEERS}
-        rows += new
-        row = BenchRow(s.layout, B, n, s.H, D, Dv, L, s_shared, kv_bytes / 1e9, ms["fused-shared-kv"],
-                       ms["fused-shared-kv-bf16p"], ms["fused-split-kv"], ms["reference"], ms["compiled"], ms["sdpa"],
-                       *(perf.ratio(ms[k], ms["fused-shared-kv"]) for k in ("fused-split-kv", "reference", "compiled",
-                                                                             "sdpa")),
-                       perf.ratio(ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"]), peer["sglang-shared-kv"],
-                       peer["sglang-split-kv"], perf.ratio(peer["sglang-shared-kv"], ms["fused-shared-kv-bf16p"]),
-                       sh.gbps / 1e3, 100 * sh.frac_of_copy, 100 * sp.frac_of_copy, diff, t_prefix / 1e3,
-                       t_combine / 1e3, t_graph / 1e3, 100 * perf.bandwidth(kv_bytes, t_graph, ctx.copy_gbps)[1])
-        wide.append(row)
-        print(f"  {s.case}: shared {row.shared_ms:8.3f} ms ({row.shared_pct_copy:5.1f}% copy) | "
-              f"bf16p {row.shared_bf16p_ms:8.3f} ms ({row.shared_over_bf16p:5.2f}x) | "
-              f"sglang shared {row.sglang_shared_ms:8.3f} ms ({row.sglang_shared_over_bf16p:5.2f}x bf16p) "
-              f"split {row.sglang_split_ms:8.3f} ms | "
-              f"split {row.split_ms:8.3f} ms ({row.split_over_shared:5.2f}x) | reference {row.reference_ms:8.3f} ms | "
-              f"compiled {row.compiled_ms:8.3f} ms | sdpa {row.sdpa_ms:8.3f} ms | "
-              f"graph {row.shared_graph_ms:.3f} ms ({row.shared_graph_pct_copy:.1f}%), prefix/combine "
-              f"{row.shared_prefix_ms:.3f}/{row.shared_combine_ms:.3f} ms | "
-              f"max|Δ| {row.max_abs_diff:.3g}", flush=True)
         del kw
         if not ctx.dev.interpreted:
             torch.cuda.empty_cache()
-    out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([asdict(r) for r in wide]).to_csv(out / "verify_attention_bench.csv", index=False)
-    print(f"  wrote {out / 'verify_attention_bench.csv'}")
-    return rows
+        yield perf.Measured(s, t, kv_bytes_read(s.layout, B, n, D, Dv),
+                            dict(D=D, Dv=Dv, s_shared=s_shared, diff=diff, t_prefix=t_prefix, t_combine=t_combine,
+                                 t_graph=t_graph, copy_gbps=ctx.copy_gbps))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m harness.bench.{OP}", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="directory for verify_attention_bench.csv and perf.csv")
-    ap.add_argument("--quick", action="store_true", help=f"prefix {PREFIX_QUICK} x B {B_QUICK} only")
-    ap.add_argument("--prefix", type=int, action="append", help="only these prefix lengths (repeatable)")
-    ap.add_argument("--batch", type=int, action="append", help="only these batch sizes (repeatable)")
-    args = ap.parse_args(argv)
+def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
+    s, x = m.shape, m.extra
+    sh, sp = rows["fused-shared-kv"], rows["fused-split-kv"]
+    ms = {k: v.p50_us / 1e3 for k, v in m.timings.items()}
+    peer = {k: ms.get(k, float("nan")) for k in PEERS}
+    row = BenchRow(s.layout, s.B, s.prefix, s.H, x["D"], x["Dv"], L, x["s_shared"], m.bytes_moved / 1e9,
+                   ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"], ms["fused-split-kv"], ms["reference"],
+                   ms["compiled"], ms["sdpa"],
+                   *(perf.ratio(ms[k], ms["fused-shared-kv"]) for k in ("fused-split-kv", "reference", "compiled",
+                                                                         "sdpa")),
+                   perf.ratio(ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"]), peer["sglang-shared-kv"],
+                   peer["sglang-split-kv"], perf.ratio(peer["sglang-shared-kv"], ms["fused-shared-kv-bf16p"]),
+                   sh.gbps / 1e3, 100 * sh.frac_of_copy, 100 * sp.frac_of_copy, x["diff"], x["t_prefix"] / 1e3,
+                   x["t_combine"] / 1e3, x["t_graph"] / 1e3,
+                   100 * perf.bandwidth(m.bytes_moved, x["t_graph"], x["copy_gbps"])[1])
+    line = (f"shared {row.shared_ms:8.3f} ms ({row.shared_pct_copy:5.1f}% copy) | "
+            f"bf16p {row.shared_bf16p_ms:8.3f} ms ({row.shared_over_bf16p:5.2f}x) | "
+            f"sglang shared {row.sglang_shared_ms:8.3f} ms ({row.sglang_shared_over_bf16p:5.2f}x bf16p) "
+            f"split {row.sglang_split_ms:8.3f} ms | "
+            f"split {row.split_ms:8.3f} ms ({row.split_over_shared:5.2f}x) | reference {row.reference_ms:8.3f} ms | "
+            f"compiled {row.compiled_ms:8.3f} ms | sdpa {row.sdpa_ms:8.3f} ms | "
+            f"graph {row.shared_graph_ms:.3f} ms ({row.shared_graph_pct_copy:.1f}%), prefix/combine "
+            f"{row.shared_prefix_ms:.3f}/{row.shared_combine_ms:.3f} ms | "
+            f"max|Δ| {row.max_abs_diff:.3g}")
+    return row, line
+
+
+def _picked(args, ap) -> list[Shape]:
     picked = [s for s in shapes(args.quick) if (not args.prefix or s.prefix in args.prefix)
               and (not args.batch or s.B in args.batch)]
     if not picked:
         ap.error(f"no shape has prefix in {args.prefix} and B in {args.batch}")
-    return perf.run_ops([sys.modules[__name__]], out=args.out, quick=args.quick, nested=False, prog=ap.prog,
-                        shapes={OP: picked})
+    return picked
+
+
+def main(argv: list[str] | None = None) -> int:
+    return perf.main_for(sys.modules[__name__], argv, quick_help=f"prefix {PREFIX_QUICK} x B {B_QUICK} only",
+                         options={"--prefix": "only these prefix lengths (repeatable)",
+                                  "--batch": "only these batch sizes (repeatable)"}, pick=_picked)
 
 
 # ----------------------------------------------------------------------------- wrapper checks

@@ -1,6 +1,7 @@
 """Registry entry for ``verify_attention`` (seeds 002, 003): its OpSpec and built-in implementations.
 
   reference         the per-head split-KV chain (torch, fp32, one bf16 rounding)
+  reference-batched the same chain over the whole batch at once (one verify width, no tree)
   fused-split-kv    per-head split-KV Triton kernel, grid (B, H, S) + combine
   fused-shared-kv   grouped shared-KV Triton kernel, grid (B, H/BLOCK_H, S) + combine
   fused-shared-kv-bf16p  the same kernel with one bf16(P)·V dot per tile (precision bf16-p)
@@ -28,10 +29,10 @@ KILL = KillPlan(clean=("reference", "fused", "fused-split-kv", "fused-shared-kv"
 
 def _batched(kw: dict) -> bool:
     """Whether the verify reference takes the whole batch at once (three launches) or loops over
-    the requests (three each): ``reference.verify_attention._batchable``."""
-    from reference import verify_attention as r
+    the requests (three each): ``reference.verify_attention_batched.batchable``."""
+    from reference import verify_attention_batched as rb
 
-    return kw.get("custom_mask") is None and r._batchable(kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist(),
+    return kw.get("custom_mask") is None and rb.batchable(kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist(),
                                                           kw["q"].shape[1], kw["v"].shape[2])
 
 
@@ -52,8 +53,10 @@ def _capture_patches(inputs):
 # GPU-only checks (harness.gpu_runners): 2 launches on every path (a prefix kernel plus one combine;
 # the backend runs exactly one path); the chain 3 launches, per request unless batchable
 GPU = GpuPlan(("gpu-qwen35-b64-h16-p1024", "k3-mla-h64-l3-e4m3fn"), "gpu-k3-b16-h64-p16k", 2,
-              ("prefix_split_partials", "draft_partial", "combine", "prefix_split_partials_batched",
-               "draft_partial_batched"), lambda c, kw: 3 if _batched(kw) else 3 * c.B, "verify_attention",
+              ("prefix_split_partials", "draft_partial", "combine",
+               "reference.verify_attention_batched:prefix_split_partials_batched",
+               "reference.verify_attention_batched:draft_partial_batched"),
+              lambda c, kw: 3 if _batched(kw) else 3 * c.B, "verify_attention",
               reference_not_capturable="the chain loops over requests on host copies of qo_indptr / kv_indptr "
                                        "(.tolist(): a device->host sync, which capture forbids)",
               capture_patches=_capture_patches)
@@ -116,6 +119,23 @@ def _compiled(**kw):
     return r.verify_attention(_stages=_compiled_stages(), **kw)
 
 
+def _batched_can_handle(case, device):
+    """The batched chain's entry: one verify width, no tree (topk 1), and its padded scores within the
+    memory the reference allows its own batched form (``BATCHED_SCORE_BYTES``)."""
+    from cases import verify_attention as c
+    from reference import verify_attention_batched as rb
+
+    if case.topk != 1:
+        return f"topk {case.topk} > 1 needs a tree mask; the batched chain has none"
+    if len(set(c.widths(case))) != 1:
+        return "ragged verify widths (the batched chain pads prefixes, not drafts)"
+    n_max = max(c.prefix_lengths(case.prefix, case.B, case.seed))
+    need = rb.score_bytes(case.B, case.H, case.L, n_max, case.Dv)
+    if need > rb.BATCHED_SCORE_BYTES:
+        return f"padded scores {need} bytes > BATCHED_SCORE_BYTES {rb.BATCHED_SCORE_BYTES}"
+    return True
+
+
 def _compiled_can_handle(case, device):
     if device.interpreted:
         return "torch.compile on CPU recompiles per shape class (minutes per run); GPU runs only"
@@ -160,19 +180,25 @@ def _spec() -> OpSpec:
         # online tile-32 emulation errs 75.8, the chain with 1 / 2 splits 34.5 / 76.8): the allowance is
         # the largest over the case's partition, one split and two
         rounding_variants=({}, {"num_kv_splits": 1}, {"num_kv_splits": 2}),
-        # nightly parity workers relative to the other ops: it runs five implementations per case (the
-        # others two or three). Measured on the H200 with 2 workers each: qk_norm_rope 1,732 cases in 310 s,
-        # mla_fp8_prepare 1,744 in 300 s, verify_attention 1,211 of 1,755 when its 390 s ran out
+        # nightly parity workers relative to the other ops: it runs six implementations per case (the
+        # others two or three). Measured on the H200 with 2 workers each, before reference-batched (a torch
+        # chain) made the sixth: qk_norm_rope 1,732 cases in 310 s, mla_fp8_prepare 1,744 in 300 s,
+        # verify_attention 1,211 of 1,755 when its 390 s ran out
         parity_weight=2,
     )
 
 
 def register(reg: Registry) -> None:
     from reference import verify_attention as r
+    from reference import verify_attention_batched as rb
+    from reference import verify_attention_sdpa as rs
 
     reg.add_op(_spec())
     reg.add(Impl("verify_attention", "reference", "reference", r.verify_attention,
                  doc="per-head split-KV chain: prefix split partials, draft triangle, LSE combine"))
+    reg.add(Impl("verify_attention", "reference-batched", "reference", rb.verify_attention_batched,
+                 can_handle=_batched_can_handle,
+                 doc="the same chain's three launches over the whole batch at once (one verify width, no tree)"))
     reg.add(Impl("verify_attention", "fused-split-kv", "fused", _split_kv, can_handle=_kernel_can_handle("split_kv"),
                  doc="per-head split-KV Triton kernel, grid (B, H, S) + combine"))
     reg.add(Impl("verify_attention", "fused-shared-kv", "fused", _shared_kv,
@@ -185,5 +211,5 @@ def register(reg: Registry) -> None:
                  doc="backend: gate, then shared-KV -> split-KV -> reference by can_handle"))
     reg.add(Impl("verify_attention", "compiled", "compiled", _compiled, can_handle=_compiled_can_handle,
                  doc="torch.compile(dynamic=True) of the reference chain's three launches"))
-    reg.add(Impl("verify_attention", "sdpa", "external", r.verify_attention_sdpa,
+    reg.add(Impl("verify_attention", "sdpa", "external", rs.verify_attention_sdpa,
                  doc="torch SDPA (fp64) on dense K/V with the explicit verify mask"))
