@@ -245,7 +245,7 @@ def _kill_matrix(args, dev, prof, reg) -> int:
 def _check_path(reg, family: str, prepare: str, attn: str, flag: str = "--path") -> None:
     from harness import timeline_suite
 
-    timeline_suite.check_path(reg, family, prepare, attn, flag)
+    timeline_suite.check_path(reg, family, prepare, attn, flag=flag)
 
 
 def cmd_timelines(args) -> int:
@@ -257,6 +257,7 @@ def cmd_timelines(args) -> int:
     if names:
         raise UsageError("--impl", f"{', '.join(names)}: a timeline runs the implementations --path names "
                                    f"(prepare+attn); --impl only loads module:attr plugins here")
+    timeline_suite.path_specs(args)  # --backend and --path-mutant: a bad one is one line before any work
     dev, prof, reg = _setup(args)
     return timeline_suite.run(args, dev, prof, reg, _plugin_specs(args))
 
@@ -471,6 +472,15 @@ def _path_arg(text: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
+def _timeline_path_arg(text: str) -> tuple[str, ...]:
+    """``timelines --path prepare+attn[+accept]`` -> its names (checked against the registry later)."""
+    parts = text.split("+")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected prepare+attn[+accept] implementation names, e.g. fused+fused, "
+                                         f"got {text!r}")
+    return tuple(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m harness`` and the ``verify-parity`` console script (pyproject [project.scripts])."""
     from cases import e2e_gate, profiles
@@ -544,13 +554,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeline", type=_timeline_arg, default=None,
                    help=f"one catalog timeline ({', '.join(t.name for t in tl.catalog())}), or a 'timeline:...' id "
                         f"from a FAIL line")
-    p.add_argument("--path", action="append", type=_path_arg,
-                   help="prepare+attn implementation names, e.g. reference+reference (repeatable; default fused+fused)")
+    p.add_argument("--path", action="append", type=_timeline_path_arg,
+                   help="prepare+attn[+accept] implementation names, e.g. reference+reference (repeatable; default "
+                        "fused+fused; accept: the acceptance op's, default the one named like attn, else its "
+                        "reference)")
     p.add_argument("--path-mutant", default=None, choices=[m.name for m in mt.PATH_MUTANTS],
                    help="run a path mutant of cases/mutants/timelines.py instead")
-    p.add_argument("--backend", default=None, metavar="MODULE:ATTR",
-                   help="the backend the paths run through: a harness.backend.Backend (instance, subclass or "
-                        "callable returning one; docs/plugins.md), loaded in the workers too")
+    p.add_argument("--backend", action="append", default=None, metavar="MODULE:ATTR",
+                   help="a backend the paths run through: a harness.backend.Backend (instance, subclass or "
+                        "callable returning one; docs/plugins.md), loaded in the workers too (repeatable: every "
+                        "path through each)")
     p.add_argument("--profile", default=None, choices=sorted(profiles.PROFILES), help="default: $VP_PROFILE or ci")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generated", type=usage.count, default=None,

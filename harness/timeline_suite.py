@@ -1,10 +1,10 @@
 """``python -m harness timelines``: the plan (named + generated timelines × paths), the runs (in
 worker processes with ``--jobs N``), the rows, the summary and the FAIL lines with their repro.
 
-A path travels to a worker as a picklable spec: ("clean", prepare, attn, backend) — implementation
-names and the ``--backend module:attr`` spec ("" for the clean backend), each worker loading the
-backend again (``harness.backend.load``) — or ("mutant", name) for a path mutant of
-``cases/mutants/timelines.py``.
+A path travels to a worker as a picklable spec: ("clean", prepare, attn, backend, accept) —
+implementation names ("" accept: ``harness.timeline.clean_path``'s default) and the ``--backend
+module:attr`` spec ("" for the clean backend), each worker loading the backend again
+(``harness.backend.load``) — or ("mutant", name) for a path mutant of ``cases/mutants/timelines.py``.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def path_for(reg, family: str, spec: tuple) -> timeline.Path:
 
     if spec[0] == "mutant":
         return {m.name: m for m in mt.PATH_MUTANTS}[spec[1]].path(reg, family)
-    be = load_backend(spec[3]) if len(spec) > 3 and spec[3] else backend_mod.CLEAN
-    return timeline.clean_path(reg, family, prepare=spec[1], attn=spec[2], backend=be)
+    be = load_backend(spec[3]) if spec[3] else backend_mod.CLEAN
+    return timeline.clean_path(reg, family, prepare=spec[1], attn=spec[2], accept=spec[4] or None, backend=be)
 
 
 def load_backend(spec: str) -> backend_mod.Backend:
@@ -49,13 +49,15 @@ def _task(task):
     return path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
 
 
-def check_path(reg, family: str, prepare: str, attn: str, flag: str = "--path") -> None:
-    """``prepare+attn`` names registered implementations for ``family``'s ops (``harness.timeline.clean_path``)."""
+def check_path(reg, family: str, prepare: str, attn: str, accept: str = "", flag: str = "--path") -> None:
+    """``prepare+attn[+accept]`` names registered implementations for ``family``'s ops
+    (``harness.timeline.clean_path``)."""
     op = tl.FAMILIES[family].prepare  # "projection": plain projections, the prepare name is not used
-    for slot, name in ((op, prepare), (reg.attention().name, attn)):
+    slots = [(op, prepare), (reg.attention().name, attn)] + [(s.name, accept) for s in reg.by_role("accept") if accept]
+    for slot, name in slots:
         impls = reg.impls.values() if slot == "projection" else reg.for_op(slot)
         if name not in {i.name for i in impls}:
-            raise UsageError(flag, f"{prepare}+{attn}: no {'' if slot == 'projection' else slot + ' '}implementation "
+            raise UsageError(flag, f"{'+'.join(x for x in (prepare, attn, accept) if x)}: no {'' if slot == 'projection' else slot + ' '}implementation "
                                    f"{name!r} (family {family}); known: {', '.join(sorted({i.name for i in impls}))}")
 
 
@@ -81,9 +83,10 @@ def path_specs(args) -> list[tuple]:
         if args.backend:
             raise UsageError("--backend", "a path mutant is a backend of its own: give --backend or --path-mutant")
         return [("mutant", args.path_mutant)]
-    if args.backend:
-        load_backend(args.backend)  # here first: a bad spec is one line before any work
-    return [("clean", p, a, args.backend or "") for p, a in args.path or [("fused", "fused")]]
+    for spec in args.backend or ():
+        load_backend(spec)  # here first: a bad spec is one line before any work
+    return [("clean", p[0], p[1], be, p[2] if len(p) > 2 else "") for p in args.path or [("fused", "fused")]
+            for be in args.backend or [""]]
 
 
 def run(args, dev, prof, reg, plugin_specs: tuple[str, ...]) -> int:
@@ -99,7 +102,7 @@ def run(args, dev, prof, reg, plugin_specs: tuple[str, ...]) -> int:
     specs = path_specs(args)
     for fam in sorted({t.family for t in work}):
         for sp in [sp for sp in specs if sp[0] == "clean"]:
-            check_path(reg, fam, sp[1], sp[2])
+            check_path(reg, fam, sp[1], sp[2], sp[4])
     tasks = [(t, sp) for t in work for sp in specs]
     print(f"verify-parity timelines: device={dev.kind} ({dev.name}) families={','.join(fams)} "
           f"timelines={len(work)} paths={len(specs)} jobs={args.jobs}", flush=True)
@@ -108,7 +111,7 @@ def run(args, dev, prof, reg, plugin_specs: tuple[str, ...]) -> int:
     timeout = suite.default_case_timeout(dev) if args.case_timeout_s is None else args.case_timeout_s
     results = suite.spawn_map(_task, tasks, args.jobs, dev, plugin_specs, timeout_s=timeout or None,
                               stack_dir=Path(args.csv).parent / "stacks", isolate=bool(args.case_timeout_s),
-                              name=lambda task: f"{'+'.join(x for x in task[1][1:3] if x)}-"
+                              name=lambda task: f"{'+'.join(x for x in task[1][1:3] + task[1][4:] if x)}-"
                                                 f"{timeline_rows.stack_name(task[0])}")
     prov = suite.provenance(dev, prof, args.seed)
     by_task, done = {}, 0  # task index -> (rows, FAIL line or ""): in completion order, written in plan order
