@@ -132,3 +132,26 @@ def test_load_forms_and_gate_paths_through_a_backend(registry):
     assert paths[0][1].backend == backend_mod.CLEAN
     assert paths[1:] and all(p.backend.name == "decode-attends-first" and label.endswith(":decode-attends-first")
                              for label, p, _ in paths[1:])
+
+
+def test_the_docs_backend_runs_as_written_and_its_table_lists_every_decision(registry, device, tmp_path,
+                                                                             monkeypatch):
+    """docs/plugins.md's backend example, as printed there, loads by --backend's rules and runs a
+    timeline clean (qwen35-gqa stores post anyway); its table names every method of Backend."""
+    import inspect
+
+    from cases import timelines as tl
+    from harness import timeline
+
+    doc = (ROOT / "docs" / "plugins.md").read_text().split("## Checking your own backend", 1)[1]
+    doc = doc.split("\n## ", 1)[0]
+    (tmp_path / "my_backend.py").write_text(doc.split("```python\n", 1)[1].split("```", 1)[0])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    be = backend_mod.load("my_backend:MyBackend")
+    t = {x.name: x for x in tl.catalog()}["qwen35-gqa/width-1"]
+    recs = timeline.run_timeline(timeline.clean_path(registry, t.family, prepare="reference", attn="reference",
+                                                     backend=be), t, device.torch_device, device.fp8_dtype)
+    assert recs and not timeline.failures(recs), timeline.failures(recs)[:3]
+    methods = {n for n, f in inspect.getmembers(backend_mod.Backend, inspect.isfunction) if not n.startswith("_")}
+    missing = sorted(m for m in methods - {"policy"} if f"`{m}(" not in doc)
+    assert not missing, f"docs/plugins.md's backend table lacks {missing}"
