@@ -45,6 +45,9 @@ class GateProfile:
     # prepare or attention is not the reference chain); such a row is judged on exactly those problems and
     # says so in its detail. None: every run on every problem
     kernel_problems: int | None = None
+    # "module:attr" of the backend (harness.backend.Backend) the paths run through ("": the clean one);
+    # the reference path keeps the clean backend. ``gate --backend`` sets it
+    backend: str = ""
 
     def __post_init__(self):
         if self.kernel_problems is not None and self.kernel_problems < 1:

@@ -184,117 +184,24 @@ def cmd_run(args) -> int:
     return summary.print_report(frame)
 
 
-def _timeline_path(reg, family: str, spec):
-    """A path from its picklable spec: ("mutant", name) or ("clean", prepare, attn)."""
-    from cases.mutants import timelines as mt
-    from harness import timeline
-
-    if spec[0] == "mutant":
-        return {m.name: m for m in mt.PATH_MUTANTS}[spec[1]].path(reg, family)
-    return timeline.clean_path(reg, family, prepare=spec[1], attn=spec[2])
-
-
-def _timeline_task(task):
-    from harness import suite, timeline
-
-    t, spec = task
-    dev, reg = suite.worker_state()
-    path = _timeline_path(reg, t.family, spec)
-    return path.name, timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype)
-
-
 def _check_path(reg, family: str, prepare: str, attn: str, flag: str = "--path") -> None:
-    """``prepare+attn`` names registered implementations for ``family``'s ops (``harness.timeline.clean_path``)."""
-    from cases import timelines as tl
+    from harness import timeline_suite
 
-    op = tl.FAMILIES[family].prepare  # "projection": plain projections, the prepare name is not used
-    for slot, name in ((op, prepare), (reg.attention().name, attn)):
-        impls = reg.impls.values() if slot == "projection" else reg.for_op(slot)
-        if name not in {i.name for i in impls}:
-            raise UsageError(flag, f"{prepare}+{attn}: no {'' if slot == 'projection' else slot + ' '}implementation "
-                                   f"{name!r} (family {family}); known: {', '.join(sorted({i.name for i in impls}))}")
+    timeline_suite.check_path(reg, family, prepare, attn, flag=flag)
 
 
 def cmd_timelines(args) -> int:
-    """Clean paths (or one path mutant / op implementation plugged in) over named + generated timelines."""
-    import signal
-    import sys
-
-    from tqdm import tqdm
-
-    from cases import base
-    from cases import timelines as tl
-    from harness import pool, suite, timeline_rows
-    from reports.rows import FAILING, TimelineRow, to_frame
+    """Clean paths (or one path mutant / op implementation / backend plugged in) over named + generated
+    timelines (``harness.timeline_suite``)."""
+    from harness import timeline_suite
 
     names = [s for s in args.impl or () if ":" not in s]
     if names:
         raise UsageError("--impl", f"{', '.join(names)}: a timeline runs the implementations --path names "
                                    f"(prepare+attn); --impl only loads module:attr plugins here")
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
+    timeline_suite.path_specs(args)  # --backend and --path-mutant: a bad one is one line before any work
     dev, prof, reg = _setup(args)
-    fams = args.family or sorted(tl.FAMILIES)
-    work = []
-    if args.timeline:  # a Timeline: argparse parsed it (_timeline_arg)
-        work.append(args.timeline)
-    else:
-        work += [t for t in tl.catalog() if t.family in fams]
-        n = prof.generated // 10 if args.generated is None else args.generated
-        for f in fams:
-            work += base.draw(tl.timelines(family=f), n, rng_seed=args.seed) if n else []
-    work = suite.shard(work, args.shard)
-    specs = [("mutant", args.path_mutant)] if args.path_mutant else [("clean", p, a) for p, a in
-                                                                       args.path or [("fused", "fused")]]
-    for fam in sorted({t.family for t in work}):
-        for _, p, a in [sp for sp in specs if sp[0] == "clean"]:
-            _check_path(reg, fam, p, a)
-    tasks = [(t, sp) for t in work for sp in specs]
-    print(f"verify-parity timelines: device={dev.kind} ({dev.name}) families={','.join(fams)} "
-          f"timelines={len(work)} paths={len(specs)} jobs={args.jobs}", flush=True)
-
-    suite.set_worker_state(dev, reg)  # --jobs 1: the tasks run here, on this registry
-    timeout = suite.default_case_timeout(dev) if args.case_timeout_s is None else args.case_timeout_s
-    results = suite.spawn_map(_timeline_task, tasks, args.jobs, dev, _plugin_specs(args), timeout_s=timeout or None,
-                              stack_dir=Path(args.csv).parent / "stacks", isolate=bool(args.case_timeout_s),
-                              name=lambda task: f"{'+'.join(task[1][1:])}-{timeline_rows.stack_name(task[0])}")
-    prov = suite.provenance(dev, prof, args.seed)
-    by_task, done = {}, 0  # task index -> (rows, FAIL line or ""): in completion order, written in plan order
-    bar = tqdm(total=len(tasks), desc="timelines", unit="run", disable=args.quiet, file=sys.stderr,
-               dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 15.0)
-    try:
-        for k, res in results:
-            t, sp = tasks[k]
-            path = _timeline_path(reg, t.family, sp)
-            plugins = tuple(i.impl_arg for i in (path.prepare, path.attn) if i is not None and i.impl_arg != i.name)
-            repro = timeline_rows.repro_line(dev.kind, t, sp, plugins)
-            run_rows = (timeline_rows.lost_rows(path.name, t, res, repro, prov) if isinstance(res, pool.Lost)
-                        else timeline_rows.rows_for(res[0], t, res[1], repro, prov))
-            bad = [r for r in run_rows if r.status in FAILING]
-            line = (f"FAIL {run_rows[0].path} {bad[0].timeline} {timeline_rows.fail_line(vars(bad[0]))}\n"
-                    f"  repro: {repro}") if bad else ""
-            by_task[k] = (run_rows, line)
-            done += 1
-            bar.update(1)
-            bar.set_postfix_str(f"fail={sum(bool(x[1]) for x in by_task.values())}")
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a CI time limit): keep what ran, say so
-        print(f"\ninterrupted: {done} of {len(tasks)} timeline runs done; rows so far are kept", file=sys.stderr)
-    finally:
-        results.close()
-        bar.close()
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
-    rows = [r for k in sorted(by_task) for r in by_task[k][0]]
-    fails = [by_task[k][1] for k in sorted(by_task) if by_task[k][1]]
-    frame = to_frame(rows, TimelineRow)
-    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.csv, index=False)
-    if len(frame):
-        print("\n" + timeline_rows.summary(frame).to_string(index=False))
-    for line in fails:
-        print(line)
-    n_runs = frame[["path", "timeline"]].drop_duplicates().shape[0] if len(frame) else 0
-    print(f"timelines: {n_runs} runs ({len(work)} timelines), {n_runs - len(fails)} pass, {len(fails)} fail; "
-          f"{len(frame)} checks -> {args.csv}")
-    return 1 if fails or not n_runs or done < len(tasks) else 0
+    return timeline_suite.run(args, dev, prof, reg, _plugin_specs(args))
 
 
 def cmd_gpu(rest: list[str]) -> int:
@@ -400,6 +307,13 @@ def cmd_gate(args) -> int:
                   f"same-text {r.exact_agreement:.3f} p {r.p_value:.2g} -> {r.verdict} {r.detail}")
         print(f"gate rows: {len(rows)} -> {write_csv(rows, args.csv)}")
         return 1 if any(r.verdict != r.expect for r in rows) else 0
+    if args.backend:
+        from dataclasses import replace
+
+        from harness import timeline_suite
+
+        timeline_suite.load_backend(args.backend)  # a bad spec is one line before any work
+        prof = replace(prof, backend=args.backend)
     rows = gate.run(_registry(), dev, prof, layouts=args.layout or gate.M.LAYOUTS,
                     models_dir=args.models or e2e_gate.MODEL_DIR,
                     problems=args.problems, seed=args.seed, progress=None if args.quiet else lambda m: print(m, flush=True),
@@ -493,10 +407,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeline", type=ids.timeline_arg, default=None,
                    help=f"one catalog timeline ({', '.join(t.name for t in tl.catalog())}), or a 'timeline:...' id "
                         f"from a FAIL line")
-    p.add_argument("--path", action="append", type=ids.path_arg,
-                   help="prepare+attn implementation names, e.g. reference+reference (repeatable; default fused+fused)")
+    p.add_argument("--path", action="append", type=ids.timeline_path_arg,
+                   help="prepare+attn[+accept] implementation names, e.g. reference+reference (repeatable; default "
+                        "fused+fused; accept: the acceptance op's, default the one named like attn, else its "
+                        "reference)")
     p.add_argument("--path-mutant", default=None, choices=[m.name for m in mt.PATH_MUTANTS],
                    help="run a path mutant of cases/mutants/timelines.py instead")
+    p.add_argument("--backend", action="append", default=None, metavar="MODULE:ATTR",
+                   help="a backend the paths run through: a harness.backend.Backend (instance, subclass or "
+                        "callable returning one; docs/plugins.md), loaded in the workers too (repeatable: every "
+                        "path through each)")
     p.add_argument("--profile", default=None, choices=sorted(profiles.PROFILES), help="default: $VP_PROFILE or ci")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generated", type=usage.count, default=None,
@@ -559,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--jobs", type=usage.positive_int, default=None,
                    help="processes for the generation runs (greedy + one per path and layout); default $VP_JOBS or 1")
+    p.add_argument("--backend", default=None, metavar="MODULE:ATTR",
+                   help="the backend the profile's paths run through (harness.backend.Backend; the reference "
+                        "path keeps the clean one)")
     p.add_argument("--ab", nargs=2, metavar=("URL_A", "URL_B"), help="server A/B mode against two endpoints")
     p.add_argument("--fewshot", type=usage.count, default=2, help="server mode: train-split shots per prompt")
     p.add_argument("--concurrency", type=usage.positive_int, default=4,

@@ -55,3 +55,12 @@ def path_arg(text: str) -> tuple[str, str]:
     if len(parts) != 2 or not all(parts):
         raise argparse.ArgumentTypeError(f"expected prepare+attn implementation names, e.g. fused+fused, got {text!r}")
     return parts[0], parts[1]
+
+
+def timeline_path_arg(text: str) -> tuple[str, ...]:
+    """``timelines --path prepare+attn[+accept]`` -> its names (checked against the registry later)."""
+    parts = text.split("+")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected prepare+attn[+accept] implementation names, e.g. fused+fused, "
+                                         f"got {text!r}")
+    return tuple(parts)

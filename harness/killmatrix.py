@@ -18,7 +18,7 @@ mutant survives or a clean implementation fails anything.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 from cases import timelines as tl
@@ -90,13 +90,11 @@ def _timelines(paths_and_timelines, dev, *, stop_at_kill: bool) -> tuple[str, st
 def _op_paths(reg: Registry, impl: Impl):
     named = {t.name: t for t in tl.catalog()}
     spec = reg.ops[impl.op]
-    slot = "attn" if spec.role == "attn" else "prepare"
+    slot = spec.role if spec.role in ("attn", "accept") else "prepare"
     for tname in spec.kill.timelines if spec.kill else ():
         t = named[tname]
         path = timeline.clean_path(reg, t.family)
-        path = timeline.Path(f"{t.family}:{impl.key}", t.family, *(
-            (path.prepare, impl) if slot == "attn" else (impl, path.attn)))
-        yield path, t
+        yield replace(path, name=f"{t.family}:{impl.key}", **{slot: impl}), t
 
 
 def _row(subject, kind, par, tls, secs, doc) -> KillRow:

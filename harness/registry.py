@@ -108,7 +108,9 @@ class GpuPlan:
     capture_patches: Callable[[dict], list] = lambda inputs: []
 
 
-ROLES = ("", "prepare", "attn")  # "prepare": a timeline family's prepare step; "attn": the attention of every family
+# "prepare": a timeline family's prepare step; "attn": the attention of every family; "accept": the
+# acceptance after every verify step (the n a timeline's backend rolls back to)
+ROLES = ("", "prepare", "attn", "accept")
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,17 @@ SUMMARY_COLS = SUMMARY_KEY + ["runs", "passed", "failed", "checks", "failed_chec
 
 def repro_line(device_kind: str, t, spec: tuple, plugins: tuple[str, ...] = ()) -> str:
     """The command that reruns timeline ``t`` on one path; ``spec`` is the CLI's path spec:
-    ("clean", prepare, attn) or ("mutant", name); ``plugins``: the ``--impl module:attr[name]``
-    values that load the path's plugged-in implementations again (``Impl.impl_arg``)."""
+    ("clean", prepare, attn, backend, accept) or ("mutant", name) (``harness.timeline_suite``); ``plugins``:
+    the ``--impl module:attr[name]`` values that load the path's plugged-in implementations again
+    (``Impl.impl_arg``); a backend spec (``module:attr``) is loaded again by ``--backend``."""
     cmd = f"python -m harness timelines --device {device_kind} --timeline '{base.case_id('timeline', t)}'"
     cmd += "".join(f" --impl {shlex.quote(a)}" for a in plugins)
     if spec[0] == "mutant":
         return f"{cmd} --path-mutant {spec[1]}"
-    return cmd if tuple(spec[1:]) == ("fused", "fused") else f"{cmd} --path {spec[1]}+{spec[2]}"
+    if len(spec) > 3 and spec[3]:
+        cmd += f" --backend {shlex.quote(spec[3])}"
+    names = [x for x in (*spec[1:3], *spec[4:5]) if x]
+    return cmd if names == ["fused", "fused"] else f"{cmd} --path {'+'.join(names)}"
 
 
 def rows_for(path_name: str, t, records: list, repro: str, prov: Provenance) -> list[TimelineRow]:

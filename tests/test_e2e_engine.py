@@ -24,6 +24,12 @@ L = 4
 DEVICE = devices.select(os.environ.get("VP_DEVICE", "auto"))  # the session's, as conftest chose it
 
 
+def _mutant(name):
+    from cases.mutants import timelines as mt
+
+    return next(m for m in mt.PATH_MUTANTS if m.name == name)
+
+
 @functools.cache
 def _reg():
     return default_registry(with_plugins=False)
@@ -95,14 +101,14 @@ def test_noisy_drafter_controls_acceptance():
 def test_store_before_attention_changes_output(layout):
     """Seed 000's path mutant (chunk stored, then attended 1-source as history) with clean kernels."""
     base = _greedy(layout)
-    spec = _engine(layout, verify_store="as-history").generate([list(p) for p in _prompts(3)], 24,
+    spec = _engine(layout, backend=_mutant("path-store-before-attention")).generate([list(p) for p in _prompts(3)], 24,
                                                                drafter=D.NoisyOracle(base.tokens, 0.0))
     assert spec.tokens != base.tokens
 
 
 def test_stale_rejected_kv_changes_output():
     base = _greedy("dsv4-mqa-ring")
-    eng = _engine("dsv4-mqa-ring", keep_rejected=True)
+    eng = _engine("dsv4-mqa-ring", backend=_mutant("path-stale-rejected-kv"))
     spec = eng.generate([list(p) for p in _prompts(3)], 24, drafter=D.NoisyOracle(base.tokens, 0.6, seed=2))
     assert spec.tokens != base.tokens
 

@@ -1,14 +1,16 @@
 """Greedy decoding, plain and speculative, over the KV model of the store-timing timelines
 (``reference.kv_model``: unified ring for DeepSeek-V4, translated paged pool for K3, paged for
 Qwen3.5), with every prepare and attention launch taken from a ``harness.timeline.Path``: any
-registered implementation (reference, fused, external, mutant) per op, plus the backend's
-store policy (``harness.timeline.backend_policy``, the one the timelines check).
+registered implementation (reference, fused, external, mutant) per op, run through the path's
+backend (``harness.backend.Backend``: store policy, rollback, positions, slots, gates — the one
+the timelines check).
 
 Speculative step for one request (width L + 1, uniform across the batch as the kernels need):
   chunk = [t, d1 .. dL]  t = the last produced token (not in the KV yet), d = the drafter's guesses
   p = argmax logits of the chunk; accept d_i while d_i == p_(i-1); k accepted -> the tokens
   d1 .. dk, p_k are produced (acceptance length k + 1); t, d1 .. dk are committed, the rejected
-  drafts are rolled back (their slots freed, or kept visible by the stale-KV path mutant).
+  drafts are rolled back (``Backend.rollback``: their slots freed, or kept visible by the stale-KV
+  path mutant).
 Prefill always runs the reference attention (setup, as in the timelines); greedy decode runs the
 path's attention in decode mode (1-source), verify in target-verify mode (2-source).
 
@@ -25,7 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from harness import timeline
+from harness.backend import branch_mode
 from harness.e2e import tokenizer as tok
+from harness.prepares.base import attention_spec, chunk_kv, kv_views, prepare_of, row_shape
 from harness.e2e.model import Micro
 from reference import kv_model
 
@@ -67,12 +71,12 @@ class Engine:
                  fp8_dtype=torch.float8_e4m3fn, num_kv_splits: int | None = None):
         """``num_kv_splits``: every attention launch's split count (None: the family's)."""
         self.model, self.path, self.L, self.device = model, path, L, torch.device(device)
+        self.backend = path.backend
         self.fam = model.fam
         self.splits = num_kv_splits or self.fam.splits
         if path.family != model.cfg.layout:
             raise ValueError(f"path {path.name} is for {path.family}, the model is {model.cfg.layout}")
-        self.store = path.verify_store or self.fam.verify_store
-        self.kv_dtype = fp8_dtype if timeline.prepare_of(self.fam).fp8_rows else torch.bfloat16
+        self.kv_dtype = fp8_dtype if prepare_of(self.fam).fp8_rows else torch.bfloat16
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -112,7 +116,7 @@ class Engine:
                 out[r] += p[: k + 1]
                 acc[r].append(k + 1)
                 self.n[r] -= self.L - k  # the committed length: t and the k accepted drafts
-                self.kv.rollback(r, self.n[r], keep_rejected=self.path.keep_rejected)
+                self.backend.rollback(self.kv, r, self.n[r])
         return Generation(tuple(_cut(o, max_new) for o in out), tuple(tuple(a) for a in acc), steps)
 
     @torch.no_grad()
@@ -122,7 +126,7 @@ class Engine:
         top = max(len(p) for p in prompts) + max_new + self.L + 1
         if top > W:
             raise ValueError(f"prompt + max_new + L + 1 = {top} exceeds the model's window/max_len {W}")
-        self.kv = kv_model.KVModel(kv_model.KVLayout(fam.layout, B, W, self.L + 1, timeline._row_shape(fam),
+        self.kv = kv_model.KVModel(kv_model.KVLayout(fam.layout, B, W, self.L + 1, row_shape(fam),
                                                      self.kv_dtype, translated=fam.translated), fam.layers, top,
                                    self.device)
         self.n = [0] * B
@@ -132,17 +136,18 @@ class Engine:
     def _forward(self, mode: str, items: list[tuple[int, list[int]]]) -> torch.Tensor:
         kv, dev = self.kv, self.device
         positions, logical, owners, ids = [], [], [], []
+        be = self.backend
         for r, chunk in items:
-            pos = list(range(self.n[r], self.n[r] + len(chunk)))
-            logical.append(kv.alloc(r, pos))
-            positions += pos
+            positions += be.positions(r, self.n[r], len(chunk))
+            logical.append(be.alloc(kv, r, self.n[r], len(chunk)))
             ids += chunk
             owners.append((r, len(chunk)))
         pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
         loc_logical = torch.cat(logical)
-        loc_phys = kv.physical(loc_logical)
+        loc_phys = be.physical(kv, loc_logical)
         # the slots each chunk reads are the same in every layer: built once per forward (per read rule)
-        meta = functools.lru_cache(maxsize=None)(lambda as_history: self._read_meta(owners, loc_logical, as_history))
+        meta = functools.lru_cache(maxsize=None)(lambda as_history: be.read_meta(kv, owners, loc_logical, as_history,
+                                                                                  dev))
         x = self.model.embed(torch.tensor(ids, device=dev))
         for layer in range(self.fam.layers):
             x = self._layer(mode, layer, x, pos_t, loc_logical, loc_phys, meta)
@@ -153,57 +158,32 @@ class Engine:
         return self.model.logits(x)
 
     def _layer(self, mode, layer, x, pos_t, loc_logical, loc_phys, meta):
-        fam, m, kv = self.fam, self.model, self.kv
+        fam, m, kv, be = self.fam, self.model, self.kv, self.backend
         buf = kv.buffers[layer]
         pr = m.project(layer, x)
-        rows, q, kv_returned = timeline.prepare_of(fam).serve(self, mode, layer, pr, pos_t, loc_logical, loc_phys,
-                                                              buf)
-        policy, stores, store_first, one_source = timeline.backend_policy(fam, self.path, self.store, mode,
-                                                                          kv_returned)
-        if stores and store_first:
-            self._store(buf, loc_phys, rows)
-        k_d, v_d = timeline._chunk_kv(fam, buf[loc_phys.clamp(min=0)] if one_source else rows)
-        o = self._attend(mode, q, k_d, v_d, buf, meta, policy == "as-history")
-        if stores and not store_first and policy != "none":
-            self._store(buf, loc_phys, rows)
+        branch = be.branch(fam, mode, layer)
+        if branch == "non-unified":
+            raise ValueError(f"backend {be.name}: layer {layer} on the non-unified branch; the engine's layouts "
+                             f"have unified layers only")
+        rows, q, kv_returned = prepare_of(fam).serve(self, branch_mode(branch, mode), layer, pr, pos_t, loc_logical,
+                                                     loc_phys, buf)
+        pol = be.policy(fam, mode, kv_returned)
+        if pol.backend_stores and pol.store_first:
+            be.store(buf, loc_phys, rows)
+        k_d, v_d = chunk_kv(fam, buf[loc_phys.clamp(min=0)] if pol.one_source else rows)
+        o = self._attend(mode, q, k_d, v_d, buf, meta, pol.policy == "as-history")
+        if pol.backend_stores and not pol.store_first and pol.policy != "none":
+            be.store(buf, loc_phys, rows)
         return m.attn_out(layer, x, o)
-
-    @staticmethod
-    def _store(buf, loc_phys, rows):
-        valid = loc_phys >= 0
-        buf[loc_phys[valid]] = rows[valid].to(buf.dtype)
-
-    def _read_meta(self, owners, loc_logical, as_history: bool) -> tuple[torch.Tensor, ...]:
-        """(qo_indptr, kv_indptr, kv_indices) of one forward: each chunk reads its request's history
-        (+ the other chunk tokens, one query row per span, when the chunk is history). Built on the
-        host from the slot tables, one copy to the device."""
-        kv = self.kv
-        chunk_all = loc_logical.tolist()
-        ends, lens, flat, off = [], [], [], 0
-        for r, c in owners:
-            h = kv.history_list(r)
-            chunk = chunk_all[off: off + c]
-            for s, e in ([(off + i, off + i + 1) for i in range(c)] if as_history else [(off, off + c)]):
-                extra = [x for x in chunk[: s - off] + chunk[e - off:] if x >= 0] if as_history else []
-                ends.append(e)
-                lens.append(len(h) + len(extra))
-                flat += h + extra
-            off += c
-        dev = self.device
-        idx = torch.tensor(flat, dtype=torch.int64, device=dev)
-        if self.path.translate_reads:
-            idx = kv.physical(idx)
-        kv_indptr = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(dev)
-        return torch.tensor([0] + ends, dtype=torch.int32, device=dev), kv_indptr, idx.to(torch.int32)
 
     def _attend(self, mode, q, k_d, v_d, buf, meta, as_history: bool):
         """Attention over each request's history (+ the other chunk tokens, when the chunk is history)."""
         fam = self.fam
-        kb, vb = timeline._kv_views(fam, buf)
+        kb, vb = kv_views(fam, buf)
         qo_indptr, kv_indptr, kv_indices = meta(as_history)
         args = dict(q=q.contiguous(), k=k_d.contiguous(), v=v_d.contiguous(), k_buffer=kb, v_buffer=vb,
                     qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, sm_scale=1.0 / math.sqrt(fam.D),
                     is_causal=fam.causal, k_scale=fam.kv_descale, v_scale=fam.kv_descale, num_kv_splits=self.splits,
                     custom_mask=None, o=None, topk=1, model_family=fam.model_family, splitkv_switch=True)
-        fn = timeline.attention_spec().reference if mode == "extend" else self.path.attn.fn
+        fn = attention_spec().reference if mode == "extend" else self.path.attn.fn
         return fn(**args)["o"]

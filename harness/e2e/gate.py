@@ -26,6 +26,7 @@ from cases import e2e_gate as cfg
 from cases import gsm8k_synth as g
 from cases import timelines as tl
 from cases.mutants import timelines as mt
+from harness import backend as backend_mod
 from harness import timeline
 from harness.e2e import answers, stats
 from harness.e2e import drafters as D
@@ -56,16 +57,20 @@ def generate(model, path, prompts, max_new, drafter, batch, device, num_kv_split
 
 
 def paths_for(reg, layout: str, profile: cfg.GateProfile) -> list[tuple[str, timeline.Path, str]]:
-    """(label, path, expect) for every path under test, reference first."""
+    """(label, path, expect) for every path under test, reference first. ``profile.backend``
+    (``--backend module:attr``): the backend the profile's paths run through (the reference path
+    keeps the clean one: the baseline every path is judged against)."""
     out = [("reference+reference", timeline.clean_path(reg, layout, prepare="reference", attn="reference"), "pass")]
+    be = backend_mod.load(profile.backend) if profile.backend else backend_mod.CLEAN
     for spec in profile.paths:
         prep, attn = spec.split("+")
-        out.append((spec, timeline.clean_path(reg, layout, prepare=prep, attn=attn), "pass"))
+        label = spec if be is backend_mod.CLEAN else f"{spec}:{be.name}"
+        out.append((label, timeline.clean_path(reg, layout, prepare=prep, attn=attn, backend=be), "pass"))
     for name in profile.path_mutants:
         m = next(x for x in mt.PATH_MUTANTS if x.name == name)
         if layout in m.families:
             prep, attn = profile.mutant_kernels.split("+")
-            path = replace(timeline.clean_path(reg, layout, prepare=prep, attn=attn, **m.change),
+            path = replace(timeline.clean_path(reg, layout, prepare=prep, attn=attn, backend=m),
                            name=f"{layout}:{name}", doc=m.doc)
             out.append((name, path, "fail"))
     fam = tl.FAMILIES[layout]

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from cases import timelines as tl
-from harness import timeline
+from harness.prepares.base import prepare_of
 from harness.e2e import tokenizer as tok
 from reference import qk_norm_rope as qk_ref
 
@@ -54,8 +54,8 @@ class MicroConfig:
 
 
 def proj_widths(fam: tl.Family) -> dict[str, int]:
-    """Projection name -> width: those the family's prepare step takes (``harness.timeline.Prepare``)."""
-    return timeline.prepare_of(fam).projections(fam)
+    """Projection name -> width: those the family's prepare step takes (``harness.prepares.base.Prepare``)."""
+    return prepare_of(fam).projections(fam)
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
@@ -143,7 +143,7 @@ class Micro(torch.nn.Module):
         for i in range(self.cfg.layers):
             h = _rms(x, self.w(f"l{i}.attn_norm"))
             pr = {k: h @ self.w(f"l{i}.w_{k}") for k in proj_widths(fam)}
-            q, k, v = timeline.prepare_of(fam).train(self, pr, pos, i)  # the family's prepare step, fp32
+            q, k, v = prepare_of(fam).train(self, pr, pos, i)  # the family's prepare step, fp32
             rep = fam.H // k.shape[1]
             qh = q.view(B, N, fam.H, -1).transpose(1, 2)  # (B, H, N, D)
             kh = k.view(B, N, -1, k.shape[-1]).repeat_interleave(rep, 2).transpose(1, 2)

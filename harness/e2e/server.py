@@ -117,7 +117,7 @@ def build_service(args) -> MicroService:
     path = timeline.clean_path(reg, args.layout, prepare=prep, attn=attn)
     if getattr(args, "path_mutant", None):
         m = next(x for x in mt.PATH_MUTANTS if x.name == args.path_mutant)
-        path = replace(timeline.clean_path(reg, args.layout, prepare=prep, attn=attn, **m.change), name=m.name)
+        path = replace(timeline.clean_path(reg, args.layout, prepare=prep, attn=attn, backend=m), name=m.name)
     name = f"{args.layout}:{path.name}{':spec' if args.speculative else ''}"
     return MicroService(model, path, name=name, speculative=args.speculative, device=dev.torch_device)
 

@@ -92,6 +92,7 @@ def _spec() -> OpSpec:
             "equal maxima, NaN the maximum), accept length, bonus token, ids padded with -1",
         kill=KILL,
         gpu=GPU,
+        role="accept",  # the accept(n) step of every timeline: its n is what the backend rolls back to
         nightly=True,  # a parity op: the nightly runs its parity step
         # per case it is cheap beside the float ops (integer outputs compared exactly: no rounded chains for
         # an allowance, no buffers to canary): half their workers, i.e. 1 of the 16-core host's parity

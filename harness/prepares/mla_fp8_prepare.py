@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from harness import compare
-from harness.timeline import OneRowPrepare, _exact
+from harness.prepares.base import OneRowPrepare
+from harness.prepares.base import exact as _exact
 from reference import mla_fp8_prepare as mla_ref
 
 
@@ -21,7 +22,7 @@ class MlaFp8Prepare(OneRowPrepare):
         k = (rows.float() * fam.kv_descale).to(torch.bfloat16)[:, None, :]  # exact: power-of-two scale
         return k, k[..., : fam.Dv]
 
-    def run(self, tr, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf):
+    def run(self, tr, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf, *, branch, truth_pos):
         fam, T = tr.fam, loc_logical.shape[0]
         n_all = proj["q_nope"].shape[0]
         dn = fam.D - fam.rope_dim

@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 
 from harness import compare, tolerance
-from harness.timeline import OneRowPrepare, _exact
+from harness.backend import branch_mode
+from harness.prepares.base import OneRowPrepare
+from harness.prepares.base import exact as _exact
 from reference import qk_norm_rope as qk_ref
 
 OP = "qk_norm_rope"
@@ -25,31 +27,50 @@ class QkNormRopePrepare(OneRowPrepare):
 
     def layer_caches(self, tr):
         """Each non-unified layer's paged fp8 SWA cache over the ring's slots (stale canary bytes)."""
+        return {k: self.new_cache(tr, tr.w.g) for k in tr.fam.non_unified_layers}
+
+    def new_cache(self, tr, g):
         fam = tr.fam
         lay = qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
         pages = -(-tr.kv.buffers[0].shape[0] // fam.page_size)
-        return {k: torch.randint(0, 256, (pages, lay.page_bytes), generator=tr.w.g, dtype=torch.uint8
-                                 ).to(tr.device) for k in fam.non_unified_layers}
+        return torch.randint(0, 256, (pages, lay.page_bytes), generator=g, dtype=torch.uint8).to(tr.device)
 
-    def run(self, tr, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf):
-        if layer in tr.layer_caches:
-            return self._run_paged(tr, step, mode, layer, proj, pos_t, loc_phys, pad_loc, buf)
+    def state_checks(self, tr, layer, r, slots, truth):
+        """A non-unified layer: its SWA cache holds request r's committed rows at their slots, decoded."""
+        if layer not in tr.fam.non_unified_layers:
+            return []
+        fam = tr.fam
+        lay = qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
+        pool = tr.layer_caches[layer]
+        got = qk_ref.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(truth.dtype)
+        return [_exact(f"state:swa-cache:r{r}", got, truth)]
+
+    def run(self, tr, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf, *, branch, truth_pos):
+        """The op launched on the backend's ``branch`` with its positions and slots; its oracle at the
+        request's positions, within the tolerance of the branch the layer needs (a unified layer's rows
+        run through the fp8 SWA store are off by more than a bf16 rounding)."""
+        paged_layer = layer in tr.fam.non_unified_layers
+        if branch == "non-unified":
+            return self._run_paged(tr, step, mode, layer, proj, pos_t, truth_pos, loc_phys, pad_loc, buf,
+                                   paged_layer)
         fam, T = tr.fam, pos_t.shape[0]
         n_all = proj["q"].shape[0]
         q = proj["q"].view(n_all, fam.H, fam.D)
-        positions = torch.cat((pos_t, torch.zeros(n_all - T, dtype=torch.int64, device=tr.device)))
+        pad0 = torch.zeros(n_all - T, dtype=torch.int64, device=tr.device)
         loc = torch.cat((loc_phys, pad_loc))
-        args = dict(q=q, kv=proj["kv"], kv_norm_weight=tr.w.kv_norm[layer], q_norm_weight=None, eps=1e-6,
-                    rope_dim=fam.rope_dim, cos=tr.w.cos, sin=tr.w.sin, positions=positions,
+        args = dict(q=q, kv=proj["kv"], kv_norm_weight=tr.w.kv_norm[layer], q_norm_weight=tr.w.q_norm[layer],
+                    eps=1e-6, rope_dim=fam.rope_dim, cos=tr.w.cos, sin=tr.w.sin, positions=torch.cat((pos_t, pad0)),
                     rope_style="interleaved")
+        truth = dict(args, positions=torch.cat((truth_pos, pad0)))
         before = buf.clone()
-        out = tr.path.prepare.fn(forward_mode=mode, ring=buf, loc=loc, q_out=None, **args)
+        out = tr.path.prepare.fn(forward_mode=branch_mode(branch, mode), ring=buf, loc=loc, q_out=None, **args)
         q_out, kv_out = out["q_out"], out.get("kv_out")
-        oracle = qk_ref.qk_norm_rope_oracle(**args)
-        ref_q, ref_kv = qk_ref.qk_norm_rope(**args)
+        oracle = qk_ref.qk_norm_rope_oracle(**truth)
+        ref_q, ref_kv = qk_ref.qk_norm_rope(**truth)
         valid = loc >= 0
         kv_val = kv_out if kv_out is not None else buf[loc.clamp(min=0)]  # stored by the kernel: read it back
-        tq, tkv = tolerance.lookup(OP, "q_out", torch.bfloat16), tolerance.lookup(OP, "kv_out", torch.bfloat16)
+        tq = tolerance.lookup(OP, "q_out", torch.bfloat16)
+        tkv = tolerance.lookup(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
         tr._rec_numeric(step, mode, layer, "prepare:q_out", q_out[:T], oracle["q_out"][:T], ref_q[:T], tq)
         tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][valid[:T]], oracle["kv_out"][:T][valid[:T]],
                         ref_kv[:T][valid[:T]], tkv)
@@ -64,22 +85,23 @@ class QkNormRopePrepare(OneRowPrepare):
                                                               detail="" if kv_out is not None else "prepare kept kv"))
         return kv_val[:T].contiguous(), q_out[:T], kv_out is not None
 
-    def _run_paged(self, tr, step, mode, layer, proj, pos_t, loc_phys, pad_loc, buf):
+    def _run_paged(self, tr, step, mode, layer, proj, pos_t, truth_pos, loc_phys, pad_loc, buf, paged_layer):
         """A non-unified layer's prepare: the op stores into the layer's paged SWA cache (every
         mode); the rows it stored, decoded, are what attention reads (mirrored into ``buf``)."""
         fam, T = tr.fam, pos_t.shape[0]
         n_all = proj["q"].shape[0]
-        positions = torch.cat((pos_t, torch.zeros(n_all - T, dtype=torch.int64, device=tr.device)))
+        pad0 = torch.zeros(n_all - T, dtype=torch.int64, device=tr.device)
         loc = torch.cat((loc_phys, pad_loc))
         args = dict(q=proj["q"].view(n_all, fam.H, fam.D), kv=proj["kv"], kv_norm_weight=tr.w.kv_norm[layer],
-                    q_norm_weight=None, eps=1e-6, rope_dim=fam.rope_dim, cos=tr.w.cos, sin=tr.w.sin,
-                    positions=positions, rope_style="interleaved")
-        pool, lay = tr.layer_caches[layer], qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
+                    q_norm_weight=tr.w.q_norm[layer], eps=1e-6, rope_dim=fam.rope_dim, cos=tr.w.cos, sin=tr.w.sin,
+                    positions=torch.cat((pos_t, pad0)), rope_style="interleaved")
+        truth = dict(args, positions=torch.cat((truth_pos, pad0)))
+        pool, lay = tr.cache(layer), qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
         before = pool.clone()
         out = tr.path.prepare.fn(forward_mode=mode, ring=None, loc=loc, q_out=None, swa_cache=pool,
                                  swa_page_size=fam.page_size, **args)
-        oracle = qk_ref.qk_norm_rope_oracle(**args)
-        ref_q, ref_kv = qk_ref.qk_norm_rope(**args)
+        oracle = qk_ref.qk_norm_rope_oracle(**truth)
+        ref_q, ref_kv = qk_ref.qk_norm_rope(**truth)
         valid = loc >= 0
         slots = loc[valid]
         buf[slots] = qk_ref.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(buf.dtype)
@@ -89,10 +111,10 @@ class QkNormRopePrepare(OneRowPrepare):
         ref_val = qk_ref.swa_decode(ref_pool[slots // lay.page_size], slots % lay.page_size, lay)
         v = valid[:T]
         tq = tolerance.lookup(OP, "q_out", torch.bfloat16)
-        tkv = tolerance.lookup(OP, "swa_cache", torch.uint8)
+        tkv = tolerance.lookup(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
         tr._rec_numeric(step, mode, layer, "prepare:q_out", out["q_out"][:T], oracle["q_out"][:T], ref_q[:T], tq)
         tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][v], oracle["kv_out"][:T][v],
-                        ref_val[: int(v.sum())], tkv)
+                        ref_val[: int(v.sum())] if paged_layer else ref_kv[:T][v], tkv)
         # gate: every mode stores exactly its rows' records, nothing else of the cache
         pages, where = torch.unique(slots // lay.page_size, return_inverse=True)
         owned = torch.zeros(len(pages), lay.min_page_bytes, dtype=torch.int32, device=pool.device).index_add_(
