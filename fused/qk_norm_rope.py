@@ -17,10 +17,25 @@ import triton
 import triton.language as tl
 
 from reference import qk_norm_rope as ref
-from reference.checks import check_bool
+from reference.checks import check_bool, values_checked
 
 VERIFY_SWITCH_ENV = "VP_FUSED_QK_NORM_ROPE_VERIFY"
 FORWARD_MODES = ref.FORWARD_MODES
+
+
+@triton.jit
+def _rope_partner(y, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, R: tl.constexpr, IS_NEOX: tl.constexpr):
+    """y [BLOCK_T, BLOCK_D] with every column swapped for the one it rotates with, in registers
+    (bit moves only: the values are y's own). Interleaved: pairs (2i, 2i+1) over the whole row
+    (the rope dims start at the even D − R, so their pairs are among these). Neox: halves
+    (i, i + R/2) inside each R-wide chunk (R divides D, so the rope dims are the last chunk).
+    Outside the rope dims the result is not used."""
+    if IS_NEOX:
+        z = tl.permute(tl.reshape(y, (BLOCK_T, BLOCK_D // R, 2, R // 2)), (0, 1, 3, 2))
+        a, b = tl.split(z)  # [BLOCK_T, BLOCK_D / R, R / 2] each: the first and second halves
+        return tl.reshape(tl.permute(tl.join(b, a), (0, 1, 3, 2)), (BLOCK_T, BLOCK_D))
+    a, b = tl.split(tl.reshape(y, (BLOCK_T, BLOCK_D // 2, 2)))
+    return tl.reshape(tl.join(b, a), (BLOCK_T, BLOCK_D))
 
 
 @triton.jit
@@ -38,16 +53,27 @@ def _norm_rope_tile(
     D,  # head_dim
     eps,  # RMSNorm epsilon
     HAS_W: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    R_CONST: tl.constexpr,  # rope_dim when the partner moves in registers; 0: gathered from memory
+    IS_NEOX: tl.constexpr,
 ):
+    """One pass over the row: load once, norm, rotate. The partner of a rope column is the same
+    normalised value moved in registers (``_rope_partner``) when ``R_CONST``; else (a neox rope
+    dim that is not a power of two) it is loaded again from its address, as the same product."""
     # upcast right after loading: no bf16 arithmetic anywhere (and none under the interpreter)
     x = tl.load(row_ptrs + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(row_ptrs + partner_d[None, :], mask=mask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # [BLOCK_T]
     y = x * rstd[:, None]
-    yp = xp * rstd[:, None]
     if HAS_W:
         y = y * tl.load(w_ptr + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
-        yp = yp * tl.load(w_ptr + partner_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
+    if R_CONST > 0:
+        yp = _rope_partner(y, BLOCK_T, BLOCK_D, R_CONST, IS_NEOX)
+    else:
+        xp = tl.load(row_ptrs + partner_d[None, :], mask=mask, other=0.0).to(tl.float32)
+        yp = xp * rstd[:, None]
+        if HAS_W:
+            yp = yp * tl.load(w_ptr + partner_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
     rope_mask = mask & in_rope[None, :]
     c = tl.load(cos_row_ptrs + cs_idx[None, :], mask=rope_mask, other=1.0)
     s = tl.load(sin_row_ptrs + cs_idx[None, :], mask=rope_mask, other=0.0)
@@ -131,6 +157,8 @@ def _qk_norm_rope_kernel(
     HAS_Q_WEIGHT: tl.constexpr,
     HAS_STORE: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    R_CONST: tl.constexpr = 0,  # rope_dim (a power of two): the rope partner moves in registers; 0: reloaded
+    VEC: tl.constexpr = 1,  # every row stride and D are multiples of VEC elements (16-byte vectors at 8)
     pool_ptr=None,  # (num_pages, page_bytes) uint8 paged SWA cache, written when PAGED_FP8_STORE
     pool_fp8_ptr=None,  # the same bytes viewed as float8_e4m3fn
     stride_pool_p=0,  # page_bytes
@@ -167,20 +195,24 @@ def _qk_norm_rope_kernel(
     sin_rows = sin_ptr + pos[:, None] * stride_cs_p
 
     if pid_h < H:
-        rows = q_ptr + offs_t[:, None] * stride_q_t + pid_h * stride_q_h
-        q_y = _norm_rope_tile(rows, q_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign, in_rope, mask,
-                              D, eps, HAS_W=HAS_Q_WEIGHT)
-        out = q_out_ptr + offs_t[:, None] * stride_qo_t + pid_h * stride_qo_h + offs_d[None, :]
-        tl.store(out, q_y.to(q_out_ptr.dtype.element_ty), mask=mask)
+        src = tl.multiple_of(offs_t * stride_q_t + pid_h * stride_q_h, VEC)  # [BLOCK_T] row starts
+        dst = tl.multiple_of(offs_t * stride_qo_t + pid_h * stride_qo_h, VEC)
+        q_y = _norm_rope_tile(q_ptr + src[:, None], q_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign,
+                              in_rope, mask, D, eps, HAS_W=HAS_Q_WEIGHT, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
+                              R_CONST=R_CONST, IS_NEOX=IS_NEOX)
+        tl.store(q_out_ptr + dst[:, None] + offs_d[None, :], q_y.to(q_out_ptr.dtype.element_ty), mask=mask)
     else:
-        rows = kv_ptr + offs_t[:, None] * stride_kv_t
-        kv_y = _norm_rope_tile(rows, kv_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign, in_rope, mask,
-                               D, eps, HAS_W=True).to(kv_out_ptr.dtype.element_ty)
-        tl.store(kv_out_ptr + offs_t[:, None] * stride_kvo_t + offs_d[None, :], kv_y, mask=mask)
+        src = tl.multiple_of(offs_t * stride_kv_t, VEC)
+        dst = tl.multiple_of(offs_t * stride_kvo_t, VEC)
+        kv_y = _norm_rope_tile(kv_ptr + src[:, None], kv_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign,
+                               in_rope, mask, D, eps, HAS_W=True, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
+                               R_CONST=R_CONST, IS_NEOX=IS_NEOX).to(kv_out_ptr.dtype.element_ty)
+        tl.store(kv_out_ptr + dst[:, None] + offs_d[None, :], kv_y, mask=mask)
         if HAS_STORE:
             slot = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
             store_mask = mask & (slot >= 0)[:, None]
-            tl.store(ring_ptr + slot[:, None] * stride_ring_s + offs_d[None, :], kv_y, mask=store_mask)
+            ring_row = tl.multiple_of(slot * stride_ring_s, VEC)
+            tl.store(ring_ptr + ring_row[:, None] + offs_d[None, :], kv_y, mask=store_mask)
         if PAGED_FP8_STORE:
             _paged_fp8_store(kv_y, pool_ptr, pool_fp8_ptr, loc_ptr, offs_t, offs_d, mask_t, in_rope, stride_pool_p,
                              page_size, D, R, FP8_MAX=FP8_MAX, AMAX_FLOOR=AMAX_FLOOR)
@@ -197,41 +229,51 @@ def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
     return max(1, 2048 // block_d), block_d, 4 if block_d <= 512 else 8
 
 
+def vec_width(D: int, *strides: int) -> int:
+    """Elements per aligned vector the kernel may assume (its ``VEC``): 8 (16 bytes of bf16) when D
+    and every row stride are multiples of 8, else 1. Triton checks the pointers' own alignment."""
+    return 8 if all(v % 8 == 0 for v in (D, *strides)) else 1
+
+
 def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
-            rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None) -> None:
+            rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None, config=None) -> None:
     """The one launch. Arguments already validated, outputs allocated (the benchmark calls this
-    directly: validation syncs the device and is not part of the op)."""
+    directly). ``config``: (BLOCK_T, num_warps) instead of ``block_config``'s (the benchmark's
+    candidates)."""
     T, H, D = q.shape
     if T == 0:
         return
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     BLOCK_T, BLOCK_D, num_warps = block_config(D, interpreted)
+    if config is not None:
+        BLOCK_T, num_warps = config
     has_store = ring is not None
     paged = swa_cache is not None
     grid = (triton.cdiv(T, BLOCK_T), H + 1)
     extra = dict(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8), stride_pool_p=swa_cache.stride(0),
                  page_size=int(swa_page_size), PAGED_FP8_STORE=True, FP8_MAX=ref.SWA_FP8_MAX,
                  AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
+    strides = (q.stride(0), q.stride(1), kv.stride(0), q_out.stride(0), q_out.stride(1), kv_out.stride(0),
+               ring.stride(0) if has_store else 0)
+    r_const = rope_dim if rope_dim & (rope_dim - 1) == 0 else 0  # a power of two: the partner in registers
     _qk_norm_rope_kernel[grid](
         q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,
         q_ptr=q, kv_ptr=kv,
         q_w_ptr=q_norm_weight if q_norm_weight is not None else kv_norm_weight, kv_w_ptr=kv_norm_weight,
         cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, loc_ptr=loc if has_store or paged else positions,
         T=T, H=H, D=D, R=rope_dim, eps=eps,
-        stride_q_t=q.stride(0), stride_q_h=q.stride(1),
-        stride_kv_t=kv.stride(0),
-        stride_qo_t=q_out.stride(0), stride_qo_h=q_out.stride(1),
-        stride_kvo_t=kv_out.stride(0),
-        stride_ring_s=ring.stride(0) if has_store else 0,
+        stride_q_t=strides[0], stride_q_h=strides[1], stride_kv_t=strides[2],
+        stride_qo_t=strides[3], stride_qo_h=strides[4], stride_kvo_t=strides[5], stride_ring_s=strides[6],
         stride_cs_p=cos.stride(0),
         BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
         HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
-        num_warps=num_warps, **extra,
+        R_CONST=r_const, VEC=vec_width(D, *strides), num_warps=num_warps, **extra,
     )
 
 
 def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
-                 rope_style="interleaved", ring=None, loc=None, q_out=None, swa_cache=None, swa_page_size=None):
+                 rope_style="interleaved", ring=None, loc=None, q_out=None, swa_cache=None, swa_page_size=None,
+                 checked=None):
     """Same contract as ``reference.qk_norm_rope.qk_norm_rope``, in one launch.
 
     Shapes: q (T, H, D) bf16; kv (T, D) bf16 (rows may be strided); kv_norm_weight (D,);
@@ -241,10 +283,18 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     store, ``reference.qk_norm_rope.SwaLayout``); q_out (T, H, D) or None.
     Returns (q_out (T, H, D), kv_out (T, D) contiguous): kv_out holds the bf16 rows the kernel
     stored (the paged store quantises exactly these).
+
+    Checks: every argument's shape, dtype, strides, device and scalars on every call (host only,
+    no sync). ``checked`` (None: ``VP_CHECK_VALUES``, on by default; see ``reference.checks``):
+    also the values of positions (in the table) and loc (in the store target, no slot twice),
+    one host sync, before anything is written; a bad one is a RangeError naming it. With
+    ``checked=False`` the launch does not wait on the device: the caller guarantees those values
+    (an out-of-range position or slot is then read or written out of bounds).
     """
     T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
                            rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
-                           ring=ring, loc=loc, q_out=q_out, swa_cache=swa_cache, swa_page_size=swa_page_size)
+                           ring=ring, loc=loc, q_out=q_out, swa_cache=swa_cache, swa_page_size=swa_page_size,
+                           check_values=values_checked(checked))
     eps, rope_dim = float(eps), int(rope_dim)  # numpy scalars: their values (kernel arguments)
     if q_out is None:
         q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
@@ -336,7 +386,8 @@ def compile_specs():
             for neox in (False, True):
                 block_t, block_d, warps = block_config(512, interpreted=False)
                 const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w,
-                         "HAS_STORE": store == "ring", "IS_NEOX": neox, "PAGED_FP8_STORE": store == "paged",
+                         "HAS_STORE": store == "ring", "IS_NEOX": neox, "R_CONST": 64, "VEC": 8,
+                         "PAGED_FP8_STORE": store == "paged",
                          "FP8_MAX": ref.SWA_FP8_MAX, "AMAX_FLOOR": ref.SWA_AMAX_FLOOR}
                 specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)}]",
                               _qk_norm_rope_kernel, sig, const, warps))
