@@ -24,69 +24,83 @@ FORWARD_MODES = ref.FORWARD_MODES
 
 
 @triton.jit
-def _rope_partner(y, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, R: tl.constexpr, IS_NEOX: tl.constexpr):
-    """y [BLOCK_T, BLOCK_D] with every column swapped for the one it rotates with, in registers
-    (bit moves only: the values are y's own). Interleaved: pairs (2i, 2i+1) over the whole row
-    (the rope dims start at the even D − R, so their pairs are among these). Neox: halves
-    (i, i + R/2) inside each R-wide chunk (R divides D, so the rope dims are the last chunk).
-    Outside the rope dims the result is not used."""
+def _rope_partner(y, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, IS_NEOX: tl.constexpr):
+    """y [BLOCK_T, BLOCK_R], the rope dims, each column swapped for the one it rotates with, in
+    registers (bit moves only: the values are y's own). Interleaved: pairs (2i, 2i+1); neox: the
+    halves (i, i + R/2), R = BLOCK_R."""
     if IS_NEOX:
-        z = tl.permute(tl.reshape(y, (BLOCK_T, BLOCK_D // R, 2, R // 2)), (0, 1, 3, 2))
-        a, b = tl.split(z)  # [BLOCK_T, BLOCK_D / R, R / 2] each: the first and second halves
-        return tl.reshape(tl.permute(tl.join(b, a), (0, 1, 3, 2)), (BLOCK_T, BLOCK_D))
-    a, b = tl.split(tl.reshape(y, (BLOCK_T, BLOCK_D // 2, 2)))
-    return tl.reshape(tl.join(b, a), (BLOCK_T, BLOCK_D))
+        a, b = tl.split(tl.permute(tl.reshape(y, (BLOCK_T, 2, BLOCK_R // 2)), (0, 2, 1)))  # the two halves
+        return tl.reshape(tl.permute(tl.join(b, a), (0, 2, 1)), (BLOCK_T, BLOCK_R))
+    a, b = tl.split(tl.reshape(y, (BLOCK_T, BLOCK_R // 2, 2)))
+    return tl.reshape(tl.join(b, a), (BLOCK_T, BLOCK_R))
 
 
 @triton.jit
 def _norm_rope_tile(
     row_ptrs,  # [BLOCK_T, 1] pointers to the first element of each source row
+    rope_ptrs,  # [BLOCK_T, 1] pointers to the first rope dim of each row (row + D - R)
     w_ptr,  # (D,) RMSNorm weight, read when HAS_W
     cos_row_ptrs,  # [BLOCK_T, 1] pointers to cos[pos[t], 0]
     sin_row_ptrs,  # [BLOCK_T, 1] pointers to sin[pos[t], 0]
     offs_d,  # [BLOCK_D] column index
-    partner_d,  # [BLOCK_D] column whose value rotates with offs_d (itself outside the rope dims)
-    cs_idx,  # [BLOCK_D] angle index into the (R/2) table, valid where in_rope
-    sign,  # [BLOCK_D] -1.0 for the first of a pair, +1.0 for the second
-    in_rope,  # [BLOCK_D] the column lies in the last R dims
+    offs_r,  # [BLOCK_R] index inside the rope dims
     mask,  # [BLOCK_T, BLOCK_D] valid token and column
+    mask_r,  # [BLOCK_T, BLOCK_R] valid token and rope dim
     D,  # head_dim
+    R,  # rope_dim
     eps,  # RMSNorm epsilon
     HAS_W: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    R_CONST: tl.constexpr,  # rope_dim when the partner moves in registers; 0: gathered from memory
+    BLOCK_R: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    PARTNER_IN_REGS: tl.constexpr,  # interleaved, or a power-of-two R: the partner moves in registers
 ):
-    """One pass over the row: load once, norm, rotate. The partner of a rope column is the same
-    normalised value moved in registers (``_rope_partner``) when ``R_CONST``; else (a neox rope
-    dim that is not a power of two) it is loaded again from its address, as the same product."""
+    """(y [BLOCK_T, BLOCK_D] the normalised rows, valid outside the rope dims; yr [BLOCK_T, BLOCK_R]
+    the rope dims normalised and rotated). The row is read once for the norm; its last R values are
+    read again (from L1) as their own tile, so the rotation and its angle tables touch R columns
+    only. Every value is the same fp32 product as ``x · rstd · w`` of its own column; a rotated one
+    is ``y·c + sign·y_partner·s``. Without PARTNER_IN_REGS (neox, R not a power of two) the partner
+    is read from its address and normalised the same way."""
     # upcast right after loading: no bf16 arithmetic anywhere (and none under the interpreter)
     x = tl.load(row_ptrs + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # [BLOCK_T]
     y = x * rstd[:, None]
     if HAS_W:
         y = y * tl.load(w_ptr + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
-    if R_CONST > 0:
-        yp = _rope_partner(y, BLOCK_T, BLOCK_D, R_CONST, IS_NEOX)
+    in_r = offs_r < R
+    xr = tl.load(rope_ptrs + offs_r[None, :], mask=mask_r, other=0.0).to(tl.float32)
+    yr = xr * rstd[:, None]
+    if HAS_W:
+        yr = yr * tl.load(w_ptr + (D - R) + offs_r, mask=in_r, other=0.0).to(tl.float32)[None, :]
+    half = R // 2
+    if IS_NEOX:
+        first = offs_r < half
+        cs_idx = tl.where(first, offs_r, offs_r - half)
+        partner = tl.where(first, offs_r + half, offs_r - half)
     else:
-        xp = tl.load(row_ptrs + partner_d[None, :], mask=mask, other=0.0).to(tl.float32)
-        yp = xp * rstd[:, None]
+        first = (offs_r % 2) == 0
+        cs_idx = offs_r // 2
+        partner = tl.where(first, offs_r + 1, offs_r - 1)
+    sign = tl.where(first, -1.0, 1.0)
+    if PARTNER_IN_REGS:
+        yp = _rope_partner(yr, BLOCK_T, BLOCK_R, IS_NEOX)
+    else:
+        yp = tl.load(rope_ptrs + partner[None, :], mask=mask_r, other=0.0).to(tl.float32) * rstd[:, None]
         if HAS_W:
-            yp = yp * tl.load(w_ptr + partner_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
-    rope_mask = mask & in_rope[None, :]
-    c = tl.load(cos_row_ptrs + cs_idx[None, :], mask=rope_mask, other=1.0)
-    s = tl.load(sin_row_ptrs + cs_idx[None, :], mask=rope_mask, other=0.0)
-    return tl.where(rope_mask, y * c + sign[None, :] * yp * s, y)
+            yp = yp * tl.load(w_ptr + (D - R) + partner, mask=in_r, other=0.0).to(tl.float32)[None, :]
+    c = tl.load(cos_row_ptrs + cs_idx[None, :], mask=mask_r, other=1.0)
+    s = tl.load(sin_row_ptrs + cs_idx[None, :], mask=mask_r, other=0.0)
+    return y, yr * c + sign[None, :] * yp * s
 
 
 @triton.jit
 def _paged_fp8_store(
-    kv_y,  # [BLOCK_T, BLOCK_D] bf16 rotated kv rows (the values kv_out holds)
+    kv_y,  # [BLOCK_T, BLOCK_D] bf16 normalised kv rows (their nope dims are kv_out's)
+    kv_r,  # [BLOCK_T, BLOCK_R] bf16 rotated rope dims (kv_out's)
     pool_ptr,  # uint8 pool, (num_pages, page_bytes)
     pool_fp8_ptr,  # the pool as float8_e4m3fn
     loc_ptr,  # (T,) token slots; negative = padding
-    offs_t, offs_d, mask_t, in_rope,
+    offs_t, offs_d, offs_r, mask_t,
     stride_pool_p, page_size, D, R,
     FP8_MAX: tl.constexpr,
     AMAX_FLOOR: tl.constexpr,
@@ -118,11 +132,11 @@ def _paged_fp8_store(
     x = tl.minimum(tl.maximum(y * inv, -FP8_MAX), FP8_MAX)  # in range: the cast only rounds
     m_nope = write[:, None] & is_nope[None, :]
     tl.store(pool_fp8_ptr + v_base[:, None] + offs_d[None, :], x.to(pool_fp8_ptr.dtype.element_ty), mask=m_nope)
-    half = kv_y.to(tl.int16, bitcast=True)
+    half = kv_r.to(tl.int16, bitcast=True)
     lo = (half & 0xFF).to(tl.uint8)
     hi = ((half >> 8) & 0xFF).to(tl.uint8)
-    rope_at = pool_ptr + v_base[:, None] + nope + 2 * (offs_d[None, :] - nope)
-    m_rope = write[:, None] & in_rope[None, :]
+    rope_at = pool_ptr + v_base[:, None] + nope + 2 * offs_r[None, :]
+    m_rope = write[:, None] & (offs_r < R)[None, :]
     tl.store(rope_at, lo, mask=m_rope)
     tl.store(rope_at + 1, hi, mask=m_rope)
 
@@ -157,8 +171,9 @@ def _qk_norm_rope_kernel(
     HAS_Q_WEIGHT: tl.constexpr,
     HAS_STORE: tl.constexpr,
     IS_NEOX: tl.constexpr,
-    R_CONST: tl.constexpr = 0,  # rope_dim (a power of two): the rope partner moves in registers; 0: reloaded
-    VEC: tl.constexpr = 1,  # every row stride and D are multiples of VEC elements (16-byte vectors at 8)
+    BLOCK_R: tl.constexpr = 64,  # next_power_of_2(R): the rope tile
+    PARTNER_IN_REGS: tl.constexpr = True,  # interleaved, or R a power of two (``_norm_rope_tile``)
+    VEC: tl.constexpr = 1,  # D, R and every row stride are multiples of VEC elements (16-byte vectors at 8)
     pool_ptr=None,  # (num_pages, page_bytes) uint8 paged SWA cache, written when PAGED_FP8_STORE
     pool_fp8_ptr=None,  # the same bytes viewed as float8_e4m3fn
     stride_pool_p=0,  # page_bytes
@@ -175,20 +190,9 @@ def _qk_norm_rope_kernel(
     mask_d = offs_d < D
     mask = mask_t[:, None] & mask_d[None, :]
 
-    j = offs_d - (D - R)  # position inside the rope dims
-    in_rope = (j >= 0) & mask_d
-    jj = tl.where(in_rope, j, 0)
-    half = R // 2
-    if IS_NEOX:
-        first = jj < half
-        cs_idx = tl.where(first, jj, jj - half)
-        partner = tl.where(first, jj + half, jj - half)
-    else:
-        first = (jj % 2) == 0
-        cs_idx = jj // 2
-        partner = tl.where(first, jj + 1, jj - 1)
-    sign = tl.where(first, -1.0, 1.0)
-    partner_d = tl.where(in_rope, D - R + partner, offs_d)
+    offs_r = tl.arange(0, BLOCK_R)
+    nope_mask = mask & (offs_d < D - R)[None, :]  # the rope dims are stored from their own tile
+    mask_r = mask_t[:, None] & (offs_r < R)[None, :]
 
     pos = tl.load(pos_ptr + offs_t, mask=mask_t, other=0).to(tl.int64)
     cos_rows = cos_ptr + pos[:, None] * stride_cs_p
@@ -197,25 +201,32 @@ def _qk_norm_rope_kernel(
     if pid_h < H:
         src = tl.multiple_of(offs_t * stride_q_t + pid_h * stride_q_h, VEC)  # [BLOCK_T] row starts
         dst = tl.multiple_of(offs_t * stride_qo_t + pid_h * stride_qo_h, VEC)
-        q_y = _norm_rope_tile(q_ptr + src[:, None], q_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign,
-                              in_rope, mask, D, eps, HAS_W=HAS_Q_WEIGHT, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
-                              R_CONST=R_CONST, IS_NEOX=IS_NEOX)
-        tl.store(q_out_ptr + dst[:, None] + offs_d[None, :], q_y.to(q_out_ptr.dtype.element_ty), mask=mask)
+        src_r, dst_r = tl.multiple_of(src + (D - R), VEC), tl.multiple_of(dst + (D - R), VEC)
+        q_y, q_r = _norm_rope_tile(q_ptr + src[:, None], q_ptr + src_r[:, None], q_w_ptr, cos_rows, sin_rows,
+                                   offs_d, offs_r, mask, mask_r, D, R, eps, HAS_W=HAS_Q_WEIGHT, BLOCK_T=BLOCK_T,
+                                   BLOCK_R=BLOCK_R, IS_NEOX=IS_NEOX, PARTNER_IN_REGS=PARTNER_IN_REGS)
+        tl.store(q_out_ptr + dst[:, None] + offs_d[None, :], q_y.to(q_out_ptr.dtype.element_ty), mask=nope_mask)
+        tl.store(q_out_ptr + dst_r[:, None] + offs_r[None, :], q_r.to(q_out_ptr.dtype.element_ty), mask=mask_r)
     else:
         src = tl.multiple_of(offs_t * stride_kv_t, VEC)
         dst = tl.multiple_of(offs_t * stride_kvo_t, VEC)
-        kv_y = _norm_rope_tile(kv_ptr + src[:, None], kv_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign,
-                               in_rope, mask, D, eps, HAS_W=True, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
-                               R_CONST=R_CONST, IS_NEOX=IS_NEOX).to(kv_out_ptr.dtype.element_ty)
-        tl.store(kv_out_ptr + dst[:, None] + offs_d[None, :], kv_y, mask=mask)
+        src_r, dst_r = tl.multiple_of(src + (D - R), VEC), tl.multiple_of(dst + (D - R), VEC)
+        kv_y, kv_r = _norm_rope_tile(kv_ptr + src[:, None], kv_ptr + src_r[:, None], kv_w_ptr, cos_rows, sin_rows,
+                                     offs_d, offs_r, mask, mask_r, D, R, eps, HAS_W=True, BLOCK_T=BLOCK_T,
+                                     BLOCK_R=BLOCK_R, IS_NEOX=IS_NEOX, PARTNER_IN_REGS=PARTNER_IN_REGS)
+        kv_y = kv_y.to(kv_out_ptr.dtype.element_ty)
+        kv_r = kv_r.to(kv_out_ptr.dtype.element_ty)
+        tl.store(kv_out_ptr + dst[:, None] + offs_d[None, :], kv_y, mask=nope_mask)
+        tl.store(kv_out_ptr + dst_r[:, None] + offs_r[None, :], kv_r, mask=mask_r)
         if HAS_STORE:
             slot = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
-            store_mask = mask & (slot >= 0)[:, None]
-            ring_row = tl.multiple_of(slot * stride_ring_s, VEC)
-            tl.store(ring_ptr + ring_row[:, None] + offs_d[None, :], kv_y, mask=store_mask)
+            ring_row = tl.multiple_of(slot * stride_ring_s, VEC)  # padding rows (-1): masked off
+            ring_r = tl.multiple_of(ring_row + (D - R), VEC)
+            tl.store(ring_ptr + ring_row[:, None] + offs_d[None, :], kv_y, mask=nope_mask & (slot >= 0)[:, None])
+            tl.store(ring_ptr + ring_r[:, None] + offs_r[None, :], kv_r, mask=mask_r & (slot >= 0)[:, None])
         if PAGED_FP8_STORE:
-            _paged_fp8_store(kv_y, pool_ptr, pool_fp8_ptr, loc_ptr, offs_t, offs_d, mask_t, in_rope, stride_pool_p,
-                             page_size, D, R, FP8_MAX=FP8_MAX, AMAX_FLOOR=AMAX_FLOOR)
+            _paged_fp8_store(kv_y, kv_r, pool_ptr, pool_fp8_ptr, loc_ptr, offs_t, offs_d, offs_r, mask_t,
+                             stride_pool_p, page_size, D, R, FP8_MAX=FP8_MAX, AMAX_FLOOR=AMAX_FLOOR)
 
 
 def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
@@ -230,8 +241,8 @@ def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
 
 
 def vec_width(D: int, *strides: int) -> int:
-    """Elements per aligned vector the kernel may assume (its ``VEC``): 8 (16 bytes of bf16) when D
-    and every row stride are multiples of 8, else 1. Triton checks the pointers' own alignment."""
+    """Elements per aligned vector the kernel may assume (its ``VEC``): 8 (16 bytes of bf16) when D,
+    R and every row stride are multiples of 8, else 1. Triton checks the pointers' own alignment."""
     return 8 if all(v % 8 == 0 for v in (D, *strides)) else 1
 
 
@@ -255,7 +266,7 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
                  AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
     strides = (q.stride(0), q.stride(1), kv.stride(0), q_out.stride(0), q_out.stride(1), kv_out.stride(0),
                ring.stride(0) if has_store else 0)
-    r_const = rope_dim if rope_dim & (rope_dim - 1) == 0 else 0  # a power of two: the partner in registers
+    block_r = triton.next_power_of_2(rope_dim)
     _qk_norm_rope_kernel[grid](
         q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,
         q_ptr=q, kv_ptr=kv,
@@ -267,7 +278,8 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
         stride_cs_p=cos.stride(0),
         BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
         HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
-        R_CONST=r_const, VEC=vec_width(D, *strides), num_warps=num_warps, **extra,
+        BLOCK_R=block_r, PARTNER_IN_REGS=rope_style != "neox" or block_r == rope_dim,
+        VEC=vec_width(D, rope_dim, *strides), num_warps=num_warps, **extra,
     )
 
 
@@ -386,7 +398,7 @@ def compile_specs():
             for neox in (False, True):
                 block_t, block_d, warps = block_config(512, interpreted=False)
                 const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w,
-                         "HAS_STORE": store == "ring", "IS_NEOX": neox, "R_CONST": 64, "VEC": 8,
+                         "HAS_STORE": store == "ring", "IS_NEOX": neox, "BLOCK_R": 64, "PARTNER_IN_REGS": True, "VEC": 8,
                          "PAGED_FP8_STORE": store == "paged",
                          "FP8_MAX": ref.SWA_FP8_MAX, "AMAX_FLOOR": ref.SWA_AMAX_FLOOR}
                 specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)}]",
