@@ -339,7 +339,7 @@ def load_module(path):
     return mod
 
 
-def eager_us(fn, *, iters: int = 100, repeats: int = 5) -> float:
+def eager_us(fn, *, dev=None, iters: int = 100, repeats: int = 5) -> float:
     """Microseconds per call of ``fn`` called back to back, the device synchronised at the end of
     each loop (what a caller pays: the host's time, or the device's when that is longer); median
     of ``repeats`` loops."""
@@ -348,7 +348,7 @@ def eager_us(fn, *, iters: int = 100, repeats: int = 5) -> float:
 
     from harness import devices
 
-    dev = devices.select("auto")
+    dev = dev or devices.select("auto")
     fn()
     devices.synchronize(dev)
     times = []
@@ -362,9 +362,10 @@ def eager_us(fn, *, iters: int = 100, repeats: int = 5) -> float:
 
 
 def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool, graph_timer, eager_timer,
-               copy_gbps: float, device: torch.device, progress=print, before=None) -> list[VsRow]:
+               copy_gbps: float, device: torch.device, progress=print, before=None, on_row=None) -> list[VsRow]:
     """Every (mode, T, H): each graph callable through ``graph_timer``, each eager one through
-    ``eager_timer``. A callable that raises is reported and left out of its row."""
+    ``eager_timer``. A callable that raises is reported and left out of its row. ``on_row(rows)``
+    after each row (the CSV is rewritten: a run cut short keeps what it measured)."""
     sglang_mod = None
     if with_sglang:
         from harness.adapters import sglang as sg
@@ -395,6 +396,8 @@ def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool
                 row = VsRow(mode, T, H, vs_bytes(mode, T, H), copy_gbps, g, e, differ)
                 progress(vs_line(row))
                 rows.append(row)
+                if on_row is not None:
+                    on_row(rows)
                 del kw, graph, eager
     return rows
 
@@ -446,23 +449,23 @@ def vs_main(args) -> int:
         dev = devices.select("auto")
         copy = profiling.copy_bandwidth_gbps()
         graph_timer = functools.partial(profiling.graph_time_us, rep=args.rep_ms)
-        eager_timer = eager_us
+        eager_timer = functools.partial(eager_us, dev=dev)
         print(f"qk_norm_rope vs SGLang on {dev.name}: copy bandwidth {copy:.0f} GB/s; T {Ts} H {Hs} "
               f"modes {args.modes}; ours configs {[_config_name(c) for c in configs]}", flush=True)
     else:
         dev = devices.select("cpu")
         copy = 0.0
-        graph_timer = functools.partial(eager_us, iters=1, repeats=1)
+        graph_timer = functools.partial(eager_us, dev=dev, iters=1, repeats=1)
         eager_timer = graph_timer
         print("qk_norm_rope vs SGLang: no GPU, a smoke run under the interpreter (times mean nothing)", flush=True)
     t0 = __import__("time").monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "qk_norm_rope_vs_sglang.csv"
     rows = vs_measure(args.modes, Ts, Hs, configs, with_sglang=not args.no_sglang, with_compiled=gpu and not
                       args.no_compiled, graph_timer=graph_timer, eager_timer=eager_timer, copy_gbps=copy,
                       device=dev.torch_device, progress=lambda s: print(s, flush=True),
-                      before=load_module(args.before) if args.before else None)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "qk_norm_rope_vs_sglang.csv"
-    vs_frame(rows).to_csv(path, index=False)
+                      before=load_module(args.before) if args.before else None,
+                      on_row=lambda rows: vs_frame(rows).to_csv(path, index=False))
     print(f"{len(rows)} rows -> {path} ({__import__('time').monotonic() - t0:.0f} s)")
     return 0
 
