@@ -199,8 +199,11 @@ def wrapper_entries(dev, small: bool) -> list:
                     kw["ring"] = kw["loc"] = None
                 return kw
 
-            out.append(Entry(OP, "fused.qk_norm_rope", f"{mode},T={T},H={H},D={D}", build,
-                             f.qk_norm_rope, ((r, "validate", lambda kw: kw),)))
+            for checked in (True, False):  # value checks on (the default) / off (checked=False: no sync)
+                out.append(Entry(OP, "fused.qk_norm_rope", f"{mode},T={T},H={H},D={D}"
+                                 + ("" if checked else ",checked=False"), build,
+                                 functools.partial(f.qk_norm_rope, checked=checked),
+                                 ((r, "validate", lambda kw, checked=checked: {**kw, "check_values": checked}),)))
     return out
 
 
