@@ -101,7 +101,7 @@ def _paged_fp8_store(
     pool_fp8_ptr,  # the pool as float8_e4m3fn
     loc_ptr,  # (T,) token slots; negative = padding
     offs_t, offs_d, offs_r, mask_t,
-    stride_pool_p, page_size, D, R,
+    stride_pool_p, page_size, n_slots, D, R,
     FP8_MAX: tl.constexpr,
     AMAX_FLOOR: tl.constexpr,
 ):
@@ -109,7 +109,7 @@ def _paged_fp8_store(
     exponent e = ceil(log2(max(|max|, 1e-8) / 448)) from the fp32 quotient's bits (no log2),
     codes fp8(clamp(x · 2**-e, ±448)), the rope dims' bf16 bytes; the pad byte is left alone."""
     loc = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
-    write = mask_t & (loc >= 0)
+    write = mask_t & (loc >= 0) & (loc < n_slots)  # a slot past the pool (unchecked input): skipped
     page = tl.where(write, loc, 0) // page_size
     in_page = tl.where(write, loc, 0) % page_size
     nope = D - R
@@ -142,7 +142,8 @@ def _paged_fp8_store(
 
 
 @triton.jit(do_not_specialize=["T", "H", "stride_q_t", "stride_q_h", "stride_kv_t", "stride_qo_t", "stride_qo_h",
-                               "stride_kvo_t", "stride_ring_s", "stride_cs_p", "stride_pool_p", "page_size"])
+                               "stride_kvo_t", "stride_ring_s", "stride_cs_p", "stride_pool_p", "page_size",
+                               "n_pos", "n_slots"])
 def _qk_norm_rope_kernel(
     q_out_ptr,  # (T, H, D) out, contiguous
     kv_out_ptr,  # (T, D) out, contiguous
@@ -166,6 +167,8 @@ def _qk_norm_rope_kernel(
     stride_kvo_t,
     stride_ring_s,
     stride_cs_p,
+    n_pos,  # rows of cos / sin: a position outside [0, n_pos) reads row 0 (memory-safe unchecked input)
+    n_slots,  # rows (ring) or token slots (pool) of the store target: a slot past them is skipped
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_Q_WEIGHT: tl.constexpr,
@@ -195,6 +198,7 @@ def _qk_norm_rope_kernel(
     mask_r = mask_t[:, None] & (offs_r < R)[None, :]
 
     pos = tl.load(pos_ptr + offs_t, mask=mask_t, other=0).to(tl.int64)
+    pos = tl.where((pos >= 0) & (pos < n_pos), pos, 0)  # the wrapper checked them, unless told not to
     cos_rows = cos_ptr + pos[:, None] * stride_cs_p
     sin_rows = sin_ptr + pos[:, None] * stride_cs_p
 
@@ -220,13 +224,14 @@ def _qk_norm_rope_kernel(
         tl.store(kv_out_ptr + dst_r[:, None] + offs_r[None, :], kv_r, mask=mask_r)
         if HAS_STORE:
             slot = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
+            slot = tl.where(slot < n_slots, slot, -1)  # past the ring (unchecked input): skipped
             ring_row = tl.multiple_of(slot * stride_ring_s, VEC)  # padding rows (-1): masked off
             ring_r = tl.multiple_of(ring_row + (D - R), VEC)
             tl.store(ring_ptr + ring_row[:, None] + offs_d[None, :], kv_y, mask=nope_mask & (slot >= 0)[:, None])
             tl.store(ring_ptr + ring_r[:, None] + offs_r[None, :], kv_r, mask=mask_r & (slot >= 0)[:, None])
         if PAGED_FP8_STORE:
             _paged_fp8_store(kv_y, kv_r, pool_ptr, pool_fp8_ptr, loc_ptr, offs_t, offs_d, offs_r, mask_t,
-                             stride_pool_p, page_size, D, R, FP8_MAX=FP8_MAX, AMAX_FLOOR=AMAX_FLOOR)
+                             stride_pool_p, page_size, n_slots, D, R, FP8_MAX=FP8_MAX, AMAX_FLOOR=AMAX_FLOOR)
 
 
 def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
@@ -275,7 +280,8 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
         T=T, H=H, D=D, R=rope_dim, eps=eps,
         stride_q_t=strides[0], stride_q_h=strides[1], stride_kv_t=strides[2],
         stride_qo_t=strides[3], stride_qo_h=strides[4], stride_kvo_t=strides[5], stride_ring_s=strides[6],
-        stride_cs_p=cos.stride(0),
+        stride_cs_p=cos.stride(0), n_pos=cos.shape[0],
+        n_slots=ring.shape[0] if has_store else swa_cache.shape[0] * int(swa_page_size) if paged else 0,
         BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
         HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
         BLOCK_R=block_r, PARTNER_IN_REGS=rope_style != "neox" or block_r == rope_dim,
@@ -300,8 +306,10 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     no sync). ``checked`` (None: ``VP_CHECK_VALUES``, on by default; see ``reference.checks``):
     also the values of positions (in the table) and loc (in the store target, no slot twice),
     one host sync, before anything is written; a bad one is a RangeError naming it. With
-    ``checked=False`` the launch does not wait on the device: the caller guarantees those values
-    (an out-of-range position or slot is then read or written out of bounds).
+    ``checked=False`` the launch does not wait on the device and the caller guarantees those
+    values: the kernel still never reads or writes outside its tensors (a position outside the
+    table reads row 0, a slot past the store is skipped, a repeated slot gets bytes of its tokens),
+    but such tokens' results are not the op's.
     """
     T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
                            rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
@@ -389,7 +397,7 @@ def compile_specs():
         "q_w_ptr": "*bf16", "kv_w_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
         "loc_ptr": "*i64", "T": "i32", "H": "i32", "D": "i32", "R": "i32", "eps": "fp32",
         "stride_q_t": "i32", "stride_q_h": "i32", "stride_kv_t": "i32", "stride_qo_t": "i32", "stride_qo_h": "i32",
-        "stride_kvo_t": "i32", "stride_ring_s": "i32", "stride_cs_p": "i32",
+        "stride_kvo_t": "i32", "stride_ring_s": "i32", "stride_cs_p": "i32", "n_pos": "i32", "n_slots": "i32",
         "pool_ptr": "*u8", "pool_fp8_ptr": "*fp8e4nv", "stride_pool_p": "i32", "page_size": "i32",
     }
     specs = []

@@ -116,3 +116,42 @@ def test_verify_accept_wrapper_takes_checked(device):
     bad["draft_tokens"][0] = kw["target_logits"].shape[1]
     with pytest.raises(checks.RangeError, match="draft_tokens"):
         fv.verify_accept(**bad)
+
+
+def test_unchecked_bad_indices_stay_inside_their_tensors(device):
+    """checked=False with a slot past the ring and a position past the table: nothing is written
+    past the ring (it is a view of a larger buffer whose tail must keep its bytes), the bad
+    position reads row 0 of the table, every other token is as the checked call makes it."""
+    from fused import qk_norm_rope as f
+
+    kw = _qk_decode_inputs(device)
+    S, D = kw["ring"].shape
+    big = torch.randn(S + 4, D, dtype=kw["ring"].dtype, device=kw["ring"].device)
+    tail = big[S:].clone()
+    good = copy.deepcopy(kw)
+    good["positions"][2] = 0  # what the bad position must read
+    q_good, kv_good = f.qk_norm_rope(**good)
+    kw["ring"] = big[:S]
+    kw["loc"][1] = S + 1  # past the ring, inside big
+    kw["positions"][2] = kw["cos"].shape[0] + 3
+    q_bad, kv_bad = f.qk_norm_rope(**kw, checked=False)
+    assert torch.equal(big[S:], tail)
+    assert torch.equal(q_bad.view(torch.uint8), q_good.view(torch.uint8))
+    assert torch.equal(kv_bad.view(torch.uint8), kv_good.view(torch.uint8))
+
+
+def test_unchecked_slot_past_the_paged_pool_is_skipped(device):
+    from cases import qk_norm_rope as c
+    from fused import qk_norm_rope as f
+
+    kw = c.build_inputs(c.QkNormRopeCase(T=4, H=2, D=128, R=64, unified=False, page_size=2, mode="decode", seed=5),
+                        device)
+    kw.pop("forward_mode")
+    pool = kw["swa_cache"]
+    big = torch.randint(0, 256, (pool.shape[0] + 2, pool.shape[1]), dtype=torch.uint8, device=pool.device)
+    big[: pool.shape[0]] = pool
+    tail = big[pool.shape[0]:].clone()
+    kw["swa_cache"] = big[: pool.shape[0]]
+    kw["loc"][0] = pool.shape[0] * kw["swa_page_size"] + 1  # a slot of the first page past the pool
+    f.qk_norm_rope(**kw, checked=False)
+    assert torch.equal(big[pool.shape[0]:], tail)
