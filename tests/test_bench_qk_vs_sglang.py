@@ -43,3 +43,4 @@ def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):
     assert (frame["bytes_differing_ours@1x1"] == 0).all() and (frame["bytes_differing_before"] == 0).all()
     pytest.importorskip("sglang")
     assert "graph_sglang_us" in frame and "eager_sglang_us" in frame, out
+    assert (frame["bytes_differing_sglang"] == 0).all()  # the same fp32 math, one bf16 rounding

@@ -309,9 +309,10 @@ def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, bef
     return graph, eager
 
 
-def byte_differences(kw: dict, configs: list, before=None) -> dict:
+def byte_differences(kw: dict, configs: list, before=None, sglang_mod=None) -> dict:
     """Bytes of q_out, kv_out and the ring (decode) that each other config, and ``before``, write
-    differently from ours at the default config, on the same inputs."""
+    differently from ours at the default config, on the same inputs; ``sglang``: the same for
+    SGLang's call (its kv normalised in place on a copy, its ring store into a copy)."""
     from fused import qk_norm_rope as f
 
     launch = {k: kw[k] for k in ("q", "kv", "kv_norm_weight", "q_norm_weight", "eps", "rope_dim", "cos", "sin",
@@ -328,6 +329,15 @@ def byte_differences(kw: dict, configs: list, before=None) -> dict:
     others = {_config_name(c): functools.partial(f._launch, config=c) for c in configs if c is not None}
     if before is not None:
         others["before"] = before._launch
+    if sglang_mod is not None:
+        def sglang(q_out, kv_out, ring, **_):
+            T, H, _d = kw["q"].shape
+            kv_out.copy_(kw["kv"])
+            sglang_mod.fused_qk_norm_rope_swa_store(
+                kw["q"].reshape(T, H * D), kv_out, None, kw["kv_norm_weight"], EPS, EPS, R, kw["cos"], kw["sin"],
+                kw["positions"], swa_cache=ring, swa_loc=kw["loc"].to(torch.int32) if ring is not None else None,
+                swa_page_size=1, q_out=q_out, dtype=kw["q"].dtype, bf16_store=True)
+        others["sglang"] = sglang
     return {name: sum(int((a != b).sum()) for a, b in zip(ref, run(fn))) for name, fn in others.items()}
 
 
@@ -383,7 +393,7 @@ def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool
         for H in Hs:
             for T in Ts:
                 kw = vs_inputs(mode, T, H, device, seed=T * 1000 + H)
-                differ = byte_differences(kw, configs, before)
+                differ = byte_differences(kw, configs, before, sglang_mod)
                 graph, eager = vs_calls(kw, mode, configs, sglang_mod, compiled_chain, before)
                 g, e = {}, {}
                 for name, fn in graph.items():
