@@ -20,6 +20,7 @@ from reference import qk_norm_rope as ref
 from reference.checks import check_bool, values_checked
 
 VERIFY_SWITCH_ENV = "VP_FUSED_QK_NORM_ROPE_VERIFY"
+ROPE_TILE = 64  # the rope tile's width for every rope_dim up to it (wider: the next power of two)
 FORWARD_MODES = ref.FORWARD_MODES
 
 
@@ -174,7 +175,7 @@ def _qk_norm_rope_kernel(
     HAS_Q_WEIGHT: tl.constexpr,
     HAS_STORE: tl.constexpr,
     IS_NEOX: tl.constexpr,
-    BLOCK_R: tl.constexpr = 64,  # next_power_of_2(R): the rope tile
+    BLOCK_R: tl.constexpr = 64,  # the rope tile: max(ROPE_TILE, next_power_of_2(R)) (masked past R)
     PARTNER_IN_REGS: tl.constexpr = True,  # interleaved, or R a power of two (``_norm_rope_tile``)
     VEC: tl.constexpr = 1,  # D, R and every row stride are multiples of VEC elements (16-byte vectors at 8)
     pool_ptr=None,  # (num_pages, page_bytes) uint8 paged SWA cache, written when PAGED_FP8_STORE
@@ -271,7 +272,7 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
                  AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
     strides = (q.stride(0), q.stride(1), kv.stride(0), q_out.stride(0), q_out.stride(1), kv_out.stride(0),
                ring.stride(0) if has_store else 0)
-    block_r = triton.next_power_of_2(rope_dim)
+    block_r = max(ROPE_TILE, triton.next_power_of_2(rope_dim))  # one tile width for R <= 64: fewer variants
     _qk_norm_rope_kernel[grid](
         q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,
         q_ptr=q, kv_ptr=kv,
@@ -284,7 +285,7 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
         n_slots=ring.shape[0] if has_store else swa_cache.shape[0] * int(swa_page_size) if paged else 0,
         BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
         HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
-        BLOCK_R=block_r, PARTNER_IN_REGS=rope_style != "neox" or block_r == rope_dim,
+        BLOCK_R=block_r, PARTNER_IN_REGS=rope_style != "neox" or block_r == rope_dim,  # neox: halves of the tile
         VEC=vec_width(D, rope_dim, *strides), num_warps=num_warps, **extra,
     )
 
