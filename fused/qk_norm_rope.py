@@ -6,6 +6,12 @@ the rotated kv rows into ``ring[loc]`` (decode, 1-source consumer). In target-ve
 gate turns the store off: the backend stores the chunk itself, causally indexed, *before*
 attention, and the chunk must also reach attention as k/v (seed 000: fusing the store too
 took GSM8K from 0.950 to 0.027).
+
+Per program: the BLOCK_T rows are read once in 16-byte vectors (row starts hinted aligned when
+every stride allows, ``VEC``) and normalised; the last R dims are reread (from L1) as their own
+tile and rotated there, the partner of each rope dim moved in registers; the nope dims and the
+rope tile are stored apart. Every value is the same fp32 expression as in the two-load version
+this replaced, so the outputs are bit-identical to it under the interpreter.
 """
 from __future__ import annotations
 
