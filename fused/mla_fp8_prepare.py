@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from reference import mla_fp8_prepare as ref
-from reference.checks import UnsupportedError, check_bool, check_inner_contiguous
+from reference.checks import UnsupportedError, check_bool, check_inner_contiguous, values_checked
 
 KERNEL_FP8_POLICY = "saturate"
 # Compile targets per fp8 format. Measured with triton 3.9: compiling for sm90 with fp8e4b8
@@ -127,10 +127,21 @@ def block_config(interpreted: bool) -> tuple[int, int]:
     return (512, 1) if interpreted else (4, 4)
 
 
+_K_MUL: dict = {}  # (1/kv_descale, device) -> its (1,) tensor; never evicted: a captured graph may hold one
+
+
 def k_mul_tensor(kv_descale, device) -> torch.Tensor | None:
-    """(1,) fp32 device tensor holding ``1/kv_descale`` (the reference's fp32 reciprocal), or None."""
+    """(1,) fp32 device tensor holding ``1/kv_descale`` (the reference's fp32 reciprocal), or None.
+    Made once per (value, device) and kept: a host-to-device copy from pageable memory waits for
+    the stream, which the hot path must not (the kernel only reads it)."""
     inv = ref.inv_descale(kv_descale)
-    return None if inv is None else torch.tensor([inv], dtype=torch.float32, device=device)
+    if inv is None:
+        return None
+    key = (inv, torch.device(device))
+    t = _K_MUL.get(key)
+    if t is None:
+        t = _K_MUL[key] = torch.tensor([inv], dtype=torch.float32, device=device)
+    return t
 
 
 def _launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.Tensor | None) -> None:
@@ -157,15 +168,22 @@ def _launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.
     )
 
 
-def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None, fp8_policy="saturate"):
+def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None, fp8_policy="saturate",
+                    checked=None):
     """Same contract as ``reference.mla_fp8_prepare.mla_fp8_prepare``, in one launch.
 
     Shapes: q_nope (T, H, Dn), q_rope (T, H, R), k_nope (T, Dn), k_rope (T, R) bf16 — any
     strides with a unit innermost one (else LayoutError); kv_buffer (S, Dn + R) fp8;
     loc (T,) int physical rows, negative = padding. Returns q8 (T, H, Dn + R) fp8.
+
+    Checks: shapes, dtypes, strides, devices and scalars on every call (no sync); ``checked``
+    (None: ``VP_CHECK_VALUES``, on by default; see ``reference.checks``): also loc's values (in
+    kv_buffer, no row twice), one host sync before anything is written. ``checked=False``: the
+    caller guarantees them (a bad row is then written out of bounds) and nothing waits on the device.
     """
     T, H, Dn, R = ref.validate(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
-                               loc=loc, kv_descale=kv_descale, fp8_policy=fp8_policy)
+                               loc=loc, kv_descale=kv_descale, fp8_policy=fp8_policy,
+                               check_values=values_checked(checked))
     for name, t in (("q_nope", q_nope), ("q_rope", q_rope), ("k_nope", k_nope), ("k_rope", k_rope),
                     ("kv_buffer", kv_buffer)):
         check_inner_contiguous(name, t)  # the kernel's loads and stores run along a unit stride

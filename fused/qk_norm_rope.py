@@ -6,6 +6,12 @@ the rotated kv rows into ``ring[loc]`` (decode, 1-source consumer). In target-ve
 gate turns the store off: the backend stores the chunk itself, causally indexed, *before*
 attention, and the chunk must also reach attention as k/v (seed 000: fusing the store too
 took GSM8K from 0.950 to 0.027).
+
+Per program: the BLOCK_T rows are read once in 16-byte vectors (row starts hinted aligned when
+every stride allows, ``VEC``) and normalised; the last R dims are reread (from L1) as their own
+tile and rotated there, the partner of each rope dim moved in registers; the nope dims and the
+rope tile are stored apart. Every value is the same fp32 expression as in the two-load version
+this replaced, so the outputs are bit-identical to it under the interpreter.
 """
 from __future__ import annotations
 
@@ -17,51 +23,92 @@ import triton
 import triton.language as tl
 
 from reference import qk_norm_rope as ref
-from reference.checks import check_bool
+from reference.checks import check_bool, values_checked
 
 VERIFY_SWITCH_ENV = "VP_FUSED_QK_NORM_ROPE_VERIFY"
+ROPE_TILE = 64  # the rope tile's width for every rope_dim up to it (wider: the next power of two)
 FORWARD_MODES = ref.FORWARD_MODES
+
+
+@triton.jit
+def _rope_partner(y, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, IS_NEOX: tl.constexpr):
+    """y [BLOCK_T, BLOCK_R], the rope dims, each column swapped for the one it rotates with, in
+    registers (bit moves only: the values are y's own). Interleaved: pairs (2i, 2i+1); neox: the
+    halves (i, i + R/2), R = BLOCK_R."""
+    if IS_NEOX:
+        a, b = tl.split(tl.permute(tl.reshape(y, (BLOCK_T, 2, BLOCK_R // 2)), (0, 2, 1)))  # the two halves
+        return tl.reshape(tl.permute(tl.join(b, a), (0, 2, 1)), (BLOCK_T, BLOCK_R))
+    a, b = tl.split(tl.reshape(y, (BLOCK_T, BLOCK_R // 2, 2)))
+    return tl.reshape(tl.join(b, a), (BLOCK_T, BLOCK_R))
 
 
 @triton.jit
 def _norm_rope_tile(
     row_ptrs,  # [BLOCK_T, 1] pointers to the first element of each source row
+    rope_ptrs,  # [BLOCK_T, 1] pointers to the first rope dim of each row (row + D - R)
     w_ptr,  # (D,) RMSNorm weight, read when HAS_W
     cos_row_ptrs,  # [BLOCK_T, 1] pointers to cos[pos[t], 0]
     sin_row_ptrs,  # [BLOCK_T, 1] pointers to sin[pos[t], 0]
     offs_d,  # [BLOCK_D] column index
-    partner_d,  # [BLOCK_D] column whose value rotates with offs_d (itself outside the rope dims)
-    cs_idx,  # [BLOCK_D] angle index into the (R/2) table, valid where in_rope
-    sign,  # [BLOCK_D] -1.0 for the first of a pair, +1.0 for the second
-    in_rope,  # [BLOCK_D] the column lies in the last R dims
+    offs_r,  # [BLOCK_R] index inside the rope dims
     mask,  # [BLOCK_T, BLOCK_D] valid token and column
+    mask_r,  # [BLOCK_T, BLOCK_R] valid token and rope dim
     D,  # head_dim
+    R,  # rope_dim
     eps,  # RMSNorm epsilon
     HAS_W: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+    PARTNER_IN_REGS: tl.constexpr,  # interleaved, or a power-of-two R: the partner moves in registers
 ):
+    """(y [BLOCK_T, BLOCK_D] the normalised rows, valid outside the rope dims; yr [BLOCK_T, BLOCK_R]
+    the rope dims normalised and rotated). The row is read once for the norm; its last R values are
+    read again (from L1) as their own tile, so the rotation and its angle tables touch R columns
+    only. Every value is the same fp32 product as ``x · rstd · w`` of its own column; a rotated one
+    is ``y·c + sign·y_partner·s``. Without PARTNER_IN_REGS (neox, R not a power of two) the partner
+    is read from its address and normalised the same way."""
     # upcast right after loading: no bf16 arithmetic anywhere (and none under the interpreter)
     x = tl.load(row_ptrs + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(row_ptrs + partner_d[None, :], mask=mask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # [BLOCK_T]
     y = x * rstd[:, None]
-    yp = xp * rstd[:, None]
     if HAS_W:
         y = y * tl.load(w_ptr + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
-        yp = yp * tl.load(w_ptr + partner_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
-    rope_mask = mask & in_rope[None, :]
-    c = tl.load(cos_row_ptrs + cs_idx[None, :], mask=rope_mask, other=1.0)
-    s = tl.load(sin_row_ptrs + cs_idx[None, :], mask=rope_mask, other=0.0)
-    return tl.where(rope_mask, y * c + sign[None, :] * yp * s, y)
+    in_r = offs_r < R
+    xr = tl.load(rope_ptrs + offs_r[None, :], mask=mask_r, other=0.0).to(tl.float32)
+    yr = xr * rstd[:, None]
+    if HAS_W:
+        yr = yr * tl.load(w_ptr + (D - R) + offs_r, mask=in_r, other=0.0).to(tl.float32)[None, :]
+    half = R // 2
+    if IS_NEOX:
+        first = offs_r < half
+        cs_idx = tl.where(first, offs_r, offs_r - half)
+        partner = tl.where(first, offs_r + half, offs_r - half)
+    else:
+        first = (offs_r % 2) == 0
+        cs_idx = offs_r // 2
+        partner = tl.where(first, offs_r + 1, offs_r - 1)
+    sign = tl.where(first, -1.0, 1.0)
+    if PARTNER_IN_REGS:
+        yp = _rope_partner(yr, BLOCK_T, BLOCK_R, IS_NEOX)
+    else:
+        yp = tl.load(rope_ptrs + partner[None, :], mask=mask_r, other=0.0).to(tl.float32) * rstd[:, None]
+        if HAS_W:
+            yp = yp * tl.load(w_ptr + (D - R) + partner, mask=in_r, other=0.0).to(tl.float32)[None, :]
+    c = tl.load(cos_row_ptrs + cs_idx[None, :], mask=mask_r, other=1.0)
+    s = tl.load(sin_row_ptrs + cs_idx[None, :], mask=mask_r, other=0.0)
+    return y, yr * c + sign[None, :] * yp * s
 
 
 @triton.jit
 def _paged_fp8_store(
-    kv_y,  # [BLOCK_T, BLOCK_D] bf16 rotated kv rows (the values kv_out holds)
+    kv_y,  # [BLOCK_T, BLOCK_D] bf16 normalised kv rows (their nope dims are kv_out's)
+    kv_r,  # [BLOCK_T, BLOCK_R] bf16 rotated rope dims (kv_out's)
     pool_ptr,  # uint8 pool, (num_pages, page_bytes)
     pool_fp8_ptr,  # the pool as float8_e4m3fn
     loc_ptr,  # (T,) token slots; negative = padding
-    offs_t, offs_d, mask_t, in_rope,
-    stride_pool_p, page_size, D, R,
+    offs_t, offs_d, offs_r, mask_t,
+    stride_pool_p, page_size, n_slots, D, R,
     FP8_MAX: tl.constexpr,
     AMAX_FLOOR: tl.constexpr,
 ):
@@ -69,7 +116,7 @@ def _paged_fp8_store(
     exponent e = ceil(log2(max(|max|, 1e-8) / 448)) from the fp32 quotient's bits (no log2),
     codes fp8(clamp(x · 2**-e, ±448)), the rope dims' bf16 bytes; the pad byte is left alone."""
     loc = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
-    write = mask_t & (loc >= 0)
+    write = mask_t & (loc >= 0) & (loc < n_slots)  # a slot past the pool (unchecked input): skipped
     page = tl.where(write, loc, 0) // page_size
     in_page = tl.where(write, loc, 0) % page_size
     nope = D - R
@@ -92,17 +139,18 @@ def _paged_fp8_store(
     x = tl.minimum(tl.maximum(y * inv, -FP8_MAX), FP8_MAX)  # in range: the cast only rounds
     m_nope = write[:, None] & is_nope[None, :]
     tl.store(pool_fp8_ptr + v_base[:, None] + offs_d[None, :], x.to(pool_fp8_ptr.dtype.element_ty), mask=m_nope)
-    half = kv_y.to(tl.int16, bitcast=True)
+    half = kv_r.to(tl.int16, bitcast=True)
     lo = (half & 0xFF).to(tl.uint8)
     hi = ((half >> 8) & 0xFF).to(tl.uint8)
-    rope_at = pool_ptr + v_base[:, None] + nope + 2 * (offs_d[None, :] - nope)
-    m_rope = write[:, None] & in_rope[None, :]
+    rope_at = pool_ptr + v_base[:, None] + nope + 2 * offs_r[None, :]
+    m_rope = write[:, None] & (offs_r < R)[None, :]
     tl.store(rope_at, lo, mask=m_rope)
     tl.store(rope_at + 1, hi, mask=m_rope)
 
 
 @triton.jit(do_not_specialize=["T", "H", "stride_q_t", "stride_q_h", "stride_kv_t", "stride_qo_t", "stride_qo_h",
-                               "stride_kvo_t", "stride_ring_s", "stride_cs_p", "stride_pool_p", "page_size"])
+                               "stride_kvo_t", "stride_ring_s", "stride_cs_p", "stride_pool_p", "page_size",
+                               "n_pos", "n_slots"])
 def _qk_norm_rope_kernel(
     q_out_ptr,  # (T, H, D) out, contiguous
     kv_out_ptr,  # (T, D) out, contiguous
@@ -126,11 +174,16 @@ def _qk_norm_rope_kernel(
     stride_kvo_t,
     stride_ring_s,
     stride_cs_p,
+    n_pos,  # rows of cos / sin: a position outside [0, n_pos) reads row 0 (memory-safe unchecked input)
+    n_slots,  # rows (ring) or token slots (pool) of the store target: a slot past them is skipped
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_Q_WEIGHT: tl.constexpr,
     HAS_STORE: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    BLOCK_R: tl.constexpr = 64,  # the rope tile: max(ROPE_TILE, next_power_of_2(R)) (masked past R)
+    PARTNER_IN_REGS: tl.constexpr = True,  # interleaved, or R a power of two (``_norm_rope_tile``)
+    VEC: tl.constexpr = 1,  # D, R and every row stride are multiples of VEC elements (16-byte vectors at 8)
     pool_ptr=None,  # (num_pages, page_bytes) uint8 paged SWA cache, written when PAGED_FP8_STORE
     pool_fp8_ptr=None,  # the same bytes viewed as float8_e4m3fn
     stride_pool_p=0,  # page_bytes
@@ -147,43 +200,45 @@ def _qk_norm_rope_kernel(
     mask_d = offs_d < D
     mask = mask_t[:, None] & mask_d[None, :]
 
-    j = offs_d - (D - R)  # position inside the rope dims
-    in_rope = (j >= 0) & mask_d
-    jj = tl.where(in_rope, j, 0)
-    half = R // 2
-    if IS_NEOX:
-        first = jj < half
-        cs_idx = tl.where(first, jj, jj - half)
-        partner = tl.where(first, jj + half, jj - half)
-    else:
-        first = (jj % 2) == 0
-        cs_idx = jj // 2
-        partner = tl.where(first, jj + 1, jj - 1)
-    sign = tl.where(first, -1.0, 1.0)
-    partner_d = tl.where(in_rope, D - R + partner, offs_d)
+    offs_r = tl.arange(0, BLOCK_R)
+    nope_mask = mask & (offs_d < D - R)[None, :]  # the rope dims are stored from their own tile
+    mask_r = mask_t[:, None] & (offs_r < R)[None, :]
 
     pos = tl.load(pos_ptr + offs_t, mask=mask_t, other=0).to(tl.int64)
+    pos = tl.where((pos >= 0) & (pos < n_pos), pos, 0)  # the wrapper checked them, unless told not to
     cos_rows = cos_ptr + pos[:, None] * stride_cs_p
     sin_rows = sin_ptr + pos[:, None] * stride_cs_p
 
     if pid_h < H:
-        rows = q_ptr + offs_t[:, None] * stride_q_t + pid_h * stride_q_h
-        q_y = _norm_rope_tile(rows, q_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign, in_rope, mask,
-                              D, eps, HAS_W=HAS_Q_WEIGHT)
-        out = q_out_ptr + offs_t[:, None] * stride_qo_t + pid_h * stride_qo_h + offs_d[None, :]
-        tl.store(out, q_y.to(q_out_ptr.dtype.element_ty), mask=mask)
+        src = tl.multiple_of(offs_t * stride_q_t + pid_h * stride_q_h, VEC)  # [BLOCK_T] row starts
+        dst = tl.multiple_of(offs_t * stride_qo_t + pid_h * stride_qo_h, VEC)
+        src_r, dst_r = tl.multiple_of(src + (D - R), VEC), tl.multiple_of(dst + (D - R), VEC)
+        q_y, q_r = _norm_rope_tile(q_ptr + src[:, None], q_ptr + src_r[:, None], q_w_ptr, cos_rows, sin_rows,
+                                   offs_d, offs_r, mask, mask_r, D, R, eps, HAS_W=HAS_Q_WEIGHT, BLOCK_T=BLOCK_T,
+                                   BLOCK_R=BLOCK_R, IS_NEOX=IS_NEOX, PARTNER_IN_REGS=PARTNER_IN_REGS)
+        tl.store(q_out_ptr + dst[:, None] + offs_d[None, :], q_y.to(q_out_ptr.dtype.element_ty), mask=nope_mask)
+        tl.store(q_out_ptr + dst_r[:, None] + offs_r[None, :], q_r.to(q_out_ptr.dtype.element_ty), mask=mask_r)
     else:
-        rows = kv_ptr + offs_t[:, None] * stride_kv_t
-        kv_y = _norm_rope_tile(rows, kv_w_ptr, cos_rows, sin_rows, offs_d, partner_d, cs_idx, sign, in_rope, mask,
-                               D, eps, HAS_W=True).to(kv_out_ptr.dtype.element_ty)
-        tl.store(kv_out_ptr + offs_t[:, None] * stride_kvo_t + offs_d[None, :], kv_y, mask=mask)
+        src = tl.multiple_of(offs_t * stride_kv_t, VEC)
+        dst = tl.multiple_of(offs_t * stride_kvo_t, VEC)
+        src_r, dst_r = tl.multiple_of(src + (D - R), VEC), tl.multiple_of(dst + (D - R), VEC)
+        kv_y, kv_r = _norm_rope_tile(kv_ptr + src[:, None], kv_ptr + src_r[:, None], kv_w_ptr, cos_rows, sin_rows,
+                                     offs_d, offs_r, mask, mask_r, D, R, eps, HAS_W=True, BLOCK_T=BLOCK_T,
+                                     BLOCK_R=BLOCK_R, IS_NEOX=IS_NEOX, PARTNER_IN_REGS=PARTNER_IN_REGS)
+        kv_y = kv_y.to(kv_out_ptr.dtype.element_ty)
+        kv_r = kv_r.to(kv_out_ptr.dtype.element_ty)
+        tl.store(kv_out_ptr + dst[:, None] + offs_d[None, :], kv_y, mask=nope_mask)
+        tl.store(kv_out_ptr + dst_r[:, None] + offs_r[None, :], kv_r, mask=mask_r)
         if HAS_STORE:
             slot = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
-            store_mask = mask & (slot >= 0)[:, None]
-            tl.store(ring_ptr + slot[:, None] * stride_ring_s + offs_d[None, :], kv_y, mask=store_mask)
+            slot = tl.where(slot < n_slots, slot, -1)  # past the ring (unchecked input): skipped
+            ring_row = tl.multiple_of(slot * stride_ring_s, VEC)  # padding rows (-1): masked off
+            ring_r = tl.multiple_of(ring_row + (D - R), VEC)
+            tl.store(ring_ptr + ring_row[:, None] + offs_d[None, :], kv_y, mask=nope_mask & (slot >= 0)[:, None])
+            tl.store(ring_ptr + ring_r[:, None] + offs_r[None, :], kv_r, mask=mask_r & (slot >= 0)[:, None])
         if PAGED_FP8_STORE:
-            _paged_fp8_store(kv_y, pool_ptr, pool_fp8_ptr, loc_ptr, offs_t, offs_d, mask_t, in_rope, stride_pool_p,
-                             page_size, D, R, FP8_MAX=FP8_MAX, AMAX_FLOOR=AMAX_FLOOR)
+            _paged_fp8_store(kv_y, kv_r, pool_ptr, pool_fp8_ptr, loc_ptr, offs_t, offs_d, offs_r, mask_t,
+                             stride_pool_p, page_size, n_slots, D, R, FP8_MAX=FP8_MAX, AMAX_FLOOR=AMAX_FLOOR)
 
 
 def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
@@ -197,41 +252,53 @@ def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
     return max(1, 2048 // block_d), block_d, 4 if block_d <= 512 else 8
 
 
+def vec_width(D: int, *strides: int) -> int:
+    """Elements per aligned vector the kernel may assume (its ``VEC``): 8 (16 bytes of bf16) when D,
+    R and every row stride are multiples of 8, else 1. Triton checks the pointers' own alignment."""
+    return 8 if all(v % 8 == 0 for v in (D, *strides)) else 1
+
+
 def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
-            rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None) -> None:
+            rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None, config=None) -> None:
     """The one launch. Arguments already validated, outputs allocated (the benchmark calls this
-    directly: validation syncs the device and is not part of the op)."""
+    directly). ``config``: (BLOCK_T, num_warps) instead of ``block_config``'s (the benchmark's
+    candidates)."""
     T, H, D = q.shape
     if T == 0:
         return
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     BLOCK_T, BLOCK_D, num_warps = block_config(D, interpreted)
+    if config is not None:
+        BLOCK_T, num_warps = config
     has_store = ring is not None
     paged = swa_cache is not None
     grid = (triton.cdiv(T, BLOCK_T), H + 1)
     extra = dict(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8), stride_pool_p=swa_cache.stride(0),
                  page_size=int(swa_page_size), PAGED_FP8_STORE=True, FP8_MAX=ref.SWA_FP8_MAX,
                  AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
+    strides = (q.stride(0), q.stride(1), kv.stride(0), q_out.stride(0), q_out.stride(1), kv_out.stride(0),
+               ring.stride(0) if has_store else 0)
+    block_r = max(ROPE_TILE, triton.next_power_of_2(rope_dim))  # one tile width for R <= 64: fewer variants
     _qk_norm_rope_kernel[grid](
         q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,
         q_ptr=q, kv_ptr=kv,
         q_w_ptr=q_norm_weight if q_norm_weight is not None else kv_norm_weight, kv_w_ptr=kv_norm_weight,
         cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, loc_ptr=loc if has_store or paged else positions,
         T=T, H=H, D=D, R=rope_dim, eps=eps,
-        stride_q_t=q.stride(0), stride_q_h=q.stride(1),
-        stride_kv_t=kv.stride(0),
-        stride_qo_t=q_out.stride(0), stride_qo_h=q_out.stride(1),
-        stride_kvo_t=kv_out.stride(0),
-        stride_ring_s=ring.stride(0) if has_store else 0,
-        stride_cs_p=cos.stride(0),
+        stride_q_t=strides[0], stride_q_h=strides[1], stride_kv_t=strides[2],
+        stride_qo_t=strides[3], stride_qo_h=strides[4], stride_kvo_t=strides[5], stride_ring_s=strides[6],
+        stride_cs_p=cos.stride(0), n_pos=cos.shape[0],
+        n_slots=ring.shape[0] if has_store else swa_cache.shape[0] * int(swa_page_size) if paged else 0,
         BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
         HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
-        num_warps=num_warps, **extra,
+        BLOCK_R=block_r, PARTNER_IN_REGS=rope_style != "neox" or block_r == rope_dim,  # neox: halves of the tile
+        VEC=vec_width(D, rope_dim, *strides), num_warps=num_warps, **extra,
     )
 
 
 def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
-                 rope_style="interleaved", ring=None, loc=None, q_out=None, swa_cache=None, swa_page_size=None):
+                 rope_style="interleaved", ring=None, loc=None, q_out=None, swa_cache=None, swa_page_size=None,
+                 checked=None):
     """Same contract as ``reference.qk_norm_rope.qk_norm_rope``, in one launch.
 
     Shapes: q (T, H, D) bf16; kv (T, D) bf16 (rows may be strided); kv_norm_weight (D,);
@@ -241,10 +308,20 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     store, ``reference.qk_norm_rope.SwaLayout``); q_out (T, H, D) or None.
     Returns (q_out (T, H, D), kv_out (T, D) contiguous): kv_out holds the bf16 rows the kernel
     stored (the paged store quantises exactly these).
+
+    Checks: every argument's shape, dtype, strides, device and scalars on every call (host only,
+    no sync). ``checked`` (None: ``VP_CHECK_VALUES``, on by default; see ``reference.checks``):
+    also the values of positions (in the table) and loc (in the store target, no slot twice),
+    one host sync, before anything is written; a bad one is a RangeError naming it. With
+    ``checked=False`` the launch does not wait on the device and the caller guarantees those
+    values: the kernel still never reads or writes outside its tensors (a position outside the
+    table reads row 0, a slot past the store is skipped, a repeated slot gets bytes of its tokens),
+    but such tokens' results are not the op's.
     """
     T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
                            rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
-                           ring=ring, loc=loc, q_out=q_out, swa_cache=swa_cache, swa_page_size=swa_page_size)
+                           ring=ring, loc=loc, q_out=q_out, swa_cache=swa_cache, swa_page_size=swa_page_size,
+                           check_values=values_checked(checked))
     eps, rope_dim = float(eps), int(rope_dim)  # numpy scalars: their values (kernel arguments)
     if q_out is None:
         q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
@@ -327,7 +404,7 @@ def compile_specs():
         "q_w_ptr": "*bf16", "kv_w_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
         "loc_ptr": "*i64", "T": "i32", "H": "i32", "D": "i32", "R": "i32", "eps": "fp32",
         "stride_q_t": "i32", "stride_q_h": "i32", "stride_kv_t": "i32", "stride_qo_t": "i32", "stride_qo_h": "i32",
-        "stride_kvo_t": "i32", "stride_ring_s": "i32", "stride_cs_p": "i32",
+        "stride_kvo_t": "i32", "stride_ring_s": "i32", "stride_cs_p": "i32", "n_pos": "i32", "n_slots": "i32",
         "pool_ptr": "*u8", "pool_fp8_ptr": "*fp8e4nv", "stride_pool_p": "i32", "page_size": "i32",
     }
     specs = []
@@ -336,7 +413,8 @@ def compile_specs():
             for neox in (False, True):
                 block_t, block_d, warps = block_config(512, interpreted=False)
                 const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w,
-                         "HAS_STORE": store == "ring", "IS_NEOX": neox, "PAGED_FP8_STORE": store == "paged",
+                         "HAS_STORE": store == "ring", "IS_NEOX": neox, "BLOCK_R": 64, "PARTNER_IN_REGS": True, "VEC": 8,
+                         "PAGED_FP8_STORE": store == "paged",
                          "FP8_MAX": ref.SWA_FP8_MAX, "AMAX_FLOOR": ref.SWA_AMAX_FLOOR}
                 specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)}]",
                               _qk_norm_rope_kernel, sig, const, warps))

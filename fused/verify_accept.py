@@ -30,6 +30,7 @@ import triton.language as tl
 
 from fused._compile_specs import variant
 from reference import verify_accept as ref
+from reference.checks import values_checked
 
 SENTINEL = tl.constexpr(2 ** 31 - 1)  # an index no row has: lanes that saw no element (constexpr: the compiler reads no other global)
 
@@ -106,14 +107,20 @@ def _launch(*, output_ids, accept_length, target_logits, draft_tokens, qo_indptr
     )
 
 
-def verify_accept(*, target_logits, draft_tokens, qo_indptr):
+def verify_accept(*, target_logits, draft_tokens, qo_indptr, checked=None):
     """Same contract as ``reference.verify_accept.verify_accept``, in one launch.
 
     Shapes: target_logits (N, V) bf16, any row stride with a unit innermost one; draft_tokens
     (B·L,) int; qo_indptr (B + 1,) int, each request L + 1 rows or 0 (padding).
     Returns {"output_ids": (B, L + 1) int32, "accept_length": (B,) int32}.
+
+    Checks: shapes, dtypes, strides and devices on every call (no sync); ``checked`` (None:
+    ``VP_CHECK_VALUES``, on by default; see ``reference.checks``): also the values of qo_indptr
+    and of the real requests' drafts, one host sync. ``checked=False``: the caller guarantees
+    them (a bad qo_indptr is then read past target_logits) and nothing waits on the device.
     """
-    B, L, V = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr)
+    B, L, V = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr,
+                           check_values=values_checked(checked))
     dev = target_logits.device
     out = torch.empty((B, L + 1), dtype=ref.OUT_DTYPE, device=dev)
     n = torch.empty((B,), dtype=ref.OUT_DTYPE, device=dev)

@@ -69,7 +69,8 @@ def _patched(patches):
 
 
 def _no_data_check(*args, **kwargs) -> None:
-    """Stands in for ``check_index_range`` / ``check_unique`` after the validated eager call."""
+    """Stands in for ``check_index_range`` / ``check_unique`` / ``check_index_values`` after the validated
+    eager call."""
 
 
 @contextlib.contextmanager
@@ -77,7 +78,8 @@ def capture_safe(op: str, inputs: dict):
     """Calls of ``op``'s implementations on ``inputs`` as a CUDA graph runs them (module docstring).
     Enter it only after a validated eager call on the same inputs."""
     ref = importlib.import_module(f"reference.{op}")
-    patches = [(ref, n, _no_data_check) for n in ("check_index_range", "check_unique") if hasattr(ref, n)]
+    patches = [(ref, n, _no_data_check) for n in ("check_index_range", "check_unique", "check_index_values")
+               if hasattr(ref, n)]
     patches += PLANS[op].capture_patches(inputs)  # the op's own (its OpSpec.gpu)
     with _patched(patches):
         yield

@@ -11,12 +11,22 @@ Scalars: flags are bools (or ``numpy.bool_``), integer knobs ints, scales and ep
 numbers (Python or numpy, converted with ``float``/``int``; never bool, str or tensor), each in a
 documented range; a scale is checked in fp32, the dtype the ops apply it in. None of these checks
 reads a tensor's values, so none syncs a device; the value checks (``check_index_range``,
-``check_unique``) do.
+``check_unique``) do, and ``check_index_values`` does all of one call's in one host sync.
+
+Value checks and the fused wrappers (``values_checked``): by default every call checks the
+values of its index tensors (ranges, uniqueness), one host sync per call on a GPU. A caller on
+the hot path that guarantees them itself (indices from its own allocator, checked once per
+plan) passes ``checked=False`` to a fused wrapper or sets ``VP_CHECK_VALUES=0``: the wrapper then
+checks everything that needs no device value (shapes, dtypes, strides, devices, scalars) and
+launches without syncing; bad index values are then the caller's to rule out. While a CUDA
+graph is being captured the values are never read (the captured values are not the replayed
+ones, and a sync would break the capture).
 """
 from __future__ import annotations
 
 import math
 import numbers
+import os
 import struct
 from collections.abc import Sequence
 
@@ -142,7 +152,56 @@ def check_index_range(arg: str, idx: torch.Tensor, *, low: int, high: int, allow
 def check_unique(arg: str, idx: torch.Tensor, *, ignore_negative: bool = True) -> None:
     vals = idx[idx >= 0] if ignore_negative else idx
     if vals.numel() != torch.unique(vals).numel():
-        raise RangeError(arg, "duplicate entries: two tokens would write the same slot")
+        raise RangeError(arg, DUPLICATE_MESSAGE)
+
+
+CHECK_VALUES_ENV = "VP_CHECK_VALUES"
+DUPLICATE_MESSAGE = "duplicate entries: two tokens would write the same slot"
+
+
+def values_checked(checked) -> bool:
+    """Whether a fused wrapper checks index values: ``checked`` (a bool), or when None the
+    environment (``VP_CHECK_VALUES``; on unless it is 0 / false / no / off)."""
+    if checked is None:
+        return os.environ.get(CHECK_VALUES_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return check_bool("checked", checked)
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def check_index_values(*specs: tuple) -> None:
+    """Several index tensors' values in one host sync. Each spec is ``(arg, idx, low, high,
+    allow_negative_padding, unique)``: every entry in [low, high) (any negative one means 'skip'
+    with ``allow_negative_padding``), and with ``unique`` no two non-skipped entries equal.
+    Raises what ``check_index_range`` then ``check_unique`` would, for the first failing spec in
+    order. The tensors are already checked as index tensors (``check_index``) on one device.
+    Skipped while a CUDA graph is being captured (module docstring)."""
+    specs = [s for s in specs if s[1].numel() > 0]
+    if not specs or _capturing(specs[0][1]):
+        return
+    big = torch.iinfo(torch.int64).max
+    parts = []
+    for _, idx, _, _, allow_neg, unique in specs:
+        v = idx.long()
+        keep = v >= 0 if allow_neg else torch.ones_like(v, dtype=torch.bool)
+        lo = torch.where(keep, v, big).min()
+        hi = torch.where(keep, v, -big).max()
+        if unique:  # skipped entries become distinct negatives; sorted, a repeat sits next to its twin
+            s = torch.sort(torch.where(keep, v, -1 - torch.arange(v.numel(), device=v.device))).values
+            dup = ((s[1:] == s[:-1]) & (s[1:] >= 0)).any().long() if v.numel() > 1 else v.new_zeros(())
+        else:
+            dup = v.new_zeros(())
+        parts.append(torch.stack((lo, hi, dup)))
+    got = torch.stack(parts).tolist()  # the one sync
+    for (arg, _, low, high, _, _), (lo, hi, dup) in zip(specs, got):
+        if lo == big:  # every entry skipped
+            continue
+        if lo < low or hi >= high:
+            raise RangeError(arg, f"entry {lo if lo < low else hi} outside [{low}, {high})")
+        if dup:
+            raise RangeError(arg, DUPLICATE_MESSAGE)
 
 
 # ----------------------------------------------------------------------------- scalars

@@ -40,11 +40,10 @@ from reference.checks import (
     check_fp32_scale,
     check_index,
     fp32_value,
-    check_index_range,
+    check_index_values,
     check_rank,
     check_same_device,
     check_shape,
-    check_unique,
 )
 
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
@@ -56,8 +55,8 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 # ----------------------------------------------------------------------------- validation
 
-def validate(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None, fp8_policy="saturate"
-             ) -> tuple[int, int, int, int]:
+def validate(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None, fp8_policy="saturate",
+             check_values: bool = True) -> tuple[int, int, int, int]:
     """Check every argument; return (T, H, Dn, R). Shared by the reference and the fused wrapper.
 
     Shapes: q_nope (T, H, Dn), q_rope (T, H, R), k_nope (T, Dn), k_rope (T, R) bf16, any
@@ -65,14 +64,15 @@ def validate(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None,
     negative = padding, no duplicates. T = 0 (and H = 0) is legal: empty q8, nothing written.
     kv_descale: None or a real number whose fp32 value and fp32 reciprocal (the factor k is
     multiplied by) are both normal fp32 numbers, i.e. about [1.2e-38, 8.5e37]. A kernel's own
-    layout limits are its wrapper's to check.
+    layout limits are its wrapper's to check. loc's values (one host sync) only with
+    ``check_values`` (``reference.checks.values_checked``).
     """
     T, H, Dn, R = validate_tensors(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
                                    kv_descale=kv_descale, fp8_policy=fp8_policy)
     check_index("loc", loc, (T,), INDEX_DTYPES)
-    check_index_range("loc", loc, low=0, high=kv_buffer.shape[0], allow_negative_padding=True)
-    check_unique("loc", loc)
     check_same_device(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer, loc=loc)
+    if check_values:
+        check_index_values(("loc", loc, 0, kv_buffer.shape[0], True, True))
     return T, H, Dn, R
 
 
@@ -291,9 +291,10 @@ class KVPool:
 
 
 def validate_pool(*, kv_buffer, out_cache_loc, slot_map, decode_kernel_loc, save_kv_cache=True,
-                  fused_switch=True) -> None:
+                  fused_switch=True, check_values: bool = True) -> None:
     """The step's extra arguments: the logical loc lies in the pool, the maps are well formed
-    (contiguous int tensors), the flags are bools (``fused_switch`` None: from the environment)."""
+    (contiguous int tensors), the flags are bools (``fused_switch`` None: from the environment).
+    The index values (one host sync) only with ``check_values``."""
     check_bool("save_kv_cache", save_kv_cache)
     if fused_switch is not None:
         check_bool("fused_switch", fused_switch)
@@ -307,15 +308,12 @@ def validate_pool(*, kv_buffer, out_cache_loc, slot_map, decode_kernel_loc, save
     check_same_device(kv_buffer=kv_buffer, out_cache_loc=out_cache_loc, slot_map=slot_map,
                       decode_kernel_loc=decode_kernel_loc)
     S = kv_buffer.shape[0]
-    if slot_map is not None:
-        check_index_range("slot_map", slot_map, low=0, high=S)
-        check_unique("slot_map", slot_map, ignore_negative=False)
     n_logical = S if slot_map is None else slot_map.shape[0]
-    check_index_range("out_cache_loc", out_cache_loc, low=0, high=n_logical, allow_negative_padding=True)
-    check_unique("out_cache_loc", out_cache_loc)
-    if decode_kernel_loc is not None:
-        check_index_range("decode_kernel_loc", decode_kernel_loc, low=0, high=S, allow_negative_padding=True)
-        check_unique("decode_kernel_loc", decode_kernel_loc)
+    if check_values:
+        check_index_values(*((("slot_map", slot_map, 0, S, False, True),) if slot_map is not None else ()),
+                           ("out_cache_loc", out_cache_loc, 0, n_logical, True, True),
+                           *((("decode_kernel_loc", decode_kernel_loc, 0, S, True, True),)
+                             if decode_kernel_loc is not None else ()))
 
 
 def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache_loc, slot_map=None,

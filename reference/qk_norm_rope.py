@@ -35,13 +35,12 @@ from reference.checks import (
     check_dtype,
     check_fp32_scale,
     check_index,
-    check_index_range,
+    check_index_values,
     check_inner_contiguous,
     check_int,
     check_rank,
     check_same_device,
     check_shape,
-    check_unique,
 )
 from reference.mla_fp8_prepare import cast_fp8
 
@@ -146,14 +145,17 @@ def validate_swa(swa_cache, swa_page_size, head_dim: int, rope_dim: int) -> SwaL
 
 
 def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions, rope_style,
-             ring, loc, q_out, swa_cache=None, swa_page_size=None) -> tuple[int, int, int]:
+             ring, loc, q_out, swa_cache=None, swa_page_size=None, check_values: bool = True
+             ) -> tuple[int, int, int]:
     """Check every argument; return (T, H, D). Shared by the reference and the fused wrapper.
 
     T = 0 (and H = 0) is legal: empty outputs, nothing stored. eps: a positive normal fp32 number;
     rope_dim: an int, a positive even divisor of D; positions, loc: contiguous int tensors.
     Store target: ``ring`` (unified KV, bf16 rows) or ``swa_cache`` with ``swa_page_size`` (non-unified,
     the paged fp8 pool, ``validate_swa``), never both; ``loc`` comes with either and indexes its rows
-    (ring) or token slots (``num_pages · page_size`` of them); negative entries are padding.
+    (ring) or token slots (``num_pages · page_size`` of them); negative entries are padding, the
+    others distinct. The values of positions and loc are checked last, in one host sync, and only
+    with ``check_values`` (``reference.checks.values_checked``: the fused wrapper's ``checked``).
     """
     check_rank("q", q, 3)
     T, H, D = q.shape
@@ -182,7 +184,6 @@ def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, p
     check_contiguous("cos", cos)
     check_contiguous("sin", sin)
     check_index("positions", positions, (T,), INDEX_DTYPES)
-    check_index_range("positions", positions, low=0, high=cos.shape[0])
     if swa_cache is not None and ring is not None:
         raise VerifyParityInputError("swa_cache", "one store target: a unified layer's ring or a non-unified "
                                                   "layer's paged swa_cache, not both")
@@ -193,24 +194,26 @@ def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, p
     if (store is None) != (loc is None):
         raise VerifyParityInputError("loc" if store is not None else "ring", "a store target (ring or swa_cache) "
                                                                              "and loc must be given together")
+    slots = 0  # rows of the store target that loc indexes
     if swa_cache is not None:
         lay = validate_swa(swa_cache, swa_page_size, D, int(rope_dim))
         check_index("loc", loc, (T,), INDEX_DTYPES)
-        check_index_range("loc", loc, low=0, high=swa_cache.shape[0] * lay.page_size, allow_negative_padding=True)
-        check_unique("loc", loc)
+        slots = swa_cache.shape[0] * lay.page_size
     if ring is not None:
         check_shape("ring", ring, (None, D))
         check_dtype("ring", ring, ACT_DTYPES)
         check_contiguous("ring", ring)
         check_index("loc", loc, (T,), INDEX_DTYPES)
-        check_index_range("loc", loc, low=0, high=ring.shape[0], allow_negative_padding=True)
-        check_unique("loc", loc)
+        slots = ring.shape[0]
     if q_out is not None:
         check_shape("q_out", q_out, (T, H, D))
         check_dtype("q_out", q_out, (q.dtype,))
         check_contiguous("q_out", q_out)
     check_same_device(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, cos=cos, sin=sin,
                       positions=positions, ring=ring, loc=loc, q_out=q_out, swa_cache=swa_cache)
+    if check_values:
+        check_index_values(("positions", positions, 0, cos.shape[0], False, False),
+                           *((("loc", loc, 0, slots, True, True),) if loc is not None else ()))
     return T, H, D
 
 

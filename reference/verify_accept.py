@@ -79,12 +79,21 @@ def validate_tensors(*, target_logits, draft_tokens, qo_indptr) -> tuple[int, in
     return B, n // B, V
 
 
-def validate(*, target_logits, draft_tokens, qo_indptr) -> tuple[int, int, int]:
-    """``validate_tensors``, then the values (one host copy of qo_indptr and of the drafts' range):
-    qo_indptr starts at 0, every request has 0 rows (padding) or L + 1, the rows fit in
-    target_logits; the drafts of real requests lie in [0, V). Returns (B, L, V)."""
+def validate(*, target_logits, draft_tokens, qo_indptr, check_values: bool = True) -> tuple[int, int, int]:
+    """``validate_tensors``, then the values (one host sync, only with ``check_values``:
+    ``reference.checks.values_checked``): qo_indptr starts at 0, every request has 0 rows
+    (padding) or L + 1, the rows fit in target_logits; the drafts of real requests lie in [0, V).
+    Returns (B, L, V)."""
     B, L, V = validate_tensors(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr)
-    qo = qo_indptr.tolist()
+    if not check_values or (qo_indptr.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return B, L, V
+    qo_dev = qo_indptr.long()
+    real = (qo_dev[1:] > qo_dev[:-1]).repeat_interleave(L, output_size=B * L)  # on the device: no sync
+    d = draft_tokens.long()
+    big = torch.iinfo(torch.int64).max
+    lo_hi = torch.stack((torch.where(real, d, big).min(), torch.where(real, d, -big).max()))
+    got = torch.cat((qo_dev, lo_hi)).tolist()  # the one sync
+    qo, (lo, hi) = got[:-2], got[-2:]
     if qo[0] != 0:
         raise RangeError("qo_indptr", f"must start at 0, got {qo}")
     sizes = [b - a for a, b in zip(qo, qo[1:])]
@@ -96,12 +105,8 @@ def validate(*, target_logits, draft_tokens, qo_indptr) -> tuple[int, int, int]:
     N = target_logits.shape[0]
     if qo[-1] > N:
         raise RangeError("qo_indptr", f"ends at {qo[-1]}, past the {N} rows of target_logits")
-    real = torch.tensor([s > 0 for s in sizes], dtype=torch.bool).repeat_interleave(L).to(draft_tokens.device)
-    drafts = draft_tokens[real]
-    if drafts.numel():
-        lo, hi = int(drafts.min()), int(drafts.max())
-        if lo < 0 or hi >= V:
-            raise RangeError("draft_tokens", f"entry {lo if lo < 0 else hi} outside [0, {V}) (V = vocabulary)")
+    if lo != big and (lo < 0 or hi >= V):  # lo == big: no real request
+        raise RangeError("draft_tokens", f"entry {lo if lo < 0 else hi} outside [0, {V}) (V = vocabulary)")
     return B, L, V
 
 

@@ -1,0 +1,46 @@
+"""``python -m harness.bench.qk_norm_rope --vs-sglang`` on the CPU: the whole path at a tiny size
+(the interpreter's times mean nothing), and the table's pure parts."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from harness.bench import qk_norm_rope as b
+
+
+def test_parse_configs():
+    assert b.parse_configs("default") == [None]
+    assert b.parse_configs("default, 2x4,8X8") == [None, (2, 4), (8, 8)]
+    assert b.parse_configs("") == [None]
+
+
+def test_line_states_ratios_against_sglang_and_bandwidth():
+    r = b.VsRow("verify", 5, 16, bytes_moved=1_000_000, copy_gbps=1000.0,
+                graph_us={"ours": 2.0, "ours@2x4": 1.0, "sglang": 4.0}, eager_us={"ours-wrapper": 9.0, "sglang": 6.0},
+                differ={"ours@2x4": 0})
+    line = b.vs_line(r)
+    assert "graph best ours@2x4/sglang 0.25" in line  # the best of our configs
+    assert "(50.0%)" in line  # 1 MB in 2 us = 500 GB/s of 1000
+    assert "ours-wrapper/sglang 1.50" in line and "ours@2x4 0" in line
+    f = b.vs_frame([r])
+    assert math.isclose(f.loc[0, "graph_ours_frac_of_copy"], 0.5)
+
+
+def test_decode_moves_the_ring_rows_too():
+    assert b.vs_bytes("decode", 4, 8) - b.vs_bytes("verify", 4, 8) == 4 * b.D * 2 + 4 * 8
+
+
+def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("harness.devices.gpu_present", lambda: False)
+    rc = b.main(["--vs-sglang", "--out", str(tmp_path), "--T", "1", "--H", "1", "--configs", "default,1x1",
+                 "--before", b.__file__.replace("harness/bench/qk_norm_rope.py", "fused/qk_norm_rope.py")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    frame = pd.read_csv(tmp_path / "qk_norm_rope_vs_sglang.csv")
+    assert list(frame["mode"]) == ["verify", "decode"]
+    assert (frame["bytes_differing_ours@1x1"] == 0).all() and (frame["bytes_differing_before"] == 0).all()
+    pytest.importorskip("sglang")
+    assert "graph_sglang_us" in frame and "eager_sglang_us" in frame, out
+    assert (frame["bytes_differing_sglang"] == 0).all()  # the same fp32 math, one bf16 rounding
