@@ -6,12 +6,14 @@ against the fp64 oracle and the reference chain's own error on the elements both
 ``untouched`` checks that rows nobody should write kept their bytes; ``unchanged`` that a whole
 input kept its bytes. None of them raises on a mismatch: ``Record.passed`` says.
 
-Every check computes on the checked tensor's device (the other tensor is copied there): fp64
-abs, sub, div, comparisons and max are correctly rounded IEEE on a GPU as on the CPU, so a
-record is the same wherever it is made; the host gets the scalars and the few worst elements.
+Every check computes on the checked tensor's device (the other tensor is copied there), or on the
+CPU for the tensors ``VP_COMPARE_ON`` sends there (``home``): fp64 abs, sub, div, comparisons and
+max are correctly rounded IEEE on a GPU as on the CPU, so a record is the same wherever it is
+made; the host gets the scalars and the few worst elements.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +46,31 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     """
     return t.detach().contiguous().view(torch.uint8).reshape(*t.shape, t.element_size()) if t.dim() else \
         t.detach().reshape(1).contiguous().view(torch.uint8)
+
+
+COMPARE_ON_ENV = "VP_COMPARE_ON"  # device (default) | cpu | auto
+AUTO_CPU_ELEMENTS = 1 << 16  # ``auto``: a checked tensor of at most this many elements is compared on the CPU
+
+
+def home(t: torch.Tensor, mode: str | None = None) -> torch.device:
+    """Where a check of ``t`` computes (``mode``: default ``$VP_COMPARE_ON``, else ``device``):
+    ``device`` on ``t``'s own; ``cpu`` on the CPU; ``auto`` on the CPU when ``t`` has at most
+    ``AUTO_CPU_ELEMENTS`` elements, else on its own device. A record is the same wherever it is
+    made (IEEE fp64 and byte comparisons); the choice is cost only: on a GPU shared by many
+    processes each small kernel and each wait is a turn among their contexts, while one copy of a
+    small tensor to the host is one wait and no kernels."""
+    mode = mode or os.environ.get(COMPARE_ON_ENV) or "device"
+    if mode not in ("device", "cpu", "auto"):
+        raise ValueError(f"{COMPARE_ON_ENV}: expected device, cpu or auto, got {mode!r}")
+    if t.device.type == "cpu" or mode == "device" or (mode == "auto" and t.numel() > AUTO_CPU_ELEMENTS):
+        return t.device
+    return torch.device("cpu")
+
+
+def _home(t: torch.Tensor) -> torch.Tensor:
+    """``t`` where its check computes (``home``)."""
+    where = home(t)
+    return t if t.device == where else t.to(where)
 
 
 def _on(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -104,7 +131,7 @@ def _as_f64(check: str, got: torch.Tensor | None, oracle: torch.Tensor):
         return Record(check, False, detail=f"shape {tuple(got.shape)} != oracle {tuple(oracle.shape)}"), None, None
     if oracle.numel() == 0:
         return Record(check, True, detail="empty"), None, None
-    x = got.detach().double()
+    x = _home(got.detach()).double()
     return None, x, _on(oracle.detach(), x).double()
 
 
@@ -205,7 +232,7 @@ def exact(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Record:
         return Record(check, False, detail="output missing (None)")
     if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
         return Record(check, False, detail=f"{tuple(got.shape)} {got.dtype} != expected {tuple(want.shape)} {want.dtype}")
-    gb = _bytes(got)
+    gb = _bytes(_home(got))
     wb = _bytes(_on(want, gb))
     bad = (gb != wb)
     n = int(bad.sum())
@@ -228,7 +255,7 @@ def untouched(check: str, after: torch.Tensor, before: torch.Tensor, written_row
     if written_rows.numel():
         keep[written_rows.cpu().long()] = False
     n_keep = int(keep.sum())
-    ab_all = _bytes(after)
+    ab_all = _bytes(_home(after))
     bb_all = _bytes(_on(before, ab_all))
     keep_d = _on(keep, ab_all)
     ab, bb = ab_all[keep_d], bb_all[keep_d]

@@ -107,7 +107,8 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
          families: list[str] | None, bench: bool, gate: bool, ops: list[str] | None = None,
          generated: int | None = None, timelines: int | None = None, cores: int | None = None,
          gate_jobs: int | None = None, compiled_shards: int = 1, day: int | None = None, warmup: bool = True,
-         case_timeout_s: float | None = None, cuda_sync: str = "blocking") -> list[Step]:
+         case_timeout_s: float | None = None, cuda_sync: str = "blocking",
+         compare_on: str = "device") -> list[Step]:
     """The steps, with their time limits: on a GPU first the warmup alone (``harness.warmup``: the
     Triton variants the parity steps launch on their catalogs and the first ``WARMUP_GENERATED``
     generated cases per op, compiled once in parallel into Triton's cache) in at most
@@ -126,7 +127,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
     (about 2-3 s each on the H200 host), which took most of the parity steps' time when they ran
     every case."""
     from cases import e2e_gate
-    from harness import devices
+    from harness import compare, devices
 
     gp = "full" if device != "cpu" else "cpu-lite"
     gprof = e2e_gate.PROFILES[gp]
@@ -198,8 +199,9 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
     for s in steps:
         if s.phase == 0:
             s.until_s = par
+            s.env = {compare.COMPARE_ON_ENV: compare_on}  # where the checks compute (harness.compare.home)
             if device == "cuda":  # the steps share one GPU: a process waiting for it sleeps (harness.devices)
-                s.env = {devices.SYNC_ENV: cuda_sync}
+                s.env[devices.SYNC_ENV] = cuda_sync
     if bench:
         # the small shape set: the full one (nox -s bench) took longer than the whole 20 % on the H200
         # (qk_norm_rope 62 s, mla 31 s, verify_attention 2 of 24 shapes when its 109 s ran out)
@@ -378,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-sync", default="blocking", choices=("blocking", "spin"),
                     help="how the correctness steps' processes wait for an NVIDIA GPU (VP_CUDA_SYNC; default "
                          "blocking: a waiting process sleeps and leaves its core to the others)")
+    ap.add_argument("--compare-on", default="device", choices=("device", "cpu", "auto"),
+                    help="where the correctness steps' checks compute (VP_COMPARE_ON; auto: tensors of at most "
+                         "64K elements on the CPU)")
     ap.add_argument("--no-warmup", action="store_true", help="no compile-ahead step (harness.warmup) first")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-gate", action="store_true")
@@ -393,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                  layouts=args.layout, families=args.family, bench=not args.no_bench, gate=not args.no_gate,
                  ops=args.op, generated=args.generated, timelines=args.timelines, gate_jobs=args.gate_jobs,
                  compiled_shards=args.compiled_shards, warmup=not args.no_warmup, case_timeout_s=args.case_timeout_s,
-                 cuda_sync=args.cuda_sync)
+                 cuda_sync=args.cuda_sync, compare_on=args.compare_on)
     t0 = time.time()
     print(f"verify-parity nightly: device={device} profile={args.profile} budget {args.budget_s:.0f}s, "
           f"{len(steps)} steps -> {out}", flush=True)

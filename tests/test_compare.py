@@ -267,3 +267,22 @@ def test_worst_indices_are_torch_unravel_index(shape, data):
         n *= d
     i = data.draw(st.integers(0, n - 1))
     assert compare._idx(i, shape) == tuple(int(v) for v in torch.unravel_index(torch.tensor(i), shape))
+
+
+def test_where_a_check_computes(monkeypatch):
+    """``VP_COMPARE_ON``: ``device`` keeps a check on the tensor's device, ``cpu`` moves it, ``auto``
+    moves only tensors of at most AUTO_CPU_ELEMENTS elements (a meta tensor stands in for a GPU's
+    here). Planted: ``auto`` with the threshold's sense inverted, or the variable not read, fails."""
+    small = torch.empty(compare.AUTO_CPU_ELEMENTS, device="meta")
+    big = torch.empty(compare.AUTO_CPU_ELEMENTS + 1, device="meta")
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    assert [compare.home(t, "auto") for t in (small, big)] == [cpu, meta]
+    assert [compare.home(t, "device") for t in (small, big)] == [meta, meta]
+    assert [compare.home(t, "cpu") for t in (small, big)] == [cpu, cpu]
+    assert compare.home(torch.empty(3), "device") == cpu
+    monkeypatch.setenv("VP_COMPARE_ON", "auto")
+    assert compare.home(small) == cpu and compare.home(big) == meta
+    monkeypatch.delenv("VP_COMPARE_ON")
+    assert compare.home(small) == meta  # the default: the tensor's own device
+    with pytest.raises(ValueError, match="VP_COMPARE_ON: expected device, cpu or auto"):
+        compare.home(small, "gpu")

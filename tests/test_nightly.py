@@ -263,13 +263,14 @@ def test_correctness_steps_sleep_while_they_wait_for_the_gpu_and_the_benchmarks_
     passed to ``Popen`` fails the last assertion; blocking set on the bench fails the second."""
     steps = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=2, layouts=None,
                          families=None, bench=True, gate=True)
-    assert all(s.env == {"VP_CUDA_SYNC": "blocking"} for s in steps if s.phase == 0)
+    assert all(s.env == {"VP_CUDA_SYNC": "blocking", "VP_COMPARE_ON": "device"} for s in steps if s.phase == 0)
     assert all(not s.env for s in steps if s.phase != 0)
     spin = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=2, layouts=None,
-                        families=None, bench=False, gate=False, cuda_sync="spin")
-    assert {s.env["VP_CUDA_SYNC"] for s in spin if s.phase == 0} == {"spin"}
-    assert all(not s.env for s in nightly.plan(tmp_path, profile="dev", device="cpu", budget_s=600, jobs=None,
-                                               layouts=None, families=None, bench=False, gate=False))
+                        families=None, bench=False, gate=False, cuda_sync="spin", compare_on="auto")
+    assert {(s.env["VP_CUDA_SYNC"], s.env["VP_COMPARE_ON"]) for s in spin if s.phase == 0} == {("spin", "auto")}
+    assert all("VP_CUDA_SYNC" not in s.env for s in nightly.plan(tmp_path, profile="dev", device="cpu", budget_s=600,
+                                                                 jobs=None, layouts=None, families=None, bench=False,
+                                                                 gate=False))
     step = _step("parity:x", "import os; print('sync', os.environ.get('VP_CUDA_SYNC'))")
     step.env = {"VP_CUDA_SYNC": "blocking"}
     nightly.run_steps([step], tmp_path, poll_s=0.05, progress=lambda m: None)
