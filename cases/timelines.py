@@ -48,6 +48,8 @@ class Family:
     q_weight: bool = False
     # the nightly's timeline workers for it relative to the other families (harness.nightly.parity_jobs)
     nightly_weight: float = 1.0
+    # a small twin of another family: the nightly runs it in that family's step, with its workers
+    nightly_with: str = ""
 
 
 FAMILIES = {
@@ -57,7 +59,7 @@ FAMILIES = {
     # the same stack with a q norm weight (the q-side weight path of the prepare)
     "dsv4-mqa-ring-qw": Family("dsv4-mqa-ring-qw", "ring", "qk_norm_rope", H=4, Hkv=1, D=64, Dv=64, rope_dim=16,
                                causal=True, model_family="generic", verify_store="pre", q_weight=True,
-                               nightly_weight=0.5),
+                               nightly_with="dsv4-mqa-ring"),
     # DeepSeek-V4 MQA, a unified layer (the ring) over a non-unified one (the paged fp8 SWA cache):
     # the store gate's three branches in one stack (head_dim - rope_dim: one 64-value fp8 tile)
     "dsv4-mqa-mixed": Family("dsv4-mqa-mixed", "ring", "qk_norm_rope", H=2, Hkv=1, D=128, Dv=128, rope_dim=64,
@@ -65,7 +67,7 @@ FAMILIES = {
                              nightly_weight=0.5),  # one worker: two small layers beside dsv4-mqa-ring's
     "dsv4-mqa-mixed-qw": Family("dsv4-mqa-mixed-qw", "ring", "qk_norm_rope", H=2, Hkv=1, D=128, Dv=128,
                                 rope_dim=64, causal=True, model_family="generic", verify_store="pre",
-                                non_unified_layers=(1,), q_weight=True, nightly_weight=0.5),
+                                non_unified_layers=(1,), q_weight=True, nightly_with="dsv4-mqa-mixed"),
     # Kimi-K3 absorbed MLA, fp8 KV in a translating paged pool (seed 001): mla_fp8_prepare + MLA attention
     "k3-mla-fp8": Family("k3-mla-fp8", "paged", "mla_fp8_prepare", H=2, Hkv=1, D=80, Dv=64, rope_dim=16,
                          causal=True, model_family="kimi-k3", verify_store="pre", translated=True, kv_descale=2.0),
@@ -157,10 +159,10 @@ _SCRIPTS = {
 def _named(family: str) -> list[Timeline]:
     out = []
     for name, (steps, L, W) in _SCRIPTS.items():
-        if FAMILIES[family].non_unified_layers and name != "mixed-padded":
+        if FAMILIES[family].q_weight and name != "accept-0-to-L":
+            continue  # a q-weighted twin's one script (every accept count, decode between): the rest is its twin's
+        if FAMILIES[family].non_unified_layers and not FAMILIES[family].q_weight and name != "mixed-padded":
             continue  # a mixed stack's one script (3 requests, padding, accepts 0..L, decode): CI time
-        if FAMILIES[family].q_weight and name not in ("mixed-padded", "accept-0-to-L"):
-            continue  # a q-weighted twin: the q side's path needs no other script (the rest is its twin's)
         pad = 2 if name == "mixed-padded" else 0
         out.append(Timeline(family=family, steps=steps, L=L, window=W, pad=pad, seed=len(out),
                             name=f"{family}/{name}"))

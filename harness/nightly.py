@@ -180,9 +180,11 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
 
     tl_gen = (["--generated", str(timelines)] if timelines is not None
               else ["--generated", "500"] if profile == "nightly" else [])
-    for fam in families or sorted(tl.FAMILIES):
+    chosen = families or sorted(tl.FAMILIES)
+    for fam in [f for f in chosen if tl.FAMILIES[f].nightly_with not in chosen]:
+        twins = [a for f in chosen if tl.FAMILIES[f].nightly_with == fam for a in ("--family", f)]  # in its step
         steps.append(Step(f"timelines:{fam}", py + ["timelines", "--device", device, "--profile", profile,
-                                                    "--family", fam, "--quiet", "--jobs",
+                                                    "--family", fam, *twins, "--quiet", "--jobs",
                                                     str(parity_jobs(workers["timelines"], tl.FAMILIES[fam].nightly_weight,
                                                                     cores)),
                                                     "--csv", str(out / f"timelines-{fam}.csv.gz")] + tl_gen + watchdog,

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from cases import timelines as tl
-from harness import compare
+from harness import compare, timeline_truth
 from harness.backend import CLEAN, VERIFY_STORES, Backend, truth_branch  # noqa: F401  (VERIFY_STORES: re-export)
 from harness.prepares.base import (  # noqa: F401  (re-exported: the adapters' and older callers' names)
     PROJECTION,
@@ -209,7 +209,7 @@ class TimelineRun:
             keep = torch.cat([torch.arange(c, device=self.device) >= c - kv.spec.ring_capacity for _, c in owners])
             loc_logical = torch.where(keep, loc_logical, torch.full_like(loc_logical, -1))
         loc_phys = be.physical(kv, loc_logical)
-        slot_checks = self._slot_checks(mode, owners, truth_pos, pos_t, loc_logical, loc_phys)
+        slot_checks = timeline_truth.launch_checks(kv, mode, owners, self.n, truth_pos, pos_t, loc_logical, loc_phys)
         x = (torch.randn(T, fam.d_model, generator=self.w.g) * t.act_scale).to(torch.bfloat16).to(self.device)
         pad = t.pad
         xp = (torch.randn(pad, fam.d_model, generator=self.w.g) * t.act_scale).to(torch.bfloat16).to(self.device)
@@ -245,34 +245,6 @@ class TimelineRun:
                     f"state:table:r{r}", ok, detail="" if ok else f"slot table {len(kv.table[r])} entries, visible "
                                                                   f"{kv.visible_len[r]}, committed {self.n[r]}"))
 
-    def _slot_checks(self, mode, owners, truth_pos, pos_t, loc_logical, loc_phys) -> list[compare.Record]:
-        """What the backend hands every layer's launches, against the request: the positions, the
-        slots (on a ring where the layout puts each position; in a paged pool fresh ones) and their
-        translation."""
-        kv = self.kv
-        out = [exact("input:positions", pos_t, truth_pos)]
-        if self.fam.layout == "ring":  # position p of request r at r·C + p mod C; a prefill keeps its last C
-            C, want, off = kv.spec.ring_capacity, [], 0
-            for r, c in owners:
-                p = truth_pos[off: off + c]
-                slot = r * C + p % C
-                if mode == "extend":
-                    slot = torch.where(torch.arange(c, device=p.device) >= c - C, slot, torch.full_like(slot, -1))
-                want.append(slot)
-                off += c
-            out.append(exact("input:out_cache_loc", loc_logical, torch.cat(want)))
-        else:
-            live = {s for r in range(self.B) for s in kv.table[r][: self.n[r]]}
-            new = [s for s in loc_logical.tolist() if s >= 0]
-            clash = sorted(set(new) & live)
-            dup = len(new) != len(set(new))
-            ok = not clash and not dup and all(0 <= s < kv.buffers[0].shape[0] for s in new)
-            out.append(compare.Record("input:out_cache_loc", ok, detail="" if ok else (
-                f"slots {clash[:4]} hold committed rows" if clash else "a slot twice in one launch" if dup
-                else "a slot outside the pool")))
-        out.append(exact("input:loc-physical", loc_phys, self._phys(loc_logical)))
-        return out
-
     def _layer(self, step, mode, layer, x, xp, pos_t, truth_pos, loc_logical, loc_phys, owners):
         fam, be = self.fam, self.backend
         buf = self.kv.buffers[layer]
@@ -307,19 +279,10 @@ class TimelineRun:
 
     # -- acceptance
     def _accept(self, step, items) -> list[int]:
-        """accept(n) of a verify step: drafts and target logits whose greedy acceptance is the
-        script's a per request (argmax = the draft at the first a rows, another token at row a),
-        through the path's acceptance op -> its n per request (what the backend keeps)."""
-        L, V, dev = self.t.L, ACCEPT_VOCAB, self.device
-        Bv = len(items)
-        drafts = torch.randint(0, V, (Bv, L), generator=self.accept_g)
-        logits = torch.randn(Bv, L + 1, V, generator=self.accept_g)
-        for b, (_, a) in enumerate(items):
-            for j in range(L):
-                logits[b, j, drafts[b, j]] = 8.0 if j < a else -8.0
-        args = dict(target_logits=logits.view(Bv * (L + 1), V).to(torch.bfloat16).to(dev),
-                    draft_tokens=drafts.view(-1).to(torch.int32).to(dev),
-                    qo_indptr=(torch.arange(Bv + 1, dtype=torch.int32) * (L + 1)).to(dev))
+        """accept(n) of a verify step: the path's acceptance op on target logits whose greedy acceptance
+        is the script's a per request (``timeline_truth.accept_inputs``) -> its n per request (what the
+        backend keeps); ``accept:n`` records whether it is the script's."""
+        args = timeline_truth.accept_inputs([a for _, a in items], self.t.L, ACCEPT_VOCAB, self.accept_g, self.device)
         fn = self.path.accept.fn if self.path.accept is not None else accept_spec().reference
         n = fn(**args)["accept_length"]
         want = torch.tensor([a for _, a in items], dtype=n.dtype, device=n.device)

@@ -57,7 +57,8 @@ def check_path(reg, family: str, prepare: str, attn: str, accept: str = "", flag
     for slot, name in slots:
         impls = reg.impls.values() if slot == "projection" else reg.for_op(slot)
         if name not in {i.name for i in impls}:
-            raise UsageError(flag, f"{'+'.join(x for x in (prepare, attn, accept) if x)}: no {'' if slot == 'projection' else slot + ' '}implementation "
+            what = "+".join(x for x in (prepare, attn, accept) if x)
+            raise UsageError(flag, f"{what}: no {'' if slot == 'projection' else slot + ' '}implementation "
                                    f"{name!r} (family {family}); known: {', '.join(sorted({i.name for i in impls}))}")
 
 

@@ -155,3 +155,22 @@ def test_the_docs_backend_runs_as_written_and_its_table_lists_every_decision(reg
     methods = {n for n, f in inspect.getmembers(backend_mod.Backend, inspect.isfunction) if not n.startswith("_")}
     missing = sorted(m for m in methods - {"policy"} if f"`{m}(" not in doc)
     assert not missing, f"docs/plugins.md's backend table lacks {missing}"
+
+
+def test_a_q_weight_bug_shows_only_in_the_q_weighted_family(registry, device):
+    """A qk prepare that drops the q norm weight: right on dsv4-mqa-ring (no q weight), caught by
+    prepare:q_out on its q-weighted twin."""
+    from cases import timelines as tl
+    from harness import timeline
+    from tests.plugins import backends_buggy
+
+    cat = {x.name: x for x in tl.catalog()}
+    got = {}
+    for fam in ("dsv4-mqa-ring", "dsv4-mqa-ring-qw"):
+        path = dataclasses.replace(timeline.clean_path(registry, fam, prepare="reference", attn="reference"),
+                                   prepare=backends_buggy.Q_WEIGHT)
+        recs = timeline.run_timeline(path, cat[f"{fam}/accept-0-to-L"], device.torch_device, device.fp8_dtype,
+                                     stop_on_failure=True)
+        got[fam] = {s.record.check for s in timeline.failures(recs)}
+    assert not got["dsv4-mqa-ring"], got
+    assert "prepare:q_out" in got["dsv4-mqa-ring-qw"], got

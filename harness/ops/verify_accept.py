@@ -15,10 +15,12 @@ from harness.registry import GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Regist
 OP = "verify_accept"
 
 # kill matrix: the targeted catalog subset, one case per mutant's bug (a rejected draft, the bonus row
-# after a mismatch at real vocabulary size, planted tied maxima, strided logits rows); no timelines: the
-# op stores no KV, so no timeline family runs it
+# after a mismatch at real vocabulary size, planted tied maxima, strided logits rows), and one timeline: its
+# accept(n) step runs the op, so an n off by one shows in the KV truth too (the bonus, ties and strides do
+# not: the timeline's logits have one maximum per row, contiguous)
 KILL = KillPlan(clean=("reference", "fused"),
-                cases=("none-accepted", "llama2-b4-l4-v32000", "ties-planted", "strided-rows"))
+                cases=("none-accepted", "llama2-b4-l4-v32000", "ties-planted", "strided-rows"),
+                timelines=("qwen35-gqa/width-4-reject",))
 
 STAGES = ("row_argmax", "gather_targets", "match", "accept_lengths", "bonus_tokens", "output_ids")
 

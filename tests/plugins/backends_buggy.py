@@ -3,8 +3,9 @@
 same way at every layer and step, so that only checks against the logical request can see it. Every
 kernel they run is a clean, registered one.
 
-Also ``ACCEPT`` (``--impl``): an acceptance implementation that keeps one token too few whenever a
-draft was accepted, for ``--path fused+fused+accept-one-short``."""
+Also two kernel plugins (``--impl``): ``ACCEPT``, an acceptance implementation that keeps one token
+too few whenever a draft was accepted (``--path fused+fused+accept-one-short``), and ``Q_WEIGHT``, a
+qk prepare that never applies the q norm weight (only the q-weighted families can see it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -121,3 +122,13 @@ def _accept_one_short(**kw):
 
 ACCEPT = Impl("verify_accept", "accept-one-short", "external", _accept_one_short,
               doc="keeps one accepted draft too few")
+
+
+def _drops_q_weight(**kw):
+    from reference import qk_norm_rope as r
+
+    return r.qk_norm_rope_step(**{**kw, "q_norm_weight": None})
+
+
+Q_WEIGHT = Impl("qk_norm_rope", "drops-q-weight", "external", _drops_q_weight,
+                doc="a prepare that never applies the q norm weight (right wherever a model passes none)")
