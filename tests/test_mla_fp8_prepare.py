@@ -23,11 +23,6 @@ CATALOG = {c.name: c for c in cases.catalog()}
 ALL_BF16 = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
 
 
-@pytest.fixture(scope="module")
-def spec(registry):
-    return registry.ops[OP]
-
-
 # ----------------------------------------------------------------------------- parity
 
 @pytest.mark.parametrize("name", sorted(CATALOG))

@@ -20,11 +20,6 @@ OP = "qk_norm_rope"
 CATALOG = {c.name: c for c in cases.catalog()}
 
 
-@pytest.fixture(scope="module")
-def spec(registry):
-    return registry.ops[OP]
-
-
 @pytest.mark.parametrize("name", sorted(CATALOG))
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 def test_catalog_parity(spec, registry, device, impl, name):

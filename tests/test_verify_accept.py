@@ -22,11 +22,6 @@ CATALOG = {c.name: c for c in cases.catalog()}
 NAN, INF = float("nan"), float("inf")
 
 
-@pytest.fixture(scope="module")
-def spec(registry):
-    return registry.ops[OP]
-
-
 # ----------------------------------------------------------------------------- parity
 
 @pytest.mark.parametrize("name", sorted(CATALOG))

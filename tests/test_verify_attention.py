@@ -33,11 +33,6 @@ FULL_CHECK_SPLIT = ("qwen35-tp-h4-l3", "k3-mla-h4-l2-e4m3fnuz", "dspark-hkv2-h8-
 UNWRITTEN_SPLIT_CASES = ("many-splits-short-prefix", "prefix-one")
 
 
-@pytest.fixture(scope="module")
-def spec(registry):
-    return registry.ops[OP]
-
-
 def _passes(spec, impl, case, device, **kw):
     res = runners.run_case(spec, impl, case, device, **kw)
     if res.refused:
