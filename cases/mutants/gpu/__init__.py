@@ -39,6 +39,14 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def fused_step_with(op: str, step: str, **planted):
+    """An implementation of ``op``: the function ``step`` of ``fused/<op>.py`` called with ``planted``
+    (the hook carrying the bug: a ``gate_fn``, a ``kernel_fn``) and the caller's arguments."""
+    def fn(**kw):
+        return getattr(importlib.import_module(f"fused.{op}"), step)(**planted, **kw)
+    return fn
+
+
 def _collect() -> list[Impl]:
     """Every op's ``MUTANTS`` of ``cases/mutants/gpu/<op>.py``, ordered by the check family that
     flags them (launch counts, then graph gates), then by op (``harness.ops.BUILTIN``)."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from cases.mutants.gpu import LAUNCHES, interpreted
+from cases.mutants.gpu import LAUNCHES, fused_step_with, interpreted
 from harness.registry import Impl
 from reference import mla_fp8_prepare as mla_ref
 
@@ -39,14 +39,9 @@ def _mla_kernel_two_launches(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, 
     return q8
 
 
-def _mla_two_launches(**kw):
-    from fused import mla_fp8_prepare as f
-
-    return f.mla_fp8_prepare_step(kernel_fn=_mla_kernel_two_launches, **kw)
-
-
 MUTANTS = [
-    Impl("mla_fp8_prepare", "mutant-two-launches", "mutant", _mla_two_launches,
+    Impl("mla_fp8_prepare", "mutant-two-launches", "mutant",
+         fused_step_with("mla_fp8_prepare", "mla_fp8_prepare_step", kernel_fn=_mla_kernel_two_launches),
          doc="a 'fused' fp8 prepare that launches its kernel twice (q8, then the KV rows): byte-identical, "
              "no launch saved", catches=(LAUNCHES,)),
 ]
