@@ -44,3 +44,9 @@ def assert_bad_input_named(fn, kw, arg, make, err, *, kept: str = "") -> None:
     assert info.value.arg == arg
     if kept and arg != kept:
         assert torch.equal(kw[kept].view(torch.uint8), before), f"{kept} written before {arg} was refused"
+
+
+def bad_inputs(table: list) -> pytest.MarkDecorator:
+    """Parametrises a test over ``table``'s (argument, make, error) rows as ``arg, make, err``, each
+    row's id its argument and its index in the table."""
+    return pytest.mark.parametrize("arg,make,err", table, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(table)])

@@ -14,7 +14,7 @@ from harness import runners
 from harness.registry import Impl
 from reference import checks
 from reference import qk_norm_rope as ref
-from tests.helpers import assert_bad_input_named, assert_passes, failed_checks
+from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "qk_norm_rope"
 CATALOG = {c.name: c for c in cases.catalog()}
@@ -126,7 +126,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
-@pytest.mark.parametrize("arg,make,err", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
+@bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
     fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope
     assert_bad_input_named(fn, _kw(device), arg, make, err, kept="ring")
@@ -161,7 +161,7 @@ BAD_PAGED = [
 
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
-@pytest.mark.parametrize("arg,make,err", BAD_PAGED, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD_PAGED)])
+@bad_inputs(BAD_PAGED)
 def test_bad_paged_store_input_is_a_typed_error(device, impl, arg, make, err):
     fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope
     assert_bad_input_named(fn, _paged_kw(device), arg, make, err, kept="swa_cache")

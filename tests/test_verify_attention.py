@@ -22,7 +22,7 @@ from reference import checks
 from reference import verify_attention as ref
 from reference import verify_attention_batched as ref_batched
 from reference import verify_attention_sdpa as ref_sdpa
-from tests.helpers import assert_bad_input_named, assert_passes, failed_checks
+from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "verify_attention"
 CATALOG = {c.name: c for c in cases.catalog()}
@@ -428,7 +428,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("impl", ["reference", "split_kv", "shared_kv", "dispatch", "sdpa"])
-@pytest.mark.parametrize("arg,make,err", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
+@bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
     fn = {"reference": ref.verify_attention, "split_kv": fused.verify_split_kv, "shared_kv": fused.verify_shared_kv,
           "dispatch": fused.verify_attention, "sdpa": ref_sdpa.verify_attention_sdpa}[impl]
