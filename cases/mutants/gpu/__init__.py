@@ -47,6 +47,19 @@ def fused_step_with(op: str, step: str, **planted):
     return fn
 
 
+def two_launches(op: str, fn, doc: str) -> Impl:
+    """``op``'s ``mutant-two-launches``: ``fn`` runs the op's own kernel in two launches (the launch
+    count, ``gpu:launches``, flags it)."""
+    return Impl(op, "mutant-two-launches", "mutant", fn, doc=doc, catches=(LAUNCHES,))
+
+
+def gate_flips_per_call(op: str, step: str, gate_fn, doc: str) -> Impl:
+    """``op``'s ``mutant-gate-flips-per-call``: ``fused/<op>.py``'s ``step`` with ``gate_fn``, a gate
+    whose decision changes between calls (the graph check, ``gpu:graph-gate``, flags it)."""
+    return Impl(op, "mutant-gate-flips-per-call", "mutant", fused_step_with(op, step, gate_fn=gate_fn), doc=doc,
+                catches=(GRAPH_GATE,))
+
+
 def _collect() -> list[Impl]:
     """Every op's ``MUTANTS`` of ``cases/mutants/gpu/<op>.py``, ordered by the check family that
     flags them (launch counts, then graph gates), then by op (``harness.ops.BUILTIN``)."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 
-from cases.mutants.gpu import GRAPH_GATE, LAUNCHES, fused_step_with
+from cases.mutants.gpu import LAUNCHES, gate_flips_per_call
 from harness.registry import Impl
 
 
@@ -39,8 +39,7 @@ MUTANTS = [
     Impl("verify_attention", "mutant-dispatch-falls-through", "mutant", _verify_falls_through,
          doc="the backend runs the routed kernel, then the split-KV kernel too (missing return): same o, "
              "twice the launches", catches=(LAUNCHES,)),
-    Impl("verify_attention", "mutant-gate-flips-per-call", "mutant",
-         fused_step_with("verify_attention", "verify_attention", gate_fn=flipping_verify_gate),
-         doc="shared-KV vs split-KV decided by a switch read at call time (a counter): capture and "
-             "replay-time eager disagree", catches=(GRAPH_GATE,)),
+    gate_flips_per_call("verify_attention", "verify_attention", flipping_verify_gate,
+                        "shared-KV vs split-KV decided by a switch read at call time (a counter): capture and "
+                        "replay-time eager disagree"),
 ]
