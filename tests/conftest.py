@@ -37,3 +37,9 @@ def registry():
     from harness.registry import default_registry
 
     return default_registry(with_plugins=False)
+
+
+@pytest.fixture(scope="module")
+def spec(request, registry):
+    """The OpSpec of the op a test module checks: the one its module-level ``OP`` names."""
+    return registry.ops[request.module.OP]

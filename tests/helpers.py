@@ -4,6 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+import torch
+
 from harness import runners
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,3 +32,21 @@ def assert_passes(spec, impl, case, device) -> None:
     bad = [r for r in res.records if not r.passed]
     assert not bad, "\n".join(f"{r.check}: err={r.err:.4g} allowed={r.allowed:.4g} {r.detail} {r.worst}" for r in bad)
     assert res.records, "no check ran"
+
+
+def assert_bad_input_named(fn, kw, arg, make, err, *, kept: str = "") -> None:
+    """``fn(**kw)`` with ``kw[arg] = make(kw)`` raises ``err`` naming ``arg``; when ``kept`` names a
+    buffer the call writes (other than ``arg``), its bytes are as before: no partial write."""
+    before = kw[kept].view(torch.uint8).clone() if kept else None
+    kw[arg] = make(kw)
+    with pytest.raises(err) as info:
+        fn(**kw)
+    assert info.value.arg == arg
+    if kept and arg != kept:
+        assert torch.equal(kw[kept].view(torch.uint8), before), f"{kept} written before {arg} was refused"
+
+
+def bad_inputs(table: list) -> pytest.MarkDecorator:
+    """Parametrises a test over ``table``'s (argument, make, error) rows as ``arg, make, err``, each
+    row's id its argument and its index in the table."""
+    return pytest.mark.parametrize("arg,make,err", table, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(table)])

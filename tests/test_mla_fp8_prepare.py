@@ -16,16 +16,11 @@ from harness import runners
 from harness.devices import Device
 from reference import checks
 from reference import mla_fp8_prepare as ref
-from tests.helpers import assert_passes, failed_checks
+from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "mla_fp8_prepare"
 CATALOG = {c.name: c for c in cases.catalog()}
 ALL_BF16 = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-
-
-@pytest.fixture(scope="module")
-def spec(registry):
-    return registry.ops[OP]
 
 
 # ----------------------------------------------------------------------------- parity
@@ -248,17 +243,10 @@ BAD = [
 
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
-@pytest.mark.parametrize("arg,make,err", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
+@bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
     fn = ref.mla_fp8_prepare if impl == "reference" else fused.mla_fp8_prepare
-    kw = _kw(device)
-    before = kw["kv_buffer"].view(torch.uint8).clone()
-    kw[arg] = make(kw)
-    with pytest.raises(err) as info:
-        fn(**kw)
-    assert info.value.arg == arg
-    if arg != "kv_buffer":
-        assert torch.equal(kw["kv_buffer"].view(torch.uint8), before)  # no partial write
+    assert_bad_input_named(fn, _kw(device), arg, make, err, kept="kv_buffer")
 
 
 def test_kernel_refuses_inner_strides_and_the_chain_takes_them(device):
@@ -288,7 +276,7 @@ STEP_BAD = [
 
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
-@pytest.mark.parametrize("arg,make,err", STEP_BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(STEP_BAD)])
+@bad_inputs(STEP_BAD)
 def test_step_rejects_bad_pool_arguments(device, impl, arg, make, err):
     fn = ref.mla_fp8_prepare_step if impl == "reference" else fused.mla_fp8_prepare_step
     kw = cases.build_inputs(cases.MlaFp8PrepareCase(T=3, H=2, Dn=32, R=8, seed=2), device)

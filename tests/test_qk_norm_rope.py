@@ -14,15 +14,10 @@ from harness import runners
 from harness.registry import Impl
 from reference import checks
 from reference import qk_norm_rope as ref
-from tests.helpers import assert_passes, failed_checks
+from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "qk_norm_rope"
 CATALOG = {c.name: c for c in cases.catalog()}
-
-
-@pytest.fixture(scope="module")
-def spec(registry):
-    return registry.ops[OP]
 
 
 @pytest.mark.parametrize("name", sorted(CATALOG))
@@ -131,16 +126,10 @@ BAD = [
 
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
-@pytest.mark.parametrize("arg,make,err", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
+@bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
     fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope
-    kw = _kw(device)
-    ring_before = kw["ring"].clone()
-    kw[arg] = make(kw)
-    with pytest.raises(err) as info:
-        fn(**kw)
-    assert info.value.arg == arg
-    assert torch.equal(kw["ring"], ring_before) if arg != "ring" else True  # no partial write
+    assert_bad_input_named(fn, _kw(device), arg, make, err, kept="ring")
 
 
 def _paged_kw(device, **over):
@@ -172,17 +161,10 @@ BAD_PAGED = [
 
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
-@pytest.mark.parametrize("arg,make,err", BAD_PAGED, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD_PAGED)])
+@bad_inputs(BAD_PAGED)
 def test_bad_paged_store_input_is_a_typed_error(device, impl, arg, make, err):
     fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope
-    kw = _paged_kw(device)
-    pool_before = kw["swa_cache"].clone()
-    kw[arg] = make(kw)
-    with pytest.raises(err) as info:
-        fn(**kw)
-    assert info.value.arg == arg
-    if arg != "swa_cache":
-        assert torch.equal(kw["swa_cache"], pool_before)  # no partial write
+    assert_bad_input_named(fn, _paged_kw(device), arg, make, err, kept="swa_cache")
 
 
 def test_ring_and_paged_cache_together_are_rejected(device):

@@ -15,16 +15,11 @@ from fused import verify_accept as fused
 from harness import runners
 from reference import checks
 from reference import verify_accept as ref
-from tests.helpers import assert_passes, failed_checks
+from tests.helpers import assert_passes, bad_inputs, failed_checks
 
 OP = "verify_accept"
 CATALOG = {c.name: c for c in cases.catalog()}
 NAN, INF = float("nan"), float("inf")
-
-
-@pytest.fixture(scope="module")
-def spec(registry):
-    return registry.ops[OP]
 
 
 # ----------------------------------------------------------------------------- parity
@@ -163,7 +158,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
-@pytest.mark.parametrize("arg,make,err", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
+@bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
     fn = ref.verify_accept if impl == "reference" else fused.verify_accept
     kw = _kw(device)

@@ -22,7 +22,7 @@ from reference import checks
 from reference import verify_attention as ref
 from reference import verify_attention_batched as ref_batched
 from reference import verify_attention_sdpa as ref_sdpa
-from tests.helpers import assert_passes, failed_checks
+from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "verify_attention"
 CATALOG = {c.name: c for c in cases.catalog()}
@@ -31,11 +31,6 @@ FULL_CHECK_SPLIT = ("qwen35-tp-h4-l3", "k3-mla-h4-l2-e4m3fnuz", "dspark-hkv2-h8-
 # some split holds no key of any request (prefix 5 over 8 splits, 1 over 3): its partials are
 # written as empty (m = -inf, l = 0, acc = 0) or, by the unwritten-scratch mutant, not at all
 UNWRITTEN_SPLIT_CASES = ("many-splits-short-prefix", "prefix-one")
-
-
-@pytest.fixture(scope="module")
-def spec(registry):
-    return registry.ops[OP]
 
 
 def _passes(spec, impl, case, device, **kw):
@@ -433,15 +428,11 @@ BAD = [
 
 
 @pytest.mark.parametrize("impl", ["reference", "split_kv", "shared_kv", "dispatch", "sdpa"])
-@pytest.mark.parametrize("arg,make,err", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
+@bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
     fn = {"reference": ref.verify_attention, "split_kv": fused.verify_split_kv, "shared_kv": fused.verify_shared_kv,
           "dispatch": fused.verify_attention, "sdpa": ref_sdpa.verify_attention_sdpa}[impl]
-    kw = _kw(device)
-    kw[arg] = make(kw)
-    with pytest.raises(err) as info:
-        fn(**kw)
-    assert info.value.arg == arg
+    assert_bad_input_named(fn, _kw(device), arg, make, err)
 
 
 def test_qo_indptr_gap_named(device):

@@ -200,6 +200,20 @@ class Measured:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+# the columns fused_vs_chain fills, in a wide row's order (the *_us: p50)
+FUSED_VS_CHAIN_COLUMNS = (("fused_us", float), ("reference_us", float), ("compiled_us", float),
+                          ("reference_over_fused", float), ("compiled_over_fused", float), ("fused_gbps", float),
+                          ("fused_frac_of_copy", float), ("fused_launches", int), ("reference_launches", int),
+                          ("compiled_launches", int))
+
+
+def wide_row_type(module: str, shape_columns: tuple, own_columns: tuple) -> type:
+    """The frozen dataclass ``BenchRow`` of ``module``'s wide rows: ``shape_columns`` ((name, type)
+    pairs), then ``FUSED_VS_CHAIN_COLUMNS``, then ``own_columns``."""
+    return dataclasses.make_dataclass("BenchRow", [*shape_columns, *FUSED_VS_CHAIN_COLUMNS, *own_columns],
+                                      frozen=True, namespace={"__module__": module})
+
+
 def fused_vs_chain(m: Measured, fused: PerfRow) -> dict:
     """The wide-row columns every op has: the fused impl's p50, ratios, bandwidth and launches beside
     the reference chain's and torch.compile's."""

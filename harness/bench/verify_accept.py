@@ -72,24 +72,9 @@ def bytes_moved(s: Shape) -> int:
     return s.T * s.V * 2 + s.B * s.L * 8 + (s.B + 1) * 4 + s.B * (s.L + 1) * 4 + s.B * 4
 
 
-@dataclass(frozen=True)
-class BenchRow:
-    B: int
-    L: int
-    V: int
-    T: int
-    bytes_moved: int
-    fused_us: float  # p50
-    reference_us: float
-    compiled_us: float
-    reference_over_fused: float
-    compiled_over_fused: float
-    fused_gbps: float
-    fused_frac_of_copy: float
-    fused_launches: int
-    reference_launches: int
-    compiled_launches: int
-    mismatches: int  # fused vs the chain, elements of output_ids and accept_length (must be 0)
+# mismatches: fused vs the chain, elements of output_ids and accept_length (must be 0)
+BenchRow = perf.wide_row_type(__name__, (("B", int), ("L", int), ("V", int), ("T", int), ("bytes_moved", int)),
+                              (("mismatches", int),))
 
 
 def _inputs(s: Shape, dev) -> dict:

@@ -21,6 +21,7 @@ import functools
 
 import torch
 
+from harness.ops import stem_spec
 from harness.registry import Effect, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 OP = "mla_fp8_prepare"
@@ -159,17 +160,8 @@ def _compiled(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache_loc, slot_
 
 
 def _spec() -> OpSpec:
-    from cases import mla_fp8_prepare as c
-    from reference import mla_fp8_prepare as r
-
-    return OpSpec(
-        name=OP,
-        case_type=c.MlaFp8PrepareCase,
-        catalog=c.catalog,
-        strategy=c.cases,
-        build_inputs=c.build_inputs,
-        reference=r.mla_fp8_prepare_step,
-        oracle=r.mla_fp8_prepare_oracle,
+    return stem_spec(
+        OP, case_type="MlaFp8PrepareCase", reference="mla_fp8_prepare_step",
         outputs=(OutputSpec("q8", "exact"), OutputSpec("kv_writes", "exact", observed=_observed_writes)),
         effects=_effects,
         writable=("kv_buffer",),
@@ -178,18 +170,9 @@ def _spec() -> OpSpec:
         role="prepare",  # the prepare step of the timeline family k3-mla-fp8 (cases.timelines)
         kill=KILL,
         gpu=GPU,
-        bench="harness.bench.mla_fp8_prepare",  # its GPU benchmark (harness.bench.perf per-op API)
-        timeline=_timeline_adapter,
         doc="fp8 KV/Q prepare for Kimi-K3 absorbed MLA: byte-identical q8 and KV rows, each row written "
             "exactly once at the physical slot (seed 001)",
     )
-
-
-def _timeline_adapter():
-    """How it runs as a timeline family's prepare step (``harness.timeline.Prepare``)."""
-    from harness.prepares import mla_fp8_prepare as p
-
-    return p.ADAPTER
 
 
 def register(reg: Registry) -> None:

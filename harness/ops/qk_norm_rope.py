@@ -5,6 +5,7 @@ import functools
 
 import torch
 
+from harness.ops import stem_spec
 from harness.registry import Effect, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 from harness.tolerance import Tolerance
 
@@ -110,17 +111,8 @@ def _qk_compiled(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=None,
 
 
 def _qk_spec() -> OpSpec:
-    from cases import qk_norm_rope as c
-    from reference import qk_norm_rope as r
-
-    return OpSpec(
-        name="qk_norm_rope",
-        case_type=c.QkNormRopeCase,
-        catalog=c.catalog,
-        strategy=c.cases,
-        build_inputs=c.build_inputs,
-        reference=r.qk_norm_rope_step,
-        oracle=r.qk_norm_rope_oracle,
+    return stem_spec(
+        "qk_norm_rope", case_type="QkNormRopeCase", reference="qk_norm_rope_step",
         outputs=(OutputSpec("q_out", "numeric"),
                  OutputSpec("kv_out", "numeric", when=lambda case: case.mode == "target_verify" and case.unified)),
         effects=_qk_effects,
@@ -132,18 +124,9 @@ def _qk_spec() -> OpSpec:
         role="prepare",  # the prepare step of the timeline families dsv4-mqa-ring/-mixed (cases.timelines)
         kill=KILL,
         gpu=GPU,
-        bench="harness.bench.qk_norm_rope",  # its GPU benchmark (harness.bench.perf per-op API)
-        timeline=_timeline_adapter,
         doc="qk RMSNorm + RoPE (DeepSeek-V4 MQA); the unified verify step must not store into the ring (seed 000); "
             "a non-unified layer stores into its paged fp8 SWA cache",
     )
-
-
-def _timeline_adapter():
-    """How it runs as a timeline family's prepare step (``harness.timeline.Prepare``)."""
-    from harness.prepares import qk_norm_rope as p
-
-    return p.ADAPTER
 
 
 def register(reg: Registry) -> None:

@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from harness.ops import stem_spec
 from harness.registry import GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 OP = "verify_accept"
@@ -76,17 +77,8 @@ def _compiled(*, target_logits, draft_tokens, qo_indptr):
 
 
 def _spec() -> OpSpec:
-    from cases import verify_accept as c
-    from reference import verify_accept as r
-
-    return OpSpec(
-        name=OP,
-        case_type=c.VerifyAcceptCase,
-        catalog=c.catalog,
-        strategy=c.cases,
-        build_inputs=c.build_inputs,
-        reference=r.verify_accept,
-        oracle=r.verify_accept_oracle,
+    return stem_spec(
+        OP, case_type="VerifyAcceptCase", reference="verify_accept",
         outputs=(OutputSpec("output_ids", "exact"), OutputSpec("accept_length", "exact")),
         effects=_no_effects,
         inputs=("target_logits", "draft_tokens", "qo_indptr"),
@@ -100,7 +92,6 @@ def _spec() -> OpSpec:
         # an allowance, no buffers to canary): half their workers, i.e. 1 of the 16-core host's parity
         # processes (harness.nightly.parity_jobs), which keeps the concurrent steps within 2 x the cores
         parity_weight=0.5,
-        bench="harness.bench.verify_accept",  # its GPU benchmark (harness.bench.perf per-op API)
         # measured on the 2-core CPU: the ci run (31 catalog + 150 generated cases), reference + fused, in 81 s
         interpreter_generated=150,
     )

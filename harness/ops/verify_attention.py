@@ -15,6 +15,7 @@ import functools
 
 import torch
 
+from harness.ops import stem_spec
 from harness.registry import GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 # kill matrix: its clean paths, the targeted catalog subset (each per-op proof case) and one short
@@ -143,17 +144,8 @@ def _compiled_can_handle(case, device):
 
 
 def _spec() -> OpSpec:
-    from cases import verify_attention as c
-    from reference import verify_attention as r
-
-    return OpSpec(
-        name="verify_attention",
-        case_type=c.VerifyAttentionCase,
-        catalog=c.catalog,
-        strategy=c.cases,
-        build_inputs=c.build_inputs,
-        reference=r.verify_attention,
-        oracle=r.verify_attention_oracle,
+    return stem_spec(
+        "verify_attention", case_type="VerifyAttentionCase", reference="verify_attention",
         outputs=(OutputSpec("o", "numeric"),),
         effects=lambda case, inputs, oracle: [],
         writable=(),
@@ -163,7 +155,6 @@ def _spec() -> OpSpec:
         role="attn",  # the attention of every timeline family and of the end-to-end engine
         kill=KILL,
         gpu=GPU,
-        bench="harness.bench.verify_attention",  # its GPU benchmark (harness.bench.perf per-op API)
         doc="target-verify attention over a paged prefix + drafts (GQA / MLA, fp8 KV); shared-KV vs per-head "
             "split-KV (seeds 002, 003)",
         # the per-head kernel costs 15-25 ms per program under the interpreter (~30 min for 300

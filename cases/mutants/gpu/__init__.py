@@ -39,6 +39,27 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def fused_step_with(op: str, step: str, **planted):
+    """An implementation of ``op``: the function ``step`` of ``fused/<op>.py`` called with ``planted``
+    (the hook carrying the bug: a ``gate_fn``, a ``kernel_fn``) and the caller's arguments."""
+    def fn(**kw):
+        return getattr(importlib.import_module(f"fused.{op}"), step)(**planted, **kw)
+    return fn
+
+
+def two_launches(op: str, fn, doc: str) -> Impl:
+    """``op``'s ``mutant-two-launches``: ``fn`` runs the op's own kernel in two launches (the launch
+    count, ``gpu:launches``, flags it)."""
+    return Impl(op, "mutant-two-launches", "mutant", fn, doc=doc, catches=(LAUNCHES,))
+
+
+def gate_flips_per_call(op: str, step: str, gate_fn, doc: str) -> Impl:
+    """``op``'s ``mutant-gate-flips-per-call``: ``fused/<op>.py``'s ``step`` with ``gate_fn``, a gate
+    whose decision changes between calls (the graph check, ``gpu:graph-gate``, flags it)."""
+    return Impl(op, "mutant-gate-flips-per-call", "mutant", fused_step_with(op, step, gate_fn=gate_fn), doc=doc,
+                catches=(GRAPH_GATE,))
+
+
 def _collect() -> list[Impl]:
     """Every op's ``MUTANTS`` of ``cases/mutants/gpu/<op>.py``, ordered by the check family that
     flags them (launch counts, then graph gates), then by op (``harness.ops.BUILTIN``)."""

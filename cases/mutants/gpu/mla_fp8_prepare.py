@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from cases.mutants.gpu import LAUNCHES, interpreted
-from harness.registry import Impl
+from cases.mutants.gpu import fused_step_with, interpreted, two_launches
 from reference import mla_fp8_prepare as mla_ref
 
 
@@ -39,14 +38,9 @@ def _mla_kernel_two_launches(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, 
     return q8
 
 
-def _mla_two_launches(**kw):
-    from fused import mla_fp8_prepare as f
-
-    return f.mla_fp8_prepare_step(kernel_fn=_mla_kernel_two_launches, **kw)
-
-
 MUTANTS = [
-    Impl("mla_fp8_prepare", "mutant-two-launches", "mutant", _mla_two_launches,
-         doc="a 'fused' fp8 prepare that launches its kernel twice (q8, then the KV rows): byte-identical, "
-             "no launch saved", catches=(LAUNCHES,)),
+    two_launches("mla_fp8_prepare",
+                 fused_step_with("mla_fp8_prepare", "mla_fp8_prepare_step", kernel_fn=_mla_kernel_two_launches),
+                 "a 'fused' fp8 prepare that launches its kernel twice (q8, then the KV rows): byte-identical, "
+                 "no launch saved"),
 ]

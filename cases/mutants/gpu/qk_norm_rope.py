@@ -5,8 +5,7 @@ import itertools
 
 import torch
 
-from cases.mutants.gpu import GRAPH_GATE, LAUNCHES, interpreted
-from harness.registry import Impl
+from cases.mutants.gpu import gate_flips_per_call, interpreted, two_launches
 from reference import qk_norm_rope as qk_ref
 
 
@@ -77,17 +76,11 @@ def flipping_qk_gate(*, unified, forward_mode, verify_switch, fused_non_unified=
                   fused_non_unified=fused_non_unified)
 
 
-def _qk_gate_flips(**kw):
-    from fused import qk_norm_rope as f
-
-    return f.qk_norm_rope_step(gate_fn=flipping_qk_gate, **kw)
-
-
 MUTANTS = [
-    Impl("qk_norm_rope", "mutant-two-launches", "mutant", _qk_two_launches,
-         doc="a 'fused' qk-norm-rope that launches its kernel twice (q heads, then kv): right numbers, "
-             "no launch saved", catches=(LAUNCHES,)),
-    Impl("qk_norm_rope", "mutant-gate-flips-per-call", "mutant", _qk_gate_flips,
-         doc="the verify switch is read at call time (a counter): CUDA-graph capture bakes one branch, "
-             "eager takes the other", catches=(GRAPH_GATE,)),
+    two_launches("qk_norm_rope", _qk_two_launches,
+                 "a 'fused' qk-norm-rope that launches its kernel twice (q heads, then kv): right numbers, "
+                 "no launch saved"),
+    gate_flips_per_call("qk_norm_rope", "qk_norm_rope_step", flipping_qk_gate,
+                        "the verify switch is read at call time (a counter): CUDA-graph capture bakes one branch, "
+                        "eager takes the other"),
 ]

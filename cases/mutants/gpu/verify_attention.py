@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 
-from cases.mutants.gpu import GRAPH_GATE, LAUNCHES
+from cases.mutants.gpu import LAUNCHES, gate_flips_per_call
 from harness.registry import Impl
 
 
@@ -35,17 +35,11 @@ def flipping_verify_gate(*, model_family, topk, use_mla, splitkv_switch, num_loc
     return route
 
 
-def _verify_gate_flips(**kw):
-    from fused import verify_attention as f
-
-    return f.verify_attention(gate_fn=flipping_verify_gate, **kw)
-
-
 MUTANTS = [
     Impl("verify_attention", "mutant-dispatch-falls-through", "mutant", _verify_falls_through,
          doc="the backend runs the routed kernel, then the split-KV kernel too (missing return): same o, "
              "twice the launches", catches=(LAUNCHES,)),
-    Impl("verify_attention", "mutant-gate-flips-per-call", "mutant", _verify_gate_flips,
-         doc="shared-KV vs split-KV decided by a switch read at call time (a counter): capture and "
-             "replay-time eager disagree", catches=(GRAPH_GATE,)),
+    gate_flips_per_call("verify_attention", "verify_attention", flipping_verify_gate,
+                        "shared-KV vs split-KV decided by a switch read at call time (a counter): capture and "
+                        "replay-time eager disagree"),
 ]
