@@ -259,10 +259,12 @@ def vec_width(D: int, *strides: int) -> int:
 
 
 def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
-            rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None, config=None) -> None:
+            rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None, config=None,
+            head_launches=None) -> None:
     """The one launch. Arguments already validated, outputs allocated (the benchmark calls this
     directly). ``config``: (BLOCK_T, num_warps) instead of ``block_config``'s (the benchmark's
-    candidates)."""
+    candidates). ``head_launches``: ((programs along the head axis, the kernel's H), ...) instead of
+    the one launch ((H + 1, H),) whose program H is the kv one (a GPU mutant splits it in two)."""
     T, H, D = q.shape
     if T == 0:
         return
@@ -272,28 +274,29 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
         BLOCK_T, num_warps = config
     has_store = ring is not None
     paged = swa_cache is not None
-    grid = (triton.cdiv(T, BLOCK_T), H + 1)
+    n_t = triton.cdiv(T, BLOCK_T)
     extra = dict(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8), stride_pool_p=swa_cache.stride(0),
                  page_size=int(swa_page_size), PAGED_FP8_STORE=True, FP8_MAX=ref.SWA_FP8_MAX,
                  AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
     strides = (q.stride(0), q.stride(1), kv.stride(0), q_out.stride(0), q_out.stride(1), kv_out.stride(0),
                ring.stride(0) if has_store else 0)
     block_r = max(ROPE_TILE, triton.next_power_of_2(rope_dim))  # one tile width for R <= 64: fewer variants
-    _qk_norm_rope_kernel[grid](
-        q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,
-        q_ptr=q, kv_ptr=kv,
-        q_w_ptr=q_norm_weight if q_norm_weight is not None else kv_norm_weight, kv_w_ptr=kv_norm_weight,
-        cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, loc_ptr=loc if has_store or paged else positions,
-        T=T, H=H, D=D, R=rope_dim, eps=eps,
-        stride_q_t=strides[0], stride_q_h=strides[1], stride_kv_t=strides[2],
-        stride_qo_t=strides[3], stride_qo_h=strides[4], stride_kvo_t=strides[5], stride_ring_s=strides[6],
-        stride_cs_p=cos.stride(0), n_pos=cos.shape[0],
-        n_slots=ring.shape[0] if has_store else swa_cache.shape[0] * int(swa_page_size) if paged else 0,
-        BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
-        HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
-        BLOCK_R=block_r, PARTNER_IN_REGS=rope_style != "neox" or block_r == rope_dim,  # neox: halves of the tile
-        VEC=vec_width(D, rope_dim, *strides), num_warps=num_warps, **extra,
-    )
+    for programs, h in head_launches or ((H + 1, H),):
+        _qk_norm_rope_kernel[(n_t, programs)](
+            q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,
+            q_ptr=q, kv_ptr=kv,
+            q_w_ptr=q_norm_weight if q_norm_weight is not None else kv_norm_weight, kv_w_ptr=kv_norm_weight,
+            cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, loc_ptr=loc if has_store or paged else positions,
+            T=T, H=h, D=D, R=rope_dim, eps=eps,
+            stride_q_t=strides[0], stride_q_h=strides[1], stride_kv_t=strides[2],
+            stride_qo_t=strides[3], stride_qo_h=strides[4], stride_kvo_t=strides[5], stride_ring_s=strides[6],
+            stride_cs_p=cos.stride(0), n_pos=cos.shape[0],
+            n_slots=ring.shape[0] if has_store else swa_cache.shape[0] * int(swa_page_size) if paged else 0,
+            BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
+            HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
+            BLOCK_R=block_r, PARTNER_IN_REGS=rope_style != "neox" or block_r == rope_dim,  # neox: halves of the tile
+            VEC=vec_width(D, rope_dim, *strides), num_warps=num_warps, **extra,
+        )
 
 
 def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,

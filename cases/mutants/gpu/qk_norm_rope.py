@@ -5,7 +5,7 @@ import itertools
 
 import torch
 
-from cases.mutants.gpu import gate_flips_per_call, interpreted, two_launches
+from cases.mutants.gpu import gate_flips_per_call, two_launches
 from reference import qk_norm_rope as qk_ref
 
 
@@ -15,8 +15,6 @@ def _qk_norm_rope_two_launches(*, q, kv, kv_norm_weight, q_norm_weight=None, eps
                                rope_style="interleaved", ring=None, loc=None, q_out=None):
     """``fused.qk_norm_rope.qk_norm_rope`` with its grid split in two: programs 0..H-1 (q heads)
     in one launch, the kv program (``H = 0`` makes program 0 the kv one) in a second."""
-    import triton
-
     from fused import qk_norm_rope as f
 
     T, H, D = qk_ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
@@ -25,23 +23,9 @@ def _qk_norm_rope_two_launches(*, q, kv, kv_norm_weight, q_norm_weight=None, eps
     if q_out is None:
         q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
-    if T == 0:
-        return q_out, kv_out
-    block_t, block_d, num_warps = f.block_config(D, interpreted())
-    has_store = ring is not None
-    args = dict(
-        q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out, q_ptr=q, kv_ptr=kv,
-        q_w_ptr=q_norm_weight if q_norm_weight is not None else kv_norm_weight, kv_w_ptr=kv_norm_weight,
-        cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, loc_ptr=loc if has_store else positions,
-        T=T, D=D, R=rope_dim, eps=eps, stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_kv_t=kv.stride(0),
-        stride_qo_t=q_out.stride(0), stride_qo_h=q_out.stride(1), stride_kvo_t=kv_out.stride(0),
-        stride_ring_s=ring.stride(0) if has_store else 0, stride_cs_p=cos.stride(0),
-        BLOCK_T=block_t, BLOCK_D=block_d, HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store,
-        IS_NEOX=rope_style == "neox", num_warps=num_warps,
-    )
-    n_t = triton.cdiv(T, block_t)
-    f._qk_norm_rope_kernel[(n_t, H)](H=H, **args)  # BUG: launch 1, the q heads
-    f._qk_norm_rope_kernel[(n_t, 1)](H=0, **args)  # BUG: launch 2, kv (+ the ring store in decode)
+    f._launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight,
+              eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring,
+              loc=loc, head_launches=((H, H), (1, 0)))  # BUG: the q heads in one launch, kv (+ the store) in a second
     return q_out, kv_out
 
 
