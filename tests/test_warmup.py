@@ -93,7 +93,7 @@ SAME_VARIANTS = textwrap.dedent('''
     op = sys.argv[1]
     impls = [i for i in reg.for_op(op) if i.kind in ("fused", "external")]
     cases = [p.case for p in suite.plan_cases(reg.ops[op], profiles.current("ci"), generated=int(sys.argv[2]))]
-    found, _ = warmup._collect((op, [i.key for i in impls], cases))
+    found, _, _ = warmup._collect((op, [i.key for i in impls], cases))
     runners.synchronize = lambda dev: None  # no device queue in a dry run
     seen = {}
     knobs.runtime.jit_cache_hook = lambda **kw: seen.setdefault((kw["fn"].name, kw["key"]), 1) and True
