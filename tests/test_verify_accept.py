@@ -321,9 +321,15 @@ def test_tied_mismatching_drafts_bite_the_accept_length(spec, registry, device):
 
 
 def test_kill_plan_cases_are_the_mutants_proofs(spec):
-    """The kill matrix's targeted subset is each mutant's proof case (no timelines: no KV stored)."""
+    """The kill matrix's targeted subset is each mutant's proof case, plus one catalog timeline: the
+    timelines' accept(n) takes its n from this op, so a wrong n shows in the KV truth too (a rejecting
+    width-4 timeline: the accept-first-mismatch mutant is killed there by ``accept:n`` and ``state``)."""
+    from cases import timelines as tl
+
     assert set(spec.kill.cases) == {case for case, _, _ in MUTANT_PROOF.values()}
-    assert spec.kill.timelines == () and set(spec.kill.clean) == {"reference", "fused"}
+    assert spec.kill.timelines == ("qwen35-gqa/width-4-reject",) and set(spec.kill.clean) == {"reference", "fused"}
+    named = {t.name for t in tl.catalog()}
+    assert set(spec.kill.timelines) <= named, set(spec.kill.timelines) - named
 
 
 def test_kill_matrix_kills_every_mutant_on_the_targeted_cases(registry, device):
