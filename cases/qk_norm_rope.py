@@ -99,10 +99,10 @@ def catalog(*, big: bool = False) -> list[QkNormRopeCase]:
     return cases
 
 
-# fused.qk_norm_rope.block_config's compiled BLOCK_T: 2048 fp32 elements per token tile
+# fused.qk_norm_rope.block_config's compiled BLOCK_T: 1024 fp32 elements per token tile
 # (tests/test_reach.py holds the two equal); the interpreter's 512 is the catalog's
 def compiled_block_t(D: int) -> int:
-    return max(1, 2048 // (1 << (D - 1).bit_length()))
+    return max(1, 1024 // (1 << (D - 1).bit_length()))
 
 
 def tile_edges(D: int, max_tokens: int) -> list[int]:

@@ -244,12 +244,15 @@ def _qk_norm_rope_kernel(
 def block_config(D: int, interpreted: bool) -> tuple[int, int, int]:
     """(BLOCK_T, BLOCK_D, num_warps) per backend. The interpreter pays per program and per op,
     hardly per element, so it takes tall token tiles (a whole verify batch of the end-to-end gate
-    in one; the catalog's tile-boundary cases are T = 511 / 513); compiled backends keep ~2K fp32
-    elements per tile."""
+    in one; the catalog's tile-boundary cases are T = 511 / 513); compiled backends keep ~1K fp32
+    elements per tile on 2 warps (4 above D 512). Measured on the H200, graph-replayed, D 512, T 1..4096
+    x H 8..128, verify and decode (``python -m harness.bench.qk_norm_rope --vs-sglang --configs
+    default,2x2,8x8``; docs/benchmarks.md): 2 tokens x 2 warps was the fastest of the three at 44 of 56
+    shapes, 5 % faster than the former 4 x 4 (median) from T 320 up and 1.5 % below."""
     block_d = triton.next_power_of_2(D)
     if interpreted:
         return 512, block_d, 1
-    return max(1, 2048 // block_d), block_d, 4 if block_d <= 512 else 8
+    return max(1, 1024 // block_d), block_d, 2 if block_d <= 512 else 4
 
 
 def vec_width(D: int, *strides: int) -> int:
