@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import mps
 from harness.ops import builtin_specs
 
 # the ops with a parity step (OpSpec.nightly), in harness.ops.BUILTIN order
@@ -385,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-on", default="device", choices=("device", "cpu", "auto"),
                     help="where the correctness steps' checks compute (VP_COMPARE_ON; auto: tensors of at most "
                          "64K elements on the CPU)")
+    ap.add_argument("--mps", default="off", choices=mps.MODES,
+                    help="run the correctness steps as clients of a private CUDA MPS daemon (harness.mps; on: "
+                         "required, auto: when nvidia-cuda-mps-control is on PATH; default off)")
     ap.add_argument("--no-warmup", action="store_true", help="no compile-ahead step (harness.warmup) first")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-gate", action="store_true")
@@ -404,7 +408,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     print(f"verify-parity nightly: device={device} profile={args.profile} budget {args.budget_s:.0f}s, "
           f"{len(steps)} steps -> {out}", flush=True)
-    run_steps(steps, out, progress=lambda m: print(m, flush=True), t0=t0)
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    run_steps([s for s in steps if s.phase < 0], out, progress=say, t0=t0)
+    with mps.daemon(args.mps, out / "mps", device=device, log=say) as mps_env:
+        correctness = [s for s in steps if s.phase == 0]
+        for s in correctness:
+            s.env.update(mps_env)
+        run_steps(correctness, out, progress=say, t0=t0)
+    run_steps([s for s in steps if s.phase > 0], out, progress=say, t0=t0)
     first = [s for s in steps if s.phase < 0]
     report = _report_step(out, args.baseline)
     run_steps([report], out, progress=lambda m: print(m, flush=True))
