@@ -365,8 +365,8 @@ def plan_lines(mods: list, shapes: dict[str, list]) -> list[str]:
 
 def run_ops(mods: list, *, out: Path, quick: bool, nested: bool, shapes: dict[str, list] | None = None,
             prog: str = "harness.bench") -> int:
-    """Run each op's benchmark; write ``out/perf.csv`` (all ops' PerfRows) and each op's own CSV
-    (in ``out/<op>/`` when ``nested``, else in ``out``). Exit status: 1 when a fused impl made
+    """Run each op's benchmark; write ``out/perf.csv`` (all ops' PerfRows), ``out/table.csv`` (``table``,
+    also printed) and each op's own CSV (in ``out/<op>/`` when ``nested``, else in ``out``). Exit status: 1 when a fused impl made
     another number of launches than it must, else 0 — also without a GPU, after saying so."""
     shapes = {m.OP: (shapes or {}).get(m.OP) or m.shapes(quick) for m in mods}
     plan = plan_lines(mods, shapes)
