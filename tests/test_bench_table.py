@@ -162,3 +162,22 @@ def test_run_ops_prints_and_writes_the_table(fake_gpu_run, tmp_path, capsys):
     assert lines[2][:5] == ["qk_norm_rope", "B=1,L=4,H=8,D=512", "fused", "missing", "2"]
     wide = pd.read_csv(tmp_path / "mla_fp8_prepare" / "bench.csv")
     assert wide["reference_graph_us"].isna().all() and math.isnan(wide["reference_over_fused_graph"][0])
+
+
+def test_mla_bench_chain_writes_what_the_reference_writes():
+    """The benchmark's reference chain (capturable: no ``loc >= 0`` mask) returns and writes the bytes of
+    ``reference.mla_fp8_prepare`` on the benchmark's inputs. Planted: the k casts without the descale
+    fail (the KV rows differ)."""
+    import torch
+
+    from reference import mla_fp8_prepare as r
+
+    kw = mla_fp8_prepare._inputs(8, 4, torch.device("cpu"))
+    ours_buf = kw.pop("kv_buffer")
+    ref_buf = ours_buf.clone()
+    inv = torch.tensor(r.inv_descale(mla_fp8_prepare.KV_DESCALE), dtype=torch.float32)
+    q8 = mla_fp8_prepare._chain(kw["q_nope"], kw["q_rope"], kw["k_nope"], kw["k_rope"], ours_buf, kw["loc"], inv)
+    q8_ref = r.mla_fp8_prepare(**kw, kv_buffer=ref_buf, kv_descale=mla_fp8_prepare.KV_DESCALE)
+    assert torch.equal(q8.view(torch.uint8), q8_ref.view(torch.uint8))
+    assert torch.equal(ours_buf.view(torch.uint8), ref_buf.view(torch.uint8))
+    assert ours_buf.view(torch.uint8)[kw["loc"]].any()  # the rows were written

@@ -112,13 +112,10 @@ def _implementations(kw: dict, compiled_chain):
     def fused():
         f._launch(q8=q8, k_mul=k_mul, **kw)
 
-    def reference():  # launches 1-5 as ``reference.mla_fp8_prepare`` runs them (the descale already on device)
-        dt = kw["kv_buffer"].dtype
-        r.cast_fp8(r.concat_q(kw["q_nope"], kw["q_rope"]), dt, "saturate")
-        kn, kr = r.cast_fp8(kw["k_nope"], dt, "saturate", inv), r.cast_fp8(kw["k_rope"], dt, "saturate", inv)
-        r.scatter_kv(kw["kv_buffer"], kw["loc"], kn, kr)
+    def reference():  # _chain eager: the reference's launches (the descale already on device)
+        _chain(kw["q_nope"], kw["q_rope"], kw["k_nope"], kw["k_rope"], kw["kv_buffer"], kw["loc"], inv)
 
-    def compiled():
+    def compiled():  # torch.compile of _chain
         compiled_chain(kw["q_nope"], kw["q_rope"], kw["k_nope"], kw["k_rope"], kw["kv_buffer"], kw["loc"], inv)
 
     def aten5():  # the seed's fallback: concat, three aten casts, scatter (no descale, torch's own overflow)
@@ -133,18 +130,23 @@ def _implementations(kw: dict, compiled_chain):
     return {"fused": fused, "reference": reference, "compiled": compiled, "aten5": aten5}
 
 
-def _compiled_chain():
+def _chain(q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, inv):
+    """The reference chain (``reference.mla_fp8_prepare``'s concat, casts and scatter), its scatter a
+    plain index_put on ``loc``: the benchmark's loc has no padding, so it writes the rows
+    ``reference.scatter_kv`` writes, without that function's ``loc >= 0`` mask, whose boolean
+    indexing syncs the host and so could not be captured in a CUDA graph (nor by a model's)."""
     from reference import mla_fp8_prepare as r
 
-    def chain(q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, inv):
-        q8 = r.cast_fp8(r.concat_q(q_nope, q_rope), kv_buffer.dtype, "saturate")
-        kn = r.cast_fp8(k_nope, kv_buffer.dtype, "saturate", inv)
-        kr = r.cast_fp8(k_rope, kv_buffer.dtype, "saturate", inv)
-        rows = torch.cat((kn.view(torch.uint8), kr.view(torch.uint8)), dim=-1)
-        kv_buffer.view(torch.uint8)[loc] = rows  # loc has no padding here: a plain index_put (on bytes)
-        return q8
+    q8 = r.cast_fp8(r.concat_q(q_nope, q_rope), kv_buffer.dtype, "saturate")
+    kn = r.cast_fp8(k_nope, kv_buffer.dtype, "saturate", inv)
+    kr = r.cast_fp8(k_rope, kv_buffer.dtype, "saturate", inv)
+    rows = torch.cat((kn.view(torch.uint8), kr.view(torch.uint8)), dim=-1)
+    kv_buffer.view(torch.uint8)[loc] = rows  # bytes: fp8 index_put is not on every build
+    return q8
 
-    return perf.compile_static(chain)
+
+def _compiled_chain():
+    return perf.compile_static(_chain)
 
 
 WIDE_CSV = "bench.csv"
