@@ -142,7 +142,8 @@ def gpu(session: nox.Session) -> None:
 @nox.session(venv_params=VENV_PARAMS)
 def bench(session: nox.Session) -> None:
     """Benchmarks of every op (fused vs reference chain vs torch.compile of it, side by side in one run):
-    runs/perf.csv (PerfRow: p20/p50/p80, ratios, bandwidth vs measured copy bandwidth, launches).
+    runs/perf.csv (PerfRow per mode, eager and graph-replayed: p50, ratios, bandwidth vs measured copy
+    bandwidth, launches) and runs/table.csv, the table of ours per op and shape it prints last.
     `-- --quick` for the small set. Needs a GPU (without one it says so and measures nothing)."""
     _install(session)
     session.run("python", "-m", "harness", "bench", "--out", "runs", *session.posargs)

@@ -2,7 +2,7 @@
 
 Parity, per (op, impl, case, check): REGRESS (pass or refused -> fail or timeout; and a case of
 the baseline that now times out: its one ``timeout`` row), FIXED (fail or timeout -> pass or
-refused), NEW, REMOVED, CHANGED (pass <-> refused, fail <-> timeout). Perf, per (op, impl, case): SLOWER when
+refused), NEW, REMOVED, CHANGED (pass <-> refused, fail <-> timeout). Perf, per (op, impl, case, mode): SLOWER when
 this run's p20 is above the baseline's p80 by more than ``threshold`` (0.10 = 10 %), i.e. the two
 runs' spreads are apart, not only their medians: between two H200 nightlies the eager p50 of
 host-bound shapes (B 1, a few launches) moved by 0.2-12x with the host's load while their spreads
@@ -15,7 +15,7 @@ import pandas as pd
 from reports.rows import FAILING
 
 PARITY_KEY = ["op", "impl", "case", "check"]
-PERF_KEY = ["op", "impl", "case"]
+PERF_KEY = ["op", "impl", "case", "mode"]
 COLUMNS = ["kind", "op", "impl", "case", "check", "change", "old", "new", "repro"]
 _RANK = {"pass": 0, "refused": 1, "known": 2, "timeout": 3, "fail": 4}  # known: a ledger entry explains the failure
 
@@ -55,10 +55,13 @@ def parity_diff(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
 
 
 def perf_diff(old: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.10) -> pd.DataFrame:
+    """Per (op, impl, case, mode); a graph row has its median only (no p20/p80): its p50 stands
+    for both ends of its spread."""
     cols = PERF_KEY + ["p20_us", "p50_us", "p80_us"]
     m = old[cols].merge(new[cols], on=PERF_KEY, suffixes=("_old", "_new"))
-    m = m[m["p20_us_new"] > m["p80_us_old"] * (1.0 + threshold)]
-    return pd.DataFrame({"kind": "perf", **{k: m[k] for k in PERF_KEY}, "check": "p50_us", "change": "SLOWER",
+    m = m[m["p20_us_new"].fillna(m["p50_us_new"]) > m["p80_us_old"].fillna(m["p50_us_old"]) * (1.0 + threshold)]
+    return pd.DataFrame({"kind": "perf", **{k: m[k] for k in PERF_KEY}, "check": m["mode"] + " p50_us",
+                         "change": "SLOWER",
                          "old": m["p50_us_old"], "new": m["p50_us_new"], "repro": ""}, columns=COLUMNS)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from reference.checks import VerifyParityInputError
-from reports.rows import VERDICTS, ParityRow
+from reports.rows import VERDICTS, ParityRow, PerfRow
 
 
 class CSVError(VerifyParityInputError):
@@ -28,6 +28,9 @@ def _str_columns(row_type: type) -> list[str]:
 # Columns added after CSVs were first written, with the value every older row meant: a previous
 # nightly's CSV (the baseline of the next) still reads.
 ADDED_COLUMNS = {"precision": "exact-fp32", "known": ""}
+# ... of one row type only (TimelineRow has a ``mode`` of its own, which must never be filled in):
+# PerfRow's mode, every row eager before graph-replayed rows were written
+ADDED_BY_TYPE = {PerfRow: {"mode": "eager"}}
 
 _UNREADABLE = (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError)
 
@@ -63,14 +66,15 @@ def _check_verdicts(path, f: pd.DataFrame, row_type: type) -> None:
 
 def read(paths: list[str | Path], row_type: type = ParityRow, *, counts: list | None = None) -> pd.DataFrame:
     """Concatenate CSVs of one row type (e.g. the shards of one run). Columns in dataclass order;
-    a file missing a column raises (but for ``ADDED_COLUMNS``, filled with their old meaning), as
-    does any file the module docstring lists; rows repeated exactly (a shard passed twice) are
+    a file missing a column raises (but for ``ADDED_COLUMNS`` and the row type's ``ADDED_BY_TYPE``,
+    filled with their old meaning), as does any file the module docstring lists; rows repeated exactly (a shard passed twice) are
     dropped. ``counts``, when given, gets (path, rows) per file."""
     cols = [f.name for f in dataclasses.fields(row_type)]
+    added = ADDED_COLUMNS | ADDED_BY_TYPE.get(row_type, {})
     frames = []
     for p in paths:
-        f = read_one(p, [c for c in cols if c not in ADDED_COLUMNS], row_type.__name__)
-        for c, old in ADDED_COLUMNS.items():
+        f = read_one(p, [c for c in cols if c not in added], row_type.__name__)
+        for c, old in added.items():
             if c in cols and c not in f.columns:
                 f[c] = old
         _check_verdicts(p, f, row_type)

@@ -100,10 +100,12 @@ def write_csv(rows: list, path: str | Path, row_type: type = ParityRow) -> Path:
 @dataclass(frozen=True)
 class PerfRow:
     """One benchmarked (op, impl, shape). Times in microseconds; the ratios are the benchmark's
-    own (reference or compiled p50 over this impl's p50: > 1 means this impl is faster)."""
+    own (reference or compiled p50 over this impl's p50 in the same ``mode``: > 1 means this impl is
+    faster); NaN where a number was not measured."""
     op: str
     impl: str
     case: str  # shape id, e.g. "B=8,L=4,H=16"
+    mode: str  # eager (do_bench, the host's launch path included) | graph (replayed from a CUDA graph: p50 only)
     p20_us: float
     p50_us: float
     p80_us: float
@@ -167,7 +169,8 @@ class TimelineRow:
 # refuses any other (a hand-edited "FAIL" or a blank must never read as passing).
 PARITY_STATUSES = ("pass", "fail", "timeout", "refused", "known")  # timeout: FAILING (a case past its limit)
 VERDICTS = {ParityRow: {"status": PARITY_STATUSES}, TimelineRow: {"status": ("pass", "fail", "timeout")},
-            GateRow: {"expect": ("pass", "fail"), "verdict": ("pass", "fail")}}
+            GateRow: {"expect": ("pass", "fail"), "verdict": ("pass", "fail")},
+            PerfRow: {"mode": ("eager", "graph")}}
 
 
 def columns(row_type: type) -> list[str]:

@@ -194,13 +194,21 @@ def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path):
 
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
     rows = perf.run_shapes(mod, [shape], ctx, tmp_path)
-    assert [r.impl for r in rows] == list(mod.IMPLS)
+    eager, graph = ([r for r in rows if r.mode == mode] for mode in perf.MODES)
+    assert [r.impl for r in eager] == list(mod.IMPLS)
+    assert [r.impl for r in graph] == (list(mod.IMPLS) if hasattr(mod, "GRAPH_REP_MS") else [])
+    assert len(eager) + len(graph) == len(rows)
     assert {r.case for r in rows} == {shape.case} and {r.op for r in rows} == {mod.OP}
-    assert all(r.p50_us == 2.0 and r.speedup_vs_reference == 1.0 and r.speedup_vs_compiled == 1.0 for r in rows)
+    assert all(r.p50_us == 2.0 and r.speedup_vs_reference == 1.0 and r.speedup_vs_compiled == 1.0 for r in eager)
+    assert all(r.p50_us == 4.0 and math.isnan(r.p20_us) and math.isnan(r.p80_us) for r in graph)  # the replayed median
     assert all(r.frac_of_copy == pytest.approx(r.gbps / 100.0) and r.gbps > 0 for r in rows)
     assert {r.profile for r in rows} == {"bench-quick"} and {r.device for r in rows} == {f"{device.kind}:{device.name}"}
     wide = pd.read_csv(tmp_path / csv)
     assert len(wide) == 1
+    if mod is mla_fp8_prepare:  # eager and graph side by side; planted: the eager p50 in the graph column fails
+        assert wide["fused_us"][0] == 2.0 and (wide[[f"{i}_graph_us" for i in mod.IMPLS]] == 4.0).all(axis=None)
+        assert wide["reference_over_fused_graph"][0] == 1.0
+        assert wide["fused_graph_frac_of_copy"][0] == pytest.approx(wide["fused_frac_of_copy"][0] / 2)
     if mod is verify_attention:  # replayed from a graph; planted: eager stage timings (2 us here) fail
         assert (wide[["shared_prefix_ms", "shared_combine_ms", "shared_graph_ms"]] == 0.004).all(axis=None)
         kv = verify_attention.kv_bytes_read("gqa", 1, 40, 256, 256)

@@ -90,7 +90,7 @@ def test_perf_slower_needs_the_spreads_apart_not_only_the_medians():
     overlapping); a rule without the threshold flags ``shift`` at 20 %."""
     prov = dict(git_sha="x", device="cuda:H200", arch="sm90", fp8_format="e4m3fn", torch="t", triton="t",
                 shim="", profile="nightly", seed=0)
-    base = dict(op=OP, impl="fused", reference_p50_us=20.0, compiled_p50_us=15.0, speedup_vs_reference=2.0,
+    base = dict(op=OP, impl="fused", mode="eager", reference_p50_us=20.0, compiled_p50_us=15.0, speedup_vs_reference=2.0,
                 speedup_vs_compiled=1.5, gbps=1.0, frac_of_copy=0.5, launches=1, **prov)
 
     def rows(quantiles):

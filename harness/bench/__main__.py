@@ -1,10 +1,13 @@
 """Every op benchmark in one run: ``python -m harness.bench --out DIR [--quick] [--op OP ...]``.
 
 Runs every op with a benchmark (``OpSpec.bench``; or the ``--op`` ones) on the GPU, prints
-progress and a summary of speedups per (op, impl), and writes DIR/perf.csv (one
-``reports.rows.PerfRow`` per (op, impl, shape): p20/p50/p80, ratios to the reference chain and to
-torch.compile of it, achieved bandwidth against the measured copy bandwidth, launches) plus each
-op's own wide CSV in DIR/<op>/. ``--quick`` is the small set (well under 3 minutes on an H200);
+progress, a summary of speedups per (op, impl, mode) and the table of ours per shape
+(``perf.table``: graph-replayed and eager us, x vs the reference chain, torch.compile, the op's
+other baselines and external impls, % of copy; 'missing' where not measured), and writes
+DIR/perf.csv (one ``reports.rows.PerfRow`` per (op, impl, shape, mode): eager p20/p50/p80, or the
+graph-replayed median, ratios to the reference chain and to torch.compile of it in the same mode,
+achieved bandwidth against the copy bandwidth measured in the run, launches), DIR/table.csv, and
+each op's own wide CSV in DIR/<op>/. ``--quick`` is the small set (well under 3 minutes on an H200);
 the default is the nightly's full set. Exit 1 when a fused kernel makes another number of
 launches than it must. Without a GPU: says that nothing was measured, writes nothing, exits 0.
 """

@@ -7,12 +7,15 @@ Shapes: Kimi-K3 absorbed MLA (Dn 512, R 64), verify batches B in 1..64 with L = 
 request (T = B·L), local heads H in 8..64, kv_descale 0.37 (1.0 for the aten chain, which
 has none), strided inputs as the model hands them over, a pool of max(4·T, 4096) rows.
 
-Per implementation: p20/p50/p80 (``harness.profiling.time_quantiles_us``), ratios to the
-fused kernel, achieved bandwidth (bytes the op must move: read q and k in bf16 + loc, write q8
+Per implementation, eager: p20/p50/p80 (``harness.profiling.time_quantiles_us``, the host's
+launch path included); replayed from a CUDA graph: the median (``harness.profiling.graph_time_us``,
+the device's time: what a captured decode step pays; an impl that cannot be captured is said and
+its graph numbers are NaN). Ratios to the fused kernel in both modes, achieved bandwidth (bytes the op must move: read q and k in bf16 + loc, write q8
 and the KV rows in fp8) against the measured device-to-device copy bandwidth, and the kernel
 launches of one call (``count_launches``). The fused kernel must be exactly 1 launch; the
-script exits 1 otherwise. Writes DIR/bench.csv (wide, one row per shape), DIR/meta.json and
-DIR/perf.csv (PerfRow). Without a GPU it says so and exits 0.
+script exits 1 otherwise. Writes DIR/bench.csv (wide, one row per shape: the eager columns, then
+the ``*_graph_*`` ones), DIR/meta.json, DIR/perf.csv (PerfRow, ``mode`` eager and graph) and
+DIR/table.csv (``harness.bench.perf.table``, also printed). Without a GPU it says so and exits 0.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ OP = "mla_fp8_prepare"
 IMPLS = ("fused", "reference", "compiled", "aten5")
 EXPECTED_LAUNCHES = {"fused": 1}
 WARMUP_MS, REP_MS = 25, 100
+GRAPH_REP_MS = 20  # do_bench_cudagraph's rep per graph timing
 EXTRA_TIMINGS = 0
 B_FULL, H_FULL = (1, 8, 64), (8, 16, 32, 64)
 B_QUICK, H_QUICK = (1, 64), (16, 64)
@@ -67,6 +71,14 @@ class BenchRow:
     reference_launches: int
     compiled_launches: int
     aten5_launches: int
+    fused_graph_us: float  # replayed from a CUDA graph (median); NaN: not captured
+    reference_graph_us: float
+    compiled_graph_us: float
+    aten5_graph_us: float
+    reference_over_fused_graph: float
+    compiled_over_fused_graph: float
+    aten5_over_fused_graph: float
+    fused_graph_frac_of_copy: float
 
 
 def _inputs(T: int, H: int, dev, fp8_dtype=torch.float8_e4m3fn) -> dict:
@@ -100,13 +112,10 @@ def _implementations(kw: dict, compiled_chain):
     def fused():
         f._launch(q8=q8, k_mul=k_mul, **kw)
 
-    def reference():  # launches 1-5 as ``reference.mla_fp8_prepare`` runs them (the descale already on device)
-        dt = kw["kv_buffer"].dtype
-        r.cast_fp8(r.concat_q(kw["q_nope"], kw["q_rope"]), dt, "saturate")
-        kn, kr = r.cast_fp8(kw["k_nope"], dt, "saturate", inv), r.cast_fp8(kw["k_rope"], dt, "saturate", inv)
-        r.scatter_kv(kw["kv_buffer"], kw["loc"], kn, kr)
+    def reference():  # _chain eager: the reference's launches (the descale already on device)
+        _chain(kw["q_nope"], kw["q_rope"], kw["k_nope"], kw["k_rope"], kw["kv_buffer"], kw["loc"], inv)
 
-    def compiled():
+    def compiled():  # torch.compile of _chain
         compiled_chain(kw["q_nope"], kw["q_rope"], kw["k_nope"], kw["k_rope"], kw["kv_buffer"], kw["loc"], inv)
 
     def aten5():  # the seed's fallback: concat, three aten casts, scatter (no descale, torch's own overflow)
@@ -121,18 +130,23 @@ def _implementations(kw: dict, compiled_chain):
     return {"fused": fused, "reference": reference, "compiled": compiled, "aten5": aten5}
 
 
-def _compiled_chain():
+def _chain(q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, inv):
+    """The reference chain (``reference.mla_fp8_prepare``'s concat, casts and scatter), its scatter a
+    plain index_put on ``loc``: the benchmark's loc has no padding, so it writes the rows
+    ``reference.scatter_kv`` writes, without that function's ``loc >= 0`` mask, whose boolean
+    indexing syncs the host and so could not be captured in a CUDA graph (nor by a model's)."""
     from reference import mla_fp8_prepare as r
 
-    def chain(q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, inv):
-        q8 = r.cast_fp8(r.concat_q(q_nope, q_rope), kv_buffer.dtype, "saturate")
-        kn = r.cast_fp8(k_nope, kv_buffer.dtype, "saturate", inv)
-        kr = r.cast_fp8(k_rope, kv_buffer.dtype, "saturate", inv)
-        rows = torch.cat((kn.view(torch.uint8), kr.view(torch.uint8)), dim=-1)
-        kv_buffer.view(torch.uint8)[loc] = rows  # loc has no padding here: a plain index_put (on bytes)
-        return q8
+    q8 = r.cast_fp8(r.concat_q(q_nope, q_rope), kv_buffer.dtype, "saturate")
+    kn = r.cast_fp8(k_nope, kv_buffer.dtype, "saturate", inv)
+    kr = r.cast_fp8(k_rope, kv_buffer.dtype, "saturate", inv)
+    rows = torch.cat((kn.view(torch.uint8), kr.view(torch.uint8)), dim=-1)
+    kv_buffer.view(torch.uint8)[loc] = rows  # bytes: fp8 index_put is not on every build
+    return q8
 
-    return perf.compile_static(chain)
+
+def _compiled_chain():
+    return perf.compile_static(_chain)
 
 
 WIDE_CSV = "bench.csv"
@@ -142,18 +156,27 @@ def measurements(shape_list: list[perf.VerifyShape], ctx: perf.Context):
     compiled_chain = _compiled_chain()
     for s in shape_list:
         kw = _inputs(s.T, s.H, ctx.dev.torch_device, ctx.dev.fp8_dtype)
-        t = perf.measure(_implementations(kw, compiled_chain), ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+        t = perf.measure(_implementations(kw, compiled_chain), ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS,
+                         graph_rep_ms=GRAPH_REP_MS)
         del kw
-        yield perf.Measured(s, t, _bytes_moved(s.T, s.H))
+        yield perf.Measured(s, t, _bytes_moved(s.T, s.H), {"copy_gbps": ctx.copy_gbps})
 
 
 def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     s, t, fused = m.shape, m.timings, rows["fused"]
     aten5_over_fused = perf.ratio(t["aten5"].p50_us, t["fused"].p50_us)
+    g = {impl: t[impl].graph_us for impl in IMPLS}
+    graph_over = {impl: perf.ratio(g[impl], g["fused"]) for impl in IMPLS if impl != "fused"}
+    frac = perf.bandwidth(m.bytes_moved, g["fused"], m.extra["copy_gbps"])[1]
     row = BenchRow(B=s.B, L=L, T=s.T, H=s.H, bytes_moved=m.bytes_moved, aten5_us=t["aten5"].p50_us,
                    aten5_over_fused=aten5_over_fused, aten5_launches=t["aten5"].launches,
-                   **perf.fused_vs_chain(m, fused))
-    return row, f"{perf.fused_line(m, fused)} | x{aten5_over_fused:5.2f} vs aten5"
+                   **perf.fused_vs_chain(m, fused),
+                   **{f"{impl}_graph_us": g[impl] for impl in IMPLS},
+                   **{f"{impl}_over_fused_graph": x for impl, x in graph_over.items()},
+                   fused_graph_frac_of_copy=frac)
+    graph = (f"graph: fused {g['fused']:7.2f} us ({frac:5.1%} of copy) | "
+             + " | ".join(f"x{x:5.2f} vs {impl}" for impl, x in graph_over.items()))
+    return row, f"{perf.fused_line(m, fused)} | x{aten5_over_fused:5.2f} vs aten5\n    {graph}"
 
 
 def finish(out: Path, ctx: perf.Context) -> None:

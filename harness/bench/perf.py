@@ -10,7 +10,10 @@ An op benchmark module provides: ``OP``; ``IMPLS`` (the PerfRow impl names it me
 ``case`` id); ``measurements(shapes, ctx)``, yielding one ``Measured`` per shape; ``wide_row(measured,
 rows) -> (its wide row, the progress line)`` with ``rows`` the shape's PerfRows by impl; ``WIDE_CSV``,
 the file in ``out`` its wide rows go to (``run_shapes``, the loop over its shapes); optionally
-``finish(out, ctx)``, called after that file is written. ``main_for`` is each op's command line.
+``finish(out, ctx)``, called after that file is written; optionally ``GRAPH_REP_MS`` (each impl also
+timed replayed from a CUDA graph, ``profiling.graph_time_us``: its PerfRows come in pairs, ``mode``
+eager and graph) and ``OURS`` (the impls that are ours, default the ``EXPECTED_LAUNCHES`` ones: the
+rows of the summary table). ``main_for`` is each op's command line.
 """
 from __future__ import annotations
 
@@ -58,11 +61,15 @@ NO_GPU = ("no GPU visible to torch (torch.cuda.is_available() is False): nothing
 COMPILE_S = 4.0
 PROFILER_S = 0.3
 DO_BENCH_OVERHEAD = 1.3
-QUICK_BUDGET_S = 120.0  # --quick must stay well under 3 min: start-up and slow calls get the rest
+GRAPH_CAPTURE_S = 0.3  # capturing ~rep_ms of calls into one graph (thousands of launches) and its warm-up
+# --quick must stay well under 3 min: start-up and slow calls get the rest. 130 = 120 + mla_fp8_prepare's
+# graph-replayed timings (4 shapes x 4 impls, modelled 8 s by graph_timing_s)
+QUICK_BUDGET_S = 130.0
 # the nightly's full set must stay under ~6 min: 310 = 300 + the shared-KV single-dot variant's 24 shapes x
 # (one timing + one profiler session), modelled 10 s (verify_attention's fused-shared-kv-bf16p, beside fused-shared-kv);
 # + 50 for verify_accept's 9 shapes x 3 implementations (modelled 48 s; 25 s on the H200 on 2026-12-01)
-FULL_BUDGET_S = 360.0
+# + 25 for mla_fp8_prepare's graph-replayed timings (12 shapes x 4 impls, modelled 25 s)
+FULL_BUDGET_S = 385.0
 
 
 @dataclass(frozen=True)
@@ -85,9 +92,11 @@ class Timing:
     p50_us: float
     p80_us: float
     launches: int  # kernels per call; -1 = not measured
+    graph_us: float = math.nan  # median replayed from a CUDA graph; NaN = not measured (not asked, or no capture)
 
 
 NOT_MEASURED = Timing(math.nan, math.nan, math.nan, -1)  # e.g. out of memory at this shape
+MODES = ("eager", "graph")  # PerfRow.mode
 
 
 @dataclass(frozen=True)
@@ -110,19 +119,23 @@ def bandwidth(bytes_moved: int, us: float, copy_gbps: float) -> tuple[float, flo
 
 
 def perf_rows(op: str, case: str, timings: dict[str, Timing], *, bytes_moved: int, copy_gbps: float,
-              prov: Provenance) -> list[PerfRow]:
-    """One PerfRow per implementation of one shape. Ratios are against the ``reference`` and
-    ``compiled`` timings of the same shape (> 1: this impl is faster); bandwidth counts the
-    bytes the op must move, the same for every impl."""
-    ref = timings["reference"].p50_us if "reference" in timings else math.nan
-    comp = timings["compiled"].p50_us if "compiled" in timings else math.nan
+              prov: Provenance, graph: bool = False) -> list[PerfRow]:
+    """One PerfRow per implementation of one shape (``mode`` eager: do_bench's p20/p50/p80), and with
+    ``graph`` a second one per implementation (``mode`` graph: the graph-replayed median as p50, p20
+    and p80 NaN; NaN throughout where it was not measured, never 0). Ratios are against the
+    ``reference`` and ``compiled`` timings of the same shape and mode (> 1: this impl is faster);
+    bandwidth counts the bytes the op must move, the same for every impl."""
     rows = []
-    for impl, t in timings.items():
-        gbps, frac = bandwidth(bytes_moved, t.p50_us, copy_gbps)
-        rows.append(PerfRow(op=op, impl=impl, case=case, p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us,
-                            reference_p50_us=ref, compiled_p50_us=comp, speedup_vs_reference=ratio(ref, t.p50_us),
-                            speedup_vs_compiled=ratio(comp, t.p50_us), gbps=gbps, frac_of_copy=frac,
-                            launches=t.launches, **dataclasses.asdict(prov)))
+    for mode in MODES[:2 if graph else 1]:
+        p50 = {impl: (t.p50_us if mode == "eager" else t.graph_us) for impl, t in timings.items()}
+        ref, comp = p50.get("reference", math.nan), p50.get("compiled", math.nan)
+        for impl, t in timings.items():
+            q20, q80 = (t.p20_us, t.p80_us) if mode == "eager" else (math.nan, math.nan)
+            gbps, frac = bandwidth(bytes_moved, p50[impl], copy_gbps)
+            rows.append(PerfRow(op=op, impl=impl, case=case, mode=mode, p20_us=q20, p50_us=p50[impl], p80_us=q80,
+                                reference_p50_us=ref, compiled_p50_us=comp, speedup_vs_reference=ratio(ref, p50[impl]),
+                                speedup_vs_compiled=ratio(comp, p50[impl]), gbps=gbps, frac_of_copy=frac,
+                                launches=t.launches, **dataclasses.asdict(prov)))
     return rows
 
 
@@ -139,9 +152,9 @@ def _geomean(x: pd.Series) -> float:
 
 
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (op, impl): shapes, median p50, geometric mean and minimum of both speedups, the
+    """Per (op, impl, mode): shapes, median p50, geometric mean and minimum of both speedups, the
     best fraction of copy bandwidth, the launch counts seen."""
-    g = frame.groupby(["op", "impl"], sort=False)
+    g = frame.groupby(["op", "impl", "mode"], sort=False)
     return g.agg(shapes=("case", "size"), p50_us_median=("p50_us", "median"),
                  x_reference_geomean=("speedup_vs_reference", _geomean),
                  x_reference_min=("speedup_vs_reference", "min"),
@@ -161,10 +174,12 @@ def compile_static(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=False)
 
 
-def measure(impls: dict[str, Callable[[], object]], dev: devices.Device, *, warmup_ms: int, rep_ms: int
-            ) -> dict[str, Timing]:
+def measure(impls: dict[str, Callable[[], object]], dev: devices.Device, *, warmup_ms: int, rep_ms: int,
+            graph_rep_ms: int | None = None) -> dict[str, Timing]:
     """Each zero-argument callable: one call outside the timed region (compile, autotune, lazy
-    allocations), then p20/p50/p80 and its kernel launches. Out of memory -> NOT_MEASURED."""
+    allocations), then p20/p50/p80 and its kernel launches; with ``graph_rep_ms`` also its median
+    replayed from a CUDA graph (``Timing.graph_us``; a callable that cannot be captured is said and
+    left NaN). Out of memory -> NOT_MEASURED."""
     out = {}
     for name, fn in impls.items():
         try:
@@ -176,6 +191,13 @@ def measure(impls: dict[str, Callable[[], object]], dev: devices.Device, *, warm
             print(f"  {name}: out of memory, not measured", flush=True)
             out[name] = NOT_MEASURED
             torch.cuda.empty_cache()
+            continue
+        if graph_rep_ms is not None:
+            try:
+                out[name] = dataclasses.replace(out[name], graph_us=profiling.graph_time_us(fn, rep=graph_rep_ms))
+            except Exception as exc:  # noqa: BLE001 - a sync or a host-side step in the call: not capturable
+                print(f"  {name}: no graph timing ({type(exc).__name__}: {str(exc)[:160]})", flush=True)
+                devices.synchronize(dev)
     return out
 
 
@@ -233,14 +255,15 @@ def fused_line(m: Measured, fused: PerfRow) -> str:
 
 
 def run_shapes(mod, shape_list: list, ctx: Context, out: Path) -> list[PerfRow]:
-    """One op's run: per shape of ``mod.measurements`` its PerfRows and a progress line; its wide
-    rows (``mod.wide_row``) to ``out / mod.WIDE_CSV``, then ``mod.finish(out, ctx)`` where it has one."""
+    """One op's run: per shape of ``mod.measurements`` its PerfRows (eager, and graph-replayed where
+    ``mod`` has ``GRAPH_REP_MS``) and a progress line; its wide rows (``mod.wide_row``, given the
+    shape's eager rows by impl) to ``out / mod.WIDE_CSV``, then ``mod.finish(out, ctx)`` where it has one."""
     rows, wide = [], []
     for m in mod.measurements(shape_list, ctx):
         new = perf_rows(mod.OP, m.shape.case, m.timings, bytes_moved=m.bytes_moved, copy_gbps=ctx.copy_gbps,
-                        prov=ctx.prov)
+                        prov=ctx.prov, graph=hasattr(mod, "GRAPH_REP_MS"))
         rows += new
-        row, line = mod.wide_row(m, {r.impl: r for r in new})
+        row, line = mod.wide_row(m, {r.impl: r for r in new if r.mode == "eager"})
         wide.append(row)
         print(f"  {m.shape.case}: {line}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -249,6 +272,54 @@ def run_shapes(mod, shape_list: list, ctx: Context, out: Path) -> list[PerfRow]:
         mod.finish(out, ctx)
     print(f"  wrote {out / mod.WIDE_CSV}")
     return rows
+
+
+def ours(mod) -> tuple[str, ...]:
+    """The impls of ``mod`` that are this project's kernels: ``mod.OURS``, else its ``EXPECTED_LAUNCHES``."""
+    return tuple(getattr(mod, "OURS", mod.EXPECTED_LAUNCHES))
+
+
+def table(frame: pd.DataFrame, ours_by_op: Mapping[str, tuple[str, ...]]) -> pd.DataFrame:
+    """The summary table of a run, one line per (op, shape, impl of ours): its graph-replayed and
+    eager p50 (``graph_us``, ``eager_us``), then per other impl of the same shape (the reference
+    chain, torch.compile of it, the op's other baselines, external implementations) its p50 over
+    ours under graph replay (``x_<impl>``) and eager (``x_<impl>_eager``): > 1 = ours faster, and
+    ours' % of the copy bandwidth in both modes. NaN where a number was not measured (an op
+    timed eager only has NaN graph columns: never 0, never the eager number)."""
+    p50 = frame.pivot_table(index=["op", "case", "impl"], columns="mode", values="p50_us", aggfunc="first",
+                            dropna=False, sort=False)
+    pct = frame.pivot_table(index=["op", "case", "impl"], columns="mode", values="frac_of_copy", aggfunc="first",
+                            dropna=False, sort=False) * 100
+    p50, pct = (f.reindex(columns=list(MODES)) for f in (p50, pct))
+    lines = []
+    for (op, case), g in frame.groupby(["op", "case"], sort=False):
+        impls = list(dict.fromkeys(g["impl"]))
+        for impl in (i for i in impls if i in ours_by_op.get(op, ())):
+            key = (op, case, impl)
+            line = {"op": op, "case": case, "impl": impl, "graph_us": p50.loc[key, "graph"],
+                    "eager_us": p50.loc[key, "eager"]}
+            for other in (i for i in impls if i not in ours_by_op.get(op, ())):
+                o = (op, case, other)
+                line[f"x_{other}"] = ratio(p50.loc[o, "graph"], p50.loc[key, "graph"])
+                line[f"x_{other}_eager"] = ratio(p50.loc[o, "eager"], p50.loc[key, "eager"])
+            line.update(pct_copy_graph=pct.loc[key, "graph"], pct_copy_eager=pct.loc[key, "eager"])
+            lines.append(line)
+    t = pd.DataFrame(lines)
+    if t.empty:
+        return t
+    head = ["op", "case", "impl", "graph_us", "eager_us"]
+    xs = [c for c in t.columns if c.startswith("x_")]
+    return t[head + sorted(xs, key=lambda c: (c.endswith("_eager"), _X_ORDER.get(c.removesuffix("_eager"), 9), c))
+             + ["pct_copy_graph", "pct_copy_eager"]]
+
+
+_X_ORDER = {"x_reference": 0, "x_compiled": 1}  # then the other impls by name
+
+
+def print_table(t: pd.DataFrame) -> str:
+    """``table``'s text: missing numbers print as ``missing``."""
+    with pd.option_context("display.width", 250, "display.max_columns", 60, "display.float_format", "{:.3g}".format):
+        return t.to_string(index=False, na_rep="missing")
 
 
 def main_for(mod, argv: list[str] | None, *, quick_help: str, options: Mapping[str, str] = {},
@@ -272,20 +343,30 @@ def main_for(mod, argv: list[str] | None, *, quick_help: str, options: Mapping[s
 def estimate_s(mod, shapes: list) -> float:
     """Modelled wall time of one op's run over ``shapes`` (see COMPILE_S)."""
     per_timing = DO_BENCH_OVERHEAD * (mod.WARMUP_MS + mod.REP_MS) / 1e3 + 0.05
-    return len(shapes) * (COMPILE_S + (len(mod.IMPLS) + mod.EXTRA_TIMINGS) * per_timing + len(mod.IMPLS) * PROFILER_S)
+    graph = len(mod.IMPLS) * graph_timing_s(mod.GRAPH_REP_MS) if hasattr(mod, "GRAPH_REP_MS") else 0.0
+    return len(shapes) * (COMPILE_S + (len(mod.IMPLS) + mod.EXTRA_TIMINGS) * per_timing + len(mod.IMPLS) * PROFILER_S
+                          + graph)
+
+
+def graph_timing_s(rep_ms: int) -> float:
+    """Modelled seconds of one ``profiling.graph_time_us(rep=rep_ms)``: do_bench_cudagraph replays a
+    graph of ~rep_ms of calls 10 times, after capturing it (GRAPH_CAPTURE_S)."""
+    return 11 * rep_ms / 1e3 + GRAPH_CAPTURE_S
 
 
 def plan_lines(mods: list, shapes: dict[str, list]) -> list[str]:
     lines = [f"  {m.OP}: {len(shapes[m.OP])} shapes x {len(m.IMPLS)} impls ({', '.join(m.IMPLS)}), "
-             f"do_bench {m.WARMUP_MS}+{m.REP_MS} ms, ~{estimate_s(m, shapes[m.OP]):.0f} s" for m in mods]
+             f"do_bench {m.WARMUP_MS}+{m.REP_MS} ms"
+             + (f" + graph replay {m.GRAPH_REP_MS} ms" if hasattr(m, "GRAPH_REP_MS") else " (eager only)")
+             + f", ~{estimate_s(m, shapes[m.OP]):.0f} s" for m in mods]
     total = sum(estimate_s(m, shapes[m.OP]) for m in mods)
     return lines + [f"  modelled total ~{total:.0f} s on an H200 (plus start-up)"]
 
 
 def run_ops(mods: list, *, out: Path, quick: bool, nested: bool, shapes: dict[str, list] | None = None,
             prog: str = "harness.bench") -> int:
-    """Run each op's benchmark; write ``out/perf.csv`` (all ops' PerfRows) and each op's own CSV
-    (in ``out/<op>/`` when ``nested``, else in ``out``). Exit status: 1 when a fused impl made
+    """Run each op's benchmark; write ``out/perf.csv`` (all ops' PerfRows), ``out/table.csv`` (``table``,
+    also printed) and each op's own CSV (in ``out/<op>/`` when ``nested``, else in ``out``). Exit status: 1 when a fused impl made
     another number of launches than it must, else 0 — also without a GPU, after saying so."""
     shapes = {m.OP: (shapes or {}).get(m.OP) or m.shapes(quick) for m in mods}
     plan = plan_lines(mods, shapes)
@@ -303,9 +384,14 @@ def run_ops(mods: list, *, out: Path, quick: bool, nested: bool, shapes: dict[st
         rows += run_shapes(m, shapes[m.OP], ctx, out / m.OP if nested else out)
         print(f"[{m.OP}] done in {time.monotonic() - t0:.0f} s", flush=True)
     path = write_csv(rows, out / "perf.csv")
+    frame = pd.DataFrame([dataclasses.asdict(r) for r in rows])
     with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3g}".format):
-        print(summary(pd.DataFrame([dataclasses.asdict(r) for r in rows])).to_string(index=False))
-    print(f"{len(rows)} perf rows -> {path}")
+        print(summary(frame).to_string(index=False))
+    t = table(frame, {m.OP: ours(m) for m in mods})
+    t.to_csv(out / "table.csv", index=False)
+    print(f"\nours per shape (graph = replayed from a CUDA graph; x_<impl> = its p50 / ours, > 1: ours faster; "
+          f"% of copy = of {ctx.copy_gbps:.0f} GB/s):", print_table(t), sep="\n")
+    print(f"{len(rows)} perf rows -> {path}; the table -> {out / 'table.csv'}")
     bad = launch_failures(rows, {m.OP: m.EXPECTED_LAUNCHES for m in mods})
     for line in bad:
         print("FAIL", line)
