@@ -386,9 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-on", default="device", choices=("device", "cpu", "auto"),
                     help="where the correctness steps' checks compute (VP_COMPARE_ON; auto: tensors of at most "
                          "64K elements on the CPU)")
-    ap.add_argument("--mps", default="off", choices=mps.MODES,
+    ap.add_argument("--mps", default="auto", choices=mps.MODES,
                     help="run the correctness steps as clients of a private CUDA MPS daemon (harness.mps; on: "
-                         "required, auto: when nvidia-cuda-mps-control is on PATH; default off)")
+                         "required, auto (the default): when nvidia-cuda-mps-control is on PATH and the device "
+                         "is an NVIDIA GPU, off: never)")
     ap.add_argument("--no-warmup", action="store_true", help="no compile-ahead step (harness.warmup) first")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-gate", action="store_true")

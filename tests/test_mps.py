@@ -90,7 +90,9 @@ def test_a_callers_daemon_is_kept(fake_control, tmp_path, monkeypatch):
     assert not fake_control.exists()
 
 
-def test_nightly_makes_the_correctness_steps_and_only_them_clients(fake_control, tmp_path, monkeypatch):
+@pytest.mark.parametrize("flags", [["--mps", "on"], []], ids=["on", "default"])
+def test_nightly_makes_the_correctness_steps_and_only_them_clients(fake_control, tmp_path, monkeypatch, flags):
+    """On an NVIDIA machine with the daemon's binary the default (auto) uses it, as ``on`` does."""
     ran = []
 
     def fake_run_steps(steps, out, **kw):
@@ -99,7 +101,7 @@ def test_nightly_makes_the_correctness_steps_and_only_them_clients(fake_control,
             s.rc, s.wall_s = 0, 0.0
 
     monkeypatch.setattr(nightly, "run_steps", fake_run_steps)
-    nightly.main(["--out", str(tmp_path / "n"), "--profile", "dev", "--device", "cuda", "--mps", "on",
+    nightly.main(["--out", str(tmp_path / "n"), "--profile", "dev", "--device", "cuda", *flags,
                   "--no-gate", "--budget-s", "60"])
     pipe = str((tmp_path / "n" / "mps" / "pipe").resolve())
     phases = {p for p, _, _ in ran}
