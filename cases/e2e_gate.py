@@ -78,6 +78,10 @@ PROFILES = {
     "killmatrix": GateProfile("killmatrix", problems=60, max_new=200, paths=(), path_mutants=(), batch=60),
     "smoke": GateProfile("smoke", problems=4, max_new=24, paths=(), path_mutants=("path-store-before-attention",),
                          batch=4, mutant_kernels="reference+reference"),
+    # tests: one path under test that ``gate --backend`` runs through (on qwen35-gqa the reference kernels:
+    # its prepare is plain projections)
+    "smoke-path": GateProfile("smoke-path", problems=4, max_new=24, paths=("fused+reference",), path_mutants=(),
+                              batch=4),
 }
 
 MODEL_DIR = "cases/models"  # <layout>.safetensors + .json, written by python -m harness.e2e.train

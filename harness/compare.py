@@ -10,10 +10,17 @@ Every check computes on the checked tensor's device (the other tensor is copied 
 CPU for the tensors ``VP_COMPARE_ON`` sends there (``home``): fp64 abs, sub, div, comparisons and
 max are correctly rounded IEEE on a GPU as on the CPU, so a record is the same wherever it is
 made; the host gets the scalars and the few worst elements.
+
+Each check is also a *staged* generator (``exact_check``, ``finite_check``, ``numeric_check``,
+``untouched_check``): it queues its device work, yields the 1-d tensor of numbers it needs on the
+host, is sent them as a list of floats, and returns its ``Record``. ``Batch`` makes many checks with
+one transfer to the host per device and stage for all of them (a timeline step's checks: two
+instead of ~30); the eager functions are one check resolved alone, so both give the same record.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +44,65 @@ class Record:
     worst: str = ""  # "idx: got/oracle/ref; ..."
     detail: str = ""
     extra: dict = field(default_factory=dict)
+
+
+Check = Generator[torch.Tensor, list, Record]  # a staged check: yields what it needs on the host, returns its record
+
+
+class Batch:
+    """Staged checks made together: ``add`` runs a check up to its first transfer (its device work
+    queued on the tensors as they are now), ``resolve`` sends each stage's numbers of every check to
+    the host in one transfer per device, then the next stage's, and returns the records in ``add``
+    order. A check's later stages read only tensors its first stage made (a failure's details may
+    read its ``got``: hand a copy of a buffer that is written before ``resolve``)."""
+
+    def __init__(self):
+        self._records: list[Record | None] = []
+        self._live: list[tuple[int, Check, torch.Tensor]] = []
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, check: Check | Record) -> int:
+        """Start ``check`` (a record made already is kept as it is); its index in ``resolve``'s list."""
+        k = len(self._records)
+        self._records.append(check if isinstance(check, Record) else None)
+        if not isinstance(check, Record):
+            self._step(k, check, None)
+        return k
+
+    def _step(self, k: int, check: Check, values: list | None) -> None:
+        try:
+            want = next(check) if values is None else check.send(values)
+        except StopIteration as done:
+            self._records[k] = done.value
+            return
+        self._live.append((k, check, want))
+
+    def resolve(self) -> list[Record]:
+        """Every check's record (one host transfer per device and stage); the batch is empty after."""
+        while self._live:
+            live, self._live = self._live, []
+            by_dev: dict[torch.device, list] = {}
+            for item in live:
+                by_dev.setdefault(item[2].device, []).append(item)
+            for items in by_dev.values():
+                flat = torch.cat([w.reshape(-1).double() for _, _, w in items]).tolist() if len(items) > 1 \
+                    else items[0][2].reshape(-1).double().tolist()
+                off = 0
+                for k, check, w in items:
+                    n = w.numel()
+                    self._step(k, check, flat[off: off + n])
+                    off += n
+        out, self._records = self._records, []
+        return out
+
+
+def resolve_one(check: Check) -> Record:
+    """One staged check's record, made alone."""
+    b = Batch()
+    b.add(check)
+    return b.resolve()[0]
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -139,11 +205,16 @@ def finite(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> Record
     """NaN/±Inf placement: every element of ``got`` is NaN, +Inf, -Inf or finite exactly where
     the fp64 ``oracle`` is. Fails with the count (how many are non-finite where the oracle is
     finite, and the reverse) and the first ``WORST_K`` positions in row-major order."""
+    return resolve_one(finite_check(check, got, oracle))
+
+
+def finite_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> Check:
+    """``finite`` staged (``Batch``): one count to the host; a failure's details after it."""
     done, x, o = _as_f64(check, got, oracle)
     if done is not None:
         return done
     bad = _special_mismatch(x, o).flatten()
-    n = int(bad.sum())
+    n = int((yield bad.sum().reshape(1))[0])
     if not n:
         return Record(check, True, mismatch_frac=0.0)
     fo, fx = torch.isfinite(o).flatten(), torch.isfinite(x).flatten()
@@ -164,6 +235,12 @@ def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: tor
     both are finite; see harness.tolerance. NaN/±Inf placement does not fail it (``finite``
     does): ``nan_inf_mismatch`` counts those elements for information. Computed on ``got``'s
     device; the host gets the scalars and the ``WORST_K`` worst elements."""
+    return resolve_one(numeric_check(check, got, oracle, ref, tol, is_reference=is_reference))
+
+
+def numeric_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: torch.Tensor | None,
+                  tol: Tolerance, *, is_reference: bool = False) -> Check:
+    """``numeric`` staged (``Batch``): its two transfers are the two stages."""
     done, x, o = _as_f64(check, got, oracle)
     if done is not None:
         return done
@@ -183,9 +260,9 @@ def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: tor
     # one transfer for the scalars: finite oracle elements, whether one has |o| >= 100 atol, err,
     # ref_err, max_abs, max_rel (NaN where the oracle holds a NaN, as diff / clamp_min(NaN) says), n_both,
     # the elements whose NaN/Inf placement differs from the oracle's
-    stats = torch.stack((fo.sum().double(), (fo & (oa >= 100 * tol.atol)).any().double(), e.max(), ref_err,
-                         diff.max(), (diff / oa.clamp_min_(tol.atol)).max(), both.sum().double(),
-                         _special_mismatch(x, o).sum().double())).tolist()
+    stats = yield torch.stack((fo.sum().double(), (fo & (oa >= 100 * tol.atol)).any().double(), e.max(), ref_err,
+                               diff.max(), (diff / oa.clamp_min_(tol.atol)).max(), both.sum().double(),
+                               _special_mismatch(x, o).sum().double()))
     n_fo, big, err, ref_err, max_abs, max_rel, n_both = stats[:7]
     n_both = int(n_both)
     if n_fo and not big:
@@ -203,7 +280,7 @@ def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: tor
     if k:
         at, unique = _topk_device(flat, k)
         parts += [unique.double().reshape(1), at.double()] + [t.flatten()[at] for t in (x, o) + ((r,) if with_ref else ())]
-    got = torch.cat(parts).tolist()
+    got = yield torch.cat(parts)
     n_over = int(got[0])
     worst = []
     if k:
@@ -228,6 +305,11 @@ def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: tor
 def exact(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Record:
     """Byte-identical contract (fp8 bytes, cache rows, indices). Compared on ``got``'s device; the
     host gets the count and the first ``WORST_K`` differing elements' bytes."""
+    return resolve_one(exact_check(check, got, want))
+
+
+def exact_check(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Check:
+    """``exact`` staged (``Batch``): one count to the host; a failure's bytes after it."""
     if got is None:
         return Record(check, False, detail="output missing (None)")
     if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
@@ -235,7 +317,7 @@ def exact(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Record:
     gb = _bytes(_home(got))
     wb = _bytes(_on(want, gb))
     bad = (gb != wb)
-    n = int(bad.sum())
+    n = int((yield bad.sum().reshape(1))[0])
     worst = ""
     if n:
         elem_bad = bad.reshape(*got.shape, -1).any(-1) if got.dim() else bad.any().reshape(())
@@ -250,25 +332,33 @@ def untouched(check: str, after: torch.Tensor, before: torch.Tensor, written_row
     """Every row of ``after`` not listed in ``written_rows`` is byte-identical to ``before``.
     ``written_bytes`` ((len(written_rows), n) bool, rows listed once): of each listed row only the
     marked bytes among its first n may change, its other bytes must be ``before``'s too.
-    Compared on ``after``'s device (the row mask is built on the host)."""
-    keep = torch.ones(after.shape[0], dtype=torch.bool)
-    if written_rows.numel():
-        keep[written_rows.cpu().long()] = False
-    n_keep = int(keep.sum())
+    Compared on ``after``'s device."""
+    return resolve_one(untouched_check(check, after, before, written_rows, written_bytes=written_bytes))
+
+
+def untouched_check(check: str, after: torch.Tensor, before: torch.Tensor, written_rows: torch.Tensor, *,
+                    written_bytes: torch.Tensor | None = None) -> Check:
+    """``untouched`` staged (``Batch``): the row mask is built on the device, the counts go to the
+    host in one transfer; a failure's rows after it."""
     ab_all = _bytes(_home(after))
     bb_all = _bytes(_on(before, ab_all))
-    keep_d = _on(keep, ab_all)
-    ab, bb = ab_all[keep_d], bb_all[keep_d]
-    bad_rows = (ab != bb).flatten(1).any(-1)
-    n = int(bad_rows.sum())
-    rows = torch.nonzero(keep_d).flatten()[bad_rows][:WORST_K].tolist() if n else []
-    partial: list[int] = []
+    keep = torch.ones(after.shape[0], dtype=torch.bool, device=ab_all.device)
+    if written_rows.numel():
+        keep[_on(written_rows, keep).long()] = False
+    bad = (ab_all != bb_all).flatten(1).any(-1) & keep  # rows outside the write set that changed
+    parts = [keep.sum(), bad.sum()]
+    wr = pbad = None
     if written_bytes is not None and written_rows.numel():
         wr = _on(written_rows.long(), ab_all)
         wa, wb = ab_all[wr].flatten(1), bb_all[wr].flatten(1)
         may = torch.zeros_like(wa, dtype=torch.bool)
         may[:, : written_bytes.shape[1]] = _on(written_bytes, wa)
-        partial = wr[((wa != wb) & ~may).any(-1)].tolist()
+        pbad = ((wa != wb) & ~may).any(-1)
+        parts.append(pbad.sum())
+    counts = yield torch.stack(parts)
+    n_keep, n = int(counts[0]), int(counts[1])
+    rows = torch.nonzero(bad).flatten()[:WORST_K].tolist() if n else []
+    partial: list[int] = wr[pbad].tolist() if pbad is not None and counts[2] else []
     worst = "; ".join(([f"rows {rows} changed"] if n else [])
                       + ([f"rows {partial[:WORST_K]} changed outside their written bytes"] if partial else []))
     detail = "; ".join(([f"{n} rows outside the write set changed"] if n else [])

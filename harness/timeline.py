@@ -40,8 +40,9 @@ of role ``attn``, acceptance its one op of role ``accept``.
 """
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -56,6 +57,7 @@ from harness.prepares.base import (  # noqa: F401  (re-exported: the adapters' a
     attention_spec,
     chunk_kv,
     exact,
+    exact_check,
     kv_views,
     prepare_of,
     row_shape,
@@ -83,7 +85,7 @@ class StepRecord:
     mode: str
     layer: int
     family: str  # check family: timeline | gate
-    record: compare.Record
+    record: compare.Record  # (None only while its step's checks are being made: ``TimelineRun._flush``)
 
 
 def clean_path(reg: Registry, family: str, *, prepare: str = "fused", attn: str = "fused", accept: str | None = None,
@@ -153,15 +155,52 @@ class TimelineRun:
         self.n = [0] * self.B  # the truth: committed tokens per request (the script's accepts)
         self.held = [0] * self.B  # the backend's: tokens it keeps per request (its acceptance op's n)
         self.accept_g = torch.Generator().manual_seed(3000 + t.seed)  # drafts and target logits only
+        self._batch = compare.Batch()  # the step's staged checks, made together at its end (``_flush``)
+        self._slots: list[tuple[int, int]] = []  # (index in records, index in the batch)
+        self._loc: list[int] = []  # the step's physical write slots then its padding (-1), on the host
+        self._valid: dict = {}  # per step: index tensors of the valid slots (``valid_index``)
 
     # -- helpers
-    def _rec(self, step, mode, layer, family, r: compare.Record):
-        self.records.append(StepRecord(step, mode, layer, family, r))
+    def _rec(self, step, mode, layer, family, r: compare.Record | compare.Check | int):
+        """Record ``r``: a record; a staged check (``compare.Check``: made at the end of the step with
+        its other checks, one host transfer per stage for all of them); or the ``_batch`` index of one
+        added before (the same check recorded at several layers)."""
+        if isinstance(r, compare.Record):
+            self.records.append(StepRecord(step, mode, layer, family, r))
+            return
+        self._slots.append((len(self.records), r if isinstance(r, int) else self._batch.add(r)))
+        self.records.append(StepRecord(step, mode, layer, family, None))
+
+    def _flush(self) -> None:
+        """Make the step's staged checks and put their records in place."""
+        made = self._batch.resolve()
+        for at, k in self._slots:
+            self.records[at] = replace(self.records[at], record=made[k])
+        self._slots = []
 
     def _rec_numeric(self, step, mode, layer, check, got, oracle, ref, tol):
         """``finite:<check>`` (NaN/±Inf placement), then ``<check>`` on the finite elements."""
-        self._rec(step, mode, layer, "timeline", compare.finite(f"finite:{check}", got, oracle))
-        self._rec(step, mode, layer, "timeline", compare.numeric(check, got, oracle, ref, tol))
+        self._rec(step, mode, layer, "timeline", compare.finite_check(f"finite:{check}", got, oracle))
+        self._rec(step, mode, layer, "timeline", compare.numeric_check(check, got, oracle, ref, tol))
+
+    def valid_index(self, n: int) -> torch.Tensor:
+        """Positions i < n of the step's launch (its tokens, then its padding) whose physical write
+        slot is valid (>= 0): the index tensor ``x[:n][loc[:n] >= 0]`` takes, built from the slots on
+        the host (a boolean mask would wait for the device in every layer). (k,) int64."""
+        if n not in self._valid:
+            self._valid[n] = torch.tensor([i for i, s in enumerate(self._loc[:n]) if s >= 0], dtype=torch.int64,
+                                          device=self.device)
+        return self._valid[n]
+
+    def valid_slots(self) -> list[int]:
+        """The step's valid physical write slots in launch order (``loc[loc >= 0]``), on the host."""
+        return [s for s in self._loc if s >= 0]
+
+    def valid_rows(self) -> torch.Tensor:
+        """``valid_slots`` on the device. (k,) int64."""
+        if "rows" not in self._valid:
+            self._valid["rows"] = torch.tensor(self.valid_slots(), dtype=torch.int64, device=self.device)
+        return self._valid["rows"]
 
     def _phys(self, logical: torch.Tensor) -> torch.Tensor:
         """The pool's own translation (the truth of where a logical slot lives)."""
@@ -182,7 +221,13 @@ class TimelineRun:
                 break
             try:
                 self._step(step, mode, items)
+                self._flush()
             except Exception as exc:  # a crash is a failure of the path, with its message
+                try:
+                    self._flush()  # the checks made before it
+                except Exception:
+                    self.records = [s for s in self.records if s.record is not None]
+                    self._batch, self._slots = compare.Batch(), []
                 msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 self._rec(step, mode, -1, "timeline", compare.Record("run", False, detail=msg))
                 break
@@ -209,7 +254,12 @@ class TimelineRun:
             keep = torch.cat([torch.arange(c, device=self.device) >= c - kv.spec.ring_capacity for _, c in owners])
             loc_logical = torch.where(keep, loc_logical, torch.full_like(loc_logical, -1))
         loc_phys = be.physical(kv, loc_logical)
-        slot_checks = timeline_truth.launch_checks(kv, mode, owners, self.n, truth_pos, pos_t, loc_logical, loc_phys)
+        # the slots on the host, once a step (one transfer): the valid rows of every layer's launch
+        host = torch.cat((loc_logical.reshape(-1).long(), loc_phys.reshape(-1).long())).tolist()
+        logical_h = host[: loc_logical.numel()]
+        self._loc, self._valid = host[loc_logical.numel():] + [-1] * t.pad, {}
+        slot_checks = [self._batch.add(c) for c in timeline_truth.launch_checks(
+            kv, mode, owners, self.n, truth_pos, pos_t, loc_logical, loc_phys, logical_h)]
         x = (torch.randn(T, fam.d_model, generator=self.w.g) * t.act_scale).to(torch.bfloat16).to(self.device)
         pad = t.pad
         xp = (torch.randn(pad, fam.d_model, generator=self.w.g) * t.act_scale).to(torch.bfloat16).to(self.device)
@@ -237,7 +287,7 @@ class TimelineRun:
                 slots = self._phys(kv.truth_slots(r))
                 got = kv.buffers[layer][slots]
                 truth_rows = kv.truth_history(layer, r)
-                self._rec(step, mode, layer, "timeline", exact(f"state:r{r}", got, truth_rows))
+                self._rec(step, mode, layer, "timeline", exact_check(f"state:r{r}", got, truth_rows))
                 for rec in prep.state_checks(self, layer, r, slots, truth_rows):
                     self._rec(step, mode, layer, "timeline", rec)
                 ok = len(kv.table[r]) == kv.visible_len[r] == self.n[r]
@@ -286,7 +336,7 @@ class TimelineRun:
         fn = self.path.accept.fn if self.path.accept is not None else accept_spec().reference
         n = fn(**args)["accept_length"]
         want = torch.tensor([a for _, a in items], dtype=n.dtype, device=n.device)
-        self._rec(step, "target_verify", -1, "timeline", exact("accept:n", n, want))
+        self._rec(step, "target_verify", -1, "timeline", exact_check("accept:n", n, want))
         return [int(k) for k in n.tolist()]
 
     # -- attention
@@ -308,20 +358,23 @@ class TimelineRun:
         # the page table against the request: each chunk's width and history length
         hist_rows = [kv.truth_history(layer, r) for r, _ in owners]
         lens = [h.shape[0] for h in hist_rows]
-        qo_l = torch.tensor([0] + [c for _, c in owners], device=self.device).cumsum(0).to(torch.int32)
-        kvp_l = torch.tensor([0] + lens, device=self.device).cumsum(0).to(torch.int32)
-        self._rec(step, mode, layer, "timeline", exact("input:attn-indptr", torch.cat((qo, kvp)),
-                                                       torch.cat((qo_l, kvp_l))))
-        # visible KV: every row read equals the request's logical history, row count included
-        starts = [0] + qo_l.tolist()[1:]
+        starts = [0] + list(itertools.accumulate(c for _, c in owners))
+        qo_l = torch.tensor(starts, device=self.device).to(torch.int32)
+        kvp_l = torch.tensor([0] + list(itertools.accumulate(lens)), device=self.device).to(torch.int32)
+        self._rec(step, mode, layer, "timeline", exact_check("input:attn-indptr", torch.cat((qo, kvp)),
+                                                             torch.cat((qo_l, kvp_l))))
+        # visible KV: every row read equals the request's logical history, row count included (the
+        # page table read on the host in one transfer: each group's rows are gathered without a wait)
+        meta = torch.cat((qo.reshape(-1).long(), kvp.reshape(-1).long(), idx.reshape(-1).long())).tolist()
+        qo_h, kvp_h = meta[: qo.numel()], meta[qo.numel(): qo.numel() + kvp.numel()]
+        idx_h = meta[qo.numel() + kvp.numel():]
         for g in range(qo.shape[0] - 1):
-            r = owners[max(i for i, s in enumerate(starts[:-1]) if s <= int(qo[g]))][0]
-            rows_read = idx[int(kvp[g]): int(kvp[g + 1])].long()
-            ok_idx = (rows_read >= 0) & (rows_read < buf.shape[0])
-            got = buf[rows_read[ok_idx]]
-            self._rec(step, mode, layer, "timeline", exact(f"visible_kv:r{r}", got, kv.truth_history(layer, r)))
+            r = owners[max(i for i, s in enumerate(starts[:-1]) if s <= qo_h[g])][0]
+            rows_read = [x for x in idx_h[kvp_h[g]: kvp_h[g + 1]] if 0 <= x < buf.shape[0]]
+            got = buf[torch.tensor(rows_read, dtype=torch.int64, device=buf.device)]
+            self._rec(step, mode, layer, "timeline", exact_check(f"visible_kv:r{r}", got, kv.truth_history(layer, r)))
         if one_source:  # the chunk itself came from the pool: it must be the chunk's logical rows
-            self._rec(step, mode, layer, "timeline", exact("visible_kv:chunk", k_d, chunk_kv(fam, chunk_rows)[0]))
+            self._rec(step, mode, layer, "timeline", exact_check("visible_kv:chunk", k_d, chunk_kv(fam, chunk_rows)[0]))
         # attention against the oracle over the logical history + the logical chunk
         lk, lv = chunk_kv(fam, chunk_rows)
         lbuf = torch.cat(hist_rows) if hist_rows else buf[:0]

@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 
 from harness import compare
-from harness.prepares.base import exact
+from harness.prepares.base import exact_check
 
 
 def launch_checks(kv, mode: str, owners: list[tuple[int, int]], committed: list[int], truth_pos: torch.Tensor,
-                  pos_t: torch.Tensor, loc_logical: torch.Tensor, loc_phys: torch.Tensor) -> list[compare.Record]:
+                  pos_t: torch.Tensor, loc_logical: torch.Tensor, loc_phys: torch.Tensor,
+                  logical_host: list[int] | None = None) -> list[compare.Record | compare.Check]:
     """One forward's positions and slots, recorded at every layer that launches with them:
       input:positions      ``pos_t`` (T,) is ``truth_pos`` (T,), the request's own positions;
       input:out_cache_loc  ``loc_logical`` (T,): on a ring, request r's position p at r·C + p mod C (a
@@ -18,8 +19,9 @@ def launch_checks(kv, mode: str, owners: list[tuple[int, int]], committed: list[
                            pool, fresh slots: none holds a committed row (``committed[r]`` entries of
                            each request's table), none twice, all inside the pool;
       input:loc-physical   ``loc_phys`` (T,) is the pool's own translation of ``loc_logical``.
-    ``owners``: (request, width) per chunk, in batch order."""
-    out = [exact("input:positions", pos_t, truth_pos)]
+    ``owners``: (request, width) per chunk, in batch order; ``logical_host``: ``loc_logical`` as a
+    host list when the caller has it. Records, or checks staged for ``compare.Batch``."""
+    out = [exact_check("input:positions", pos_t, truth_pos)]
     if kv.spec.layout == "ring":
         C, want, off = kv.spec.ring_capacity, [], 0
         for r, c in owners:
@@ -28,17 +30,17 @@ def launch_checks(kv, mode: str, owners: list[tuple[int, int]], committed: list[
                 slot = torch.where(torch.arange(c, device=slot.device) >= c - C, slot, torch.full_like(slot, -1))
             want.append(slot)
             off += c
-        out.append(exact("input:out_cache_loc", loc_logical, torch.cat(want)))
+        out.append(exact_check("input:out_cache_loc", loc_logical, torch.cat(want)))
     else:
         live = {s for r, n in enumerate(committed) for s in kv.table[r][:n]}
-        new = [s for s in loc_logical.tolist() if s >= 0]
+        new = [s for s in (loc_logical.tolist() if logical_host is None else logical_host) if s >= 0]
         clash = sorted(set(new) & live)
         dup = len(new) != len(set(new))
         ok = not clash and not dup and all(0 <= s < kv.buffers[0].shape[0] for s in new)
         out.append(compare.Record("input:out_cache_loc", ok, detail="" if ok else (
             f"slots {clash[:4]} hold committed rows" if clash else "a slot twice in one launch" if dup
             else "a slot outside the pool")))
-    out.append(exact("input:loc-physical", loc_phys, kv.physical(loc_logical)))
+    out.append(exact_check("input:loc-physical", loc_phys, kv.physical(loc_logical)))
     return out
 
 

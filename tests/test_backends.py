@@ -134,6 +134,24 @@ def test_load_forms_and_gate_paths_through_a_backend(registry):
                              for label, p, _ in paths[1:])
 
 
+def test_gate_cli_runs_its_paths_through_the_backend_flag(tmp_path):
+    """``gate --backend module:attr``: the profile's path under test runs through the loaded backend
+    (its name in the row's path) and a planted rollback bug fails it, the reference row passing;
+    the clean backend loaded the same way passes. Random weights (an empty --models): agreement
+    with the reference decides, ~10 s a run."""
+    (tmp_path / "no-models").mkdir()
+    for attr, suffix, rc, verdict in (("RollbackKeepsFreedSlots", "rollback-keeps-freed", 1, "fail"),
+                                      ("CLEAN", "clean-plugin", 0, "pass")):
+        csv = tmp_path / f"{attr}.csv"
+        res = _cli("gate", "--device", "cpu", "--profile", "smoke-path", "--layout", "qwen35-gqa", "--models",
+                   tmp_path / "no-models", "--quiet", "--csv", csv, "--backend", f"{PLUGIN}:{attr}", timeout=300)
+        assert res.returncode == rc and "Traceback" not in res.stderr, res.stdout + res.stderr
+        by = {r["path"]: r for r in pd.read_csv(csv).to_dict("records")}
+        assert set(by) == {"reference+reference", f"fused+reference:{suffix}"}, sorted(by)
+        assert by["reference+reference"]["verdict"] == "pass", by
+        assert by[f"fused+reference:{suffix}"]["verdict"] == verdict, by
+
+
 def test_the_docs_backend_runs_as_written_and_its_table_lists_every_decision(registry, device, tmp_path,
                                                                              monkeypatch):
     """docs/plugins.md's backend example, as printed there, loads by --backend's rules and runs a

@@ -6,7 +6,7 @@ import torch
 
 from harness import compare
 from harness.prepares.base import OneRowPrepare
-from harness.prepares.base import exact as _exact
+from harness.prepares.base import exact_check as _exact
 from reference import mla_fp8_prepare as mla_ref
 
 
@@ -37,14 +37,14 @@ class MlaFp8Prepare(OneRowPrepare):
         q8, kn8, kr8 = mla_ref.quantize_chain(**args, fp8_dtype=buf.dtype, kv_descale=fam.kv_descale,
                                               fp8_policy="saturate")
         rows = torch.cat((kn8.view(torch.uint8), kr8.view(torch.uint8)), -1).view(buf.dtype)[:T]  # logical rows
-        valid = loc_phys >= 0
+        valid, written = tr.valid_index(T), tr.valid_rows()  # loc_phys >= 0, loc_phys[loc_phys >= 0] (host slots)
         tr._rec(step, mode, layer, "timeline", _exact("prepare:q8", out["q8"][:T], q8[:T]))
-        tr._rec(step, mode, layer, "timeline", _exact("prepare:kv_rows", buf[loc_phys[valid]], rows[valid]))
+        tr._rec(step, mode, layer, "timeline", _exact("prepare:kv_rows", buf[written], rows[valid]))
         want = torch.zeros(buf.shape[0], dtype=torch.int32)
-        want[loc_phys[valid].cpu()] = 1
-        tr._rec(step, mode, layer, "gate", _exact("gate:each-row-written-once", out["kv_writes"].cpu(), want))
+        want[tr.valid_slots()] = 1
+        tr._rec(step, mode, layer, "gate", _exact("gate:each-row-written-once", out["kv_writes"], want))
         tr._rec(step, mode, layer, "gate",
-                compare.untouched("gate:prepare-writes-only-its-rows", buf, before, loc_phys[valid]))
+                compare.untouched_check("gate:prepare-writes-only-its-rows", buf, before, written))
         return rows, out["q8"][:T].to(torch.bfloat16), True  # fp8 -> bf16 exact
 
     def serve(self, engine, mode, layer, pr, pos_t, loc_logical, loc_phys, buf):

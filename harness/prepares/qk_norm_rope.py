@@ -9,7 +9,7 @@ import torch
 from harness import compare, tolerance
 from harness.backend import branch_mode
 from harness.prepares.base import OneRowPrepare
-from harness.prepares.base import exact as _exact
+from harness.prepares.base import exact_check as _exact
 from reference import qk_norm_rope as qk_ref
 
 OP = "qk_norm_rope"
@@ -43,7 +43,7 @@ class QkNormRopePrepare(OneRowPrepare):
         lay = qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
         pool = tr.layer_caches[layer]
         got = qk_ref.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(truth.dtype)
-        return [_exact(f"state:swa-cache:r{r}", got, truth)]
+        return [_exact(f"state:swa-cache:r{r}", got, truth)]  # staged (``compare.Batch``)
 
     def run(self, tr, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf, *, branch, truth_pos):
         """The op launched on the backend's ``branch`` with its positions and slots; its oracle at the
@@ -67,19 +67,20 @@ class QkNormRopePrepare(OneRowPrepare):
         q_out, kv_out = out["q_out"], out.get("kv_out")
         oracle = qk_ref.qk_norm_rope_oracle(**truth)
         ref_q, ref_kv = qk_ref.qk_norm_rope(**truth)
-        valid = loc >= 0
+        valid = tr.valid_index(n_all)  # loc >= 0 (the slots read on the host once a step)
         kv_val = kv_out if kv_out is not None else buf[loc.clamp(min=0)]  # stored by the kernel: read it back
         tq = tolerance.lookup(OP, "q_out", torch.bfloat16)
         tkv = tolerance.lookup(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
         tr._rec_numeric(step, mode, layer, "prepare:q_out", q_out[:T], oracle["q_out"][:T], ref_q[:T], tq)
-        tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][valid[:T]], oracle["kv_out"][:T][valid[:T]],
-                        ref_kv[:T][valid[:T]], tkv)
+        vt = tr.valid_index(T)
+        tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][vt], oracle["kv_out"][:T][vt], ref_kv[:T][vt], tkv)
         # gate: extend/verify store nothing and hand kv back; decode writes exactly the valid rows
         expect_store = mode == "decode"
-        rows = loc[valid] if expect_store else torch.empty(0, dtype=torch.long)
-        tr._rec(step, mode, layer, "gate", compare.untouched("gate:prepare-writes-only-its-rows", buf, before, rows))
+        rows = tr.valid_rows() if expect_store else torch.empty(0, dtype=torch.long)
+        tr._rec(step, mode, layer, "gate", compare.untouched_check("gate:prepare-writes-only-its-rows", buf, before,
+                                                                   rows))
         if expect_store:
-            tr._rec(step, mode, layer, "gate", _exact("gate:prepare-stored", buf[loc[valid]], kv_val[valid]))
+            tr._rec(step, mode, layer, "gate", _exact("gate:prepare-stored", buf[rows], kv_val[valid]))
         else:
             tr._rec(step, mode, layer, "gate", compare.Record("gate:kv-returned", kv_out is not None,
                                                               detail="" if kv_out is not None else "prepare kept kv"))
@@ -102,25 +103,29 @@ class QkNormRopePrepare(OneRowPrepare):
                                  swa_page_size=fam.page_size, **args)
         oracle = qk_ref.qk_norm_rope_oracle(**truth)
         ref_q, ref_kv = qk_ref.qk_norm_rope(**truth)
-        valid = loc >= 0
-        slots = loc[valid]
+        slots = tr.valid_rows()  # loc[loc >= 0] (the slots read on the host once a step)
         buf[slots] = qk_ref.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(buf.dtype)
         kv_val = buf[loc.clamp(min=0)]  # exact: an e4m3 value times 2**e is a bf16 value
         ref_pool = before.clone()  # the chain's rows through the same store, decoded
         qk_ref.swa_paged_store(ref_kv, ref_pool, loc, lay)
         ref_val = qk_ref.swa_decode(ref_pool[slots // lay.page_size], slots % lay.page_size, lay)
-        v = valid[:T]
+        v = tr.valid_index(T)
         tq = tolerance.lookup(OP, "q_out", torch.bfloat16)
         tkv = tolerance.lookup(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
         tr._rec_numeric(step, mode, layer, "prepare:q_out", out["q_out"][:T], oracle["q_out"][:T], ref_q[:T], tq)
         tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][v], oracle["kv_out"][:T][v],
-                        ref_val[: int(v.sum())] if paged_layer else ref_kv[:T][v], tkv)
-        # gate: every mode stores exactly its rows' records, nothing else of the cache
-        pages, where = torch.unique(slots // lay.page_size, return_inverse=True)
+                        ref_val[: v.numel()] if paged_layer else ref_kv[:T][v], tkv)
+        # gate: every mode stores exactly its rows' records, nothing else of the cache (its pages, in
+        # ascending order, and each slot's page among them: torch.unique's, from the host's slots)
+        page_of = [s // lay.page_size for s in tr.valid_slots()]
+        page_list = sorted(set(page_of))
+        at = {p: i for i, p in enumerate(page_list)}
+        pages = torch.tensor(page_list, dtype=torch.int64, device=slots.device)
+        where = torch.tensor([at[p] for p in page_of], dtype=torch.int64, device=slots.device)
         owned = torch.zeros(len(pages), lay.min_page_bytes, dtype=torch.int32, device=pool.device).index_add_(
             0, where, lay.written_bytes(slots % lay.page_size).int()) > 0
-        tr._rec(step, mode, layer, "gate", compare.untouched("gate:prepare-writes-only-its-rows", pool, before,
-                                                             pages, written_bytes=owned))
+        tr._rec(step, mode, layer, "gate", compare.untouched_check("gate:prepare-writes-only-its-rows", pool, before,
+                                                                   pages, written_bytes=owned))
         return kv_val[:T].contiguous(), out["q_out"][:T], out.get("kv_out") is not None
 
     def serve(self, engine, mode, layer, pr, pos_t, loc_logical, loc_phys, buf):
