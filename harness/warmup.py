@@ -321,7 +321,7 @@ def run(tasks: list[tuple], jobs: int, dev, *, plugin_specs=(), target: str | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness import cli, compile_check
+    from harness import cli_setup, compile_check
 
     ap = argparse.ArgumentParser(prog="python -m harness warmup", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -343,13 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.target:
         args.device = "cpu"  # the parent only plans; the workers pretend to be the target
-    dev, prof, reg = cli._setup(args)
+    dev, prof, reg = cli_setup.setup(args)
     if args.target:
         dev = dry_device(args.target)
     elif dev.interpreted:
         print("warmup: the Triton interpreter compiles nothing (no GPU); nothing to do")
         return 0
-    ops, impls = cli._select_impls(reg, args, ("fused", "external"))
+    ops, impls = cli_setup.select_impls(reg, args, ("fused", "external"))
     tasks = plan_tasks(reg, ops, impls, prof, seed=args.seed, generated=args.generated, shard_spec=args.shard,
                        case_filter=args.case, interpreted=False)
     print(f"verify-parity warmup: device={dev.kind} ({dev.name}, {dev.arch}) profile={prof.name} "
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        return run(tasks, args.jobs, dev, plugin_specs=cli._plugin_specs(args), target=args.target,
+        return run(tasks, args.jobs, dev, plugin_specs=cli_setup.plugin_specs(args), target=args.target,
                    progress=lambda m: print(m, flush=True), list_only=args.list)
     except KeyboardInterrupt:  # a time limit: what compiled is in the cache
         print("warmup: interrupted; the variants compiled so far are in the cache", flush=True)
