@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+from cases.timeline_family import Family
 from reference.mla_fp8_prepare import FP8_DTYPES, fp8_code_values
 
 FP8_FORMATS = tuple(FP8_DTYPES)
@@ -315,3 +316,12 @@ REACH = {
     "q rows (T·H) at a compiled tile edge ±1": lambda c, f: mla_tile_edge(c.T * c.H),
     "k rows (T) at a compiled tile edge ±1": lambda c, f: mla_tile_edge(c.T),
 }
+
+# ----------------------------------------------------------------------------- timeline families
+
+# the store-timing families (cases.timelines) whose layers run this op as their prepare step
+TIMELINE_FAMILIES = (
+    # Kimi-K3 absorbed MLA, fp8 KV in a translating paged pool (seed 001): mla_fp8_prepare + MLA attention
+    Family("k3-mla-fp8", "paged", "mla_fp8_prepare", H=2, Hkv=1, D=80, Dv=64, rope_dim=16,
+           causal=True, model_family="kimi-k3", verify_store="pre", translated=True, kv_descale=2.0),
+)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import torch
 from hypothesis import strategies as st
 
+from cases.timeline_family import Family
 from reference.qk_norm_rope import SWA_TILE, SwaLayout
 
 FORWARD_MODES = ("decode", "target_verify")
@@ -248,3 +249,24 @@ REACH = {
     "kv contiguous": lambda c, f: c.kv_layout == "contiguous",
     "caller's q_out": lambda c, f: c.q_out == "provided",
 }
+
+# ----------------------------------------------------------------------------- timeline families
+
+# the store-timing families (cases.timelines) whose layers run this op as their prepare step
+TIMELINE_FAMILIES = (
+    # DeepSeek-V4 MQA, unified ring (seed 000): qk_norm_rope + verify_attention, k = v = the kv row
+    Family("dsv4-mqa-ring", "ring", "qk_norm_rope", H=4, Hkv=1, D=64, Dv=64, rope_dim=16,
+           causal=True, model_family="generic", verify_store="pre"),
+    # the same stack with a q norm weight (the q-side weight path of the prepare)
+    Family("dsv4-mqa-ring-qw", "ring", "qk_norm_rope", H=4, Hkv=1, D=64, Dv=64, rope_dim=16,
+           causal=True, model_family="generic", verify_store="pre", q_weight=True,
+           nightly_with="dsv4-mqa-ring"),
+    # DeepSeek-V4 MQA, a unified layer (the ring) over a non-unified one (the paged fp8 SWA cache):
+    # the store gate's three branches in one stack (head_dim - rope_dim: one 64-value fp8 tile)
+    Family("dsv4-mqa-mixed", "ring", "qk_norm_rope", H=2, Hkv=1, D=128, Dv=128, rope_dim=64,
+           causal=True, model_family="generic", verify_store="pre", non_unified_layers=(1,),
+           nightly_weight=0.5),  # one worker: two small layers beside dsv4-mqa-ring's
+    Family("dsv4-mqa-mixed-qw", "ring", "qk_norm_rope", H=2, Hkv=1, D=128, Dv=128,
+           rope_dim=64, causal=True, model_family="generic", verify_store="pre",
+           non_unified_layers=(1,), q_weight=True, nightly_with="dsv4-mqa-mixed"),
+)

@@ -13,64 +13,22 @@ timeline re-runs from its id.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from cases.timeline_family import Family
+from harness.ops import BUILTIN
+
 MODES = {"P": "extend", "D": "decode", "V": "target_verify"}
 
 
-@dataclass(frozen=True)
-class Family:
-    """One model family's attention layer stack (tiny shapes: CI runs it on the interpreter)."""
-    name: str
-    layout: str  # ring | paged (reference.kv_model)
-    prepare: str  # qk_norm_rope | mla_fp8_prepare | projection (plain q/k/v matmuls, no fused op)
-    H: int  # num_heads
-    Hkv: int  # num_kv_heads
-    D: int  # head_dim (mla: Dn + R)
-    Dv: int  # v_head_dim
-    rope_dim: int  # qk: rotated dims; mla: the k_rope width R
-    causal: bool  # draft rule in verify
-    model_family: str  # what verify_attention's gate sees
-    verify_store: str  # the clean backend's verify store: pre (causally indexed, before attention) | post
-    translated: bool = False  # logical out_cache_loc -> another physical row
-    kv_descale: float = 1.0  # mla fp8 scale (a power of two: dequantised rows are exact in bf16)
-    layers: int = 2
-    d_model: int = 32
-    splits: int = 2  # num_kv_splits
-    # qk_norm_rope: the non-unified layers (the paged fp8 SWA cache, ``page_size`` tokens a page,
-    # instead of the ring; the kernel stores in every mode and attention reads the rows decoded)
-    non_unified_layers: tuple[int, ...] = ()
-    page_size: int = 4
-    # qk_norm_rope: an RMSNorm weight on q too (DeepSeek-V4 passes none; a model that does runs the
-    # q-side weight path, whose bugs only this shows)
-    q_weight: bool = False
-    # the nightly's timeline workers for it relative to the other families (harness.nightly.parity_jobs)
-    nightly_weight: float = 1.0
-    # a small twin of another family: the nightly runs it in that family's step, with its workers
-    nightly_with: str = ""
-
-
-FAMILIES = {
-    # DeepSeek-V4 MQA, unified ring (seed 000): qk_norm_rope + verify_attention, k = v = the kv row
-    "dsv4-mqa-ring": Family("dsv4-mqa-ring", "ring", "qk_norm_rope", H=4, Hkv=1, D=64, Dv=64, rope_dim=16,
-                            causal=True, model_family="generic", verify_store="pre"),
-    # the same stack with a q norm weight (the q-side weight path of the prepare)
-    "dsv4-mqa-ring-qw": Family("dsv4-mqa-ring-qw", "ring", "qk_norm_rope", H=4, Hkv=1, D=64, Dv=64, rope_dim=16,
-                               causal=True, model_family="generic", verify_store="pre", q_weight=True,
-                               nightly_with="dsv4-mqa-ring"),
-    # DeepSeek-V4 MQA, a unified layer (the ring) over a non-unified one (the paged fp8 SWA cache):
-    # the store gate's three branches in one stack (head_dim - rope_dim: one 64-value fp8 tile)
-    "dsv4-mqa-mixed": Family("dsv4-mqa-mixed", "ring", "qk_norm_rope", H=2, Hkv=1, D=128, Dv=128, rope_dim=64,
-                             causal=True, model_family="generic", verify_store="pre", non_unified_layers=(1,),
-                             nightly_weight=0.5),  # one worker: two small layers beside dsv4-mqa-ring's
-    "dsv4-mqa-mixed-qw": Family("dsv4-mqa-mixed-qw", "ring", "qk_norm_rope", H=2, Hkv=1, D=128, Dv=128,
-                                rope_dim=64, causal=True, model_family="generic", verify_store="pre",
-                                non_unified_layers=(1,), q_weight=True, nightly_with="dsv4-mqa-mixed"),
-    # Kimi-K3 absorbed MLA, fp8 KV in a translating paged pool (seed 001): mla_fp8_prepare + MLA attention
-    "k3-mla-fp8": Family("k3-mla-fp8", "paged", "mla_fp8_prepare", H=2, Hkv=1, D=80, Dv=64, rope_dim=16,
-                         causal=True, model_family="kimi-k3", verify_store="pre", translated=True, kv_descale=2.0),
+# every family: first those of a fused prepare step, declared by their op (``TIMELINE_FAMILIES`` of
+# cases/<op>.py, in harness.ops.BUILTIN order), then those with plain q/k/v projections
+FAMILIES: dict[str, Family] = {f.name: f for op in BUILTIN
+                               for f in getattr(importlib.import_module(f"cases.{op}"), "TIMELINE_FAMILIES", ())}
+FAMILIES |= {
     # Qwen3.5 GQA, one local KV head: shared-KV kernel (seed 002), post-attention store
     "qwen35-gqa": Family("qwen35-gqa", "paged", "projection", H=4, Hkv=1, D=64, Dv=64, rope_dim=0,
                          causal=True, model_family="qwen3.5", verify_store="post"),

@@ -8,28 +8,29 @@ import pandas as pd
 import pytest
 
 from harness.bench import qk_norm_rope as b
+from harness.bench import qk_norm_rope_vs_sglang as vs
 
 
 def test_parse_configs():
-    assert b.parse_configs("default") == [None]
-    assert b.parse_configs("default, 2x4,8X8") == [None, (2, 4), (8, 8)]
-    assert b.parse_configs("") == [None]
+    assert vs.parse_configs("default") == [None]
+    assert vs.parse_configs("default, 2x4,8X8") == [None, (2, 4), (8, 8)]
+    assert vs.parse_configs("") == [None]
 
 
 def test_line_states_ratios_against_sglang_and_bandwidth():
-    r = b.VsRow("verify", 5, 16, bytes_moved=1_000_000, copy_gbps=1000.0,
+    r = vs.VsRow("verify", 5, 16, bytes_moved=1_000_000, copy_gbps=1000.0,
                 graph_us={"ours": 2.0, "ours@2x4": 1.0, "sglang": 4.0}, eager_us={"ours-wrapper": 9.0, "sglang": 6.0},
                 differ={"ours@2x4": 0})
-    line = b.vs_line(r)
+    line = vs.vs_line(r)
     assert "graph best ours@2x4/sglang 0.25" in line  # the best of our configs
     assert "(50.0%)" in line  # 1 MB in 2 us = 500 GB/s of 1000
     assert "ours-wrapper/sglang 1.50" in line and "ours@2x4 0" in line
-    f = b.vs_frame([r])
+    f = vs.vs_frame([r])
     assert math.isclose(f.loc[0, "graph_ours_frac_of_copy"], 0.5)
 
 
 def test_decode_moves_the_ring_rows_too():
-    assert b.vs_bytes("decode", 4, 8) - b.vs_bytes("verify", 4, 8) == 4 * b.D * 2 + 4 * 8
+    assert vs.vs_bytes("decode", 4, 8) - vs.vs_bytes("verify", 4, 8) == 4 * b.D * 2 + 4 * 8
 
 
 def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):

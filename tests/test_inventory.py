@@ -49,14 +49,6 @@ def test_mutants_are_documented(registry):
 # ----------------------------------------------------------------------------- op names stay in their stem files
 
 SCANNED = ("harness", "cases", "reports", "reference", "fused")  # + noxfile.py
-# (file, op) pairs where a shared module still names an op: the remaining debt, to move into the op's
-# OpSpec (harness/ops/<op>.py) or its stem files. It may only shrink: a pair that no longer occurs fails too.
-# cases/timelines.py: the family table names the op each model family's layer runs as its prepare step
-# (Family.prepare; harness.timeline.prepare_of looks the op's adapter up from there).
-OP_LITERAL_DEBT = {
-    ('cases/timelines.py', 'mla_fp8_prepare'),
-    ('cases/timelines.py', 'qk_norm_rope'),
-}
 # files that name ops by design: the op list itself, and a vendor's adapter (a plugin implements named
 # ops, as an entry point does) with the ledger of its known failures
 OP_NAMING_FILES = {"harness/ops/__init__.py", "harness/adapters/sglang.py", "cases/ledgers/sglang.py"}
@@ -92,12 +84,9 @@ def op_literals(ops) -> set[tuple[str, str]]:
 def test_no_op_name_outside_its_stem_files(registry):
     """Shared modules loop over the registry (``OpSpec`` fields, ``Registry.by_role``) and never
     spell an op's name: adding an op touches only its own files and ``harness.ops.BUILTIN``."""
-    found = op_literals(registry.ops)
-    new = sorted(found - OP_LITERAL_DEBT)
-    assert not new, ("op names in shared modules (put what they say in the op's OpSpec in harness/ops/<op>.py, "
-                     f"or in a file of the op's stem): {new}")
-    paid = sorted(OP_LITERAL_DEBT - found)
-    assert not paid, f"no longer there: remove from OP_LITERAL_DEBT {paid}"
+    found = sorted(op_literals(registry.ops))
+    assert not found, ("op names in shared modules (put what they say in the op's OpSpec in harness/ops/<op>.py, "
+                       f"or in a file of the op's stem): {found}")
 
 
 def test_op_literal_scan_sees_plain_and_fstring_names():

@@ -12,7 +12,7 @@ import torch
 
 from cases import mla_fp8_prepare as mla_cases
 from cases import verify_attention as va_cases
-from harness import runners
+from harness import run_records, runners
 from harness.registry import Impl, OpSpec, OutputSpec
 
 
@@ -225,7 +225,7 @@ def _fields(res):
                                       ("mla_fp8_prepare", None)])
 def test_reused_records_equal_a_full_comparison(registry, device, monkeypatch, op, name):
     """Every field of every record (names, verdicts, errors, worst elements) is what comparing
-    the rerun and the poisoned run in full gives (``runners._same`` forced False), for ops with
+    the rerun and the poisoned run in full gives (``run_records._same`` forced False), for ops with
     effect rows (the ring, the KV pool) and a caller-provided output."""
     from cases import qk_norm_rope as qk_cases
 
@@ -233,7 +233,7 @@ def test_reused_records_equal_a_full_comparison(registry, device, monkeypatch, o
     case = mla_cases.catalog()[0] if name is None else {c.name: c for c in qk_cases.catalog()}[name]
     impl = registry.impls[f"{op}/fused"]
     fast = runners.run_case(spec, impl, case, device)
-    monkeypatch.setattr(runners, "_same", lambda pairs: False)
+    monkeypatch.setattr(run_records, "_same", lambda pairs: False)
     full = runners.run_case(spec, impl, case, device)
     assert _fields(fast) == _fields(full)
     assert any(r.check.endswith("@poisoned") for r in fast.records)

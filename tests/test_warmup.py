@@ -54,15 +54,15 @@ def test_dry_run_compiles_each_variant_once_and_a_second_run_only_hits_the_cache
 # compiling each variant on its first launch (the launch itself then fails: no driver); prints the compiles.
 JIT_RUN = textwrap.dedent('''
     import copy
-    from harness import warmup
-    warmup._dry_run("sm90")
+    from harness import warmup_worker
+    warmup_worker.dry_run("sm90")
     from triton import knobs
     from cases import profiles
     from harness import suite
     from harness.registry import default_registry
 
     reg = default_registry(with_plugins=False)
-    dev, spec = warmup.dry_device("sm90"), reg.ops["qk_norm_rope"]
+    dev, spec = warmup_worker.dry_device("sm90"), reg.ops["qk_norm_rope"]
     compiled = []
     knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["key"])
     for p in suite.plan_cases(spec, profiles.current("ci"), generated=0):
@@ -80,20 +80,20 @@ JIT_RUN = textwrap.dedent('''
 # the warmup's calls find. Nothing launches (the hook skips), so the run's checks fail; only the keys count.
 SAME_VARIANTS = textwrap.dedent('''
     import sys
-    from harness import warmup
-    warmup._dry_run("sm90")
+    from harness import warmup_worker
+    warmup_worker.dry_run("sm90")
     from triton import knobs
     from harness import runners, suite
     from harness.registry import default_registry
     from cases import profiles
 
     reg = default_registry(with_plugins=False)
-    dev = warmup.dry_device("sm90")
+    dev = warmup_worker.dry_device("sm90")
     suite.set_worker_state(dev, reg)
     op = sys.argv[1]
     impls = [i for i in reg.for_op(op) if i.kind in ("fused", "external")]
     cases = [p.case for p in suite.plan_cases(reg.ops[op], profiles.current("ci"), generated=int(sys.argv[2]))]
-    found, _, _ = warmup._collect((op, [i.key for i in impls], cases))
+    found, _, _ = warmup_worker.collect((op, [i.key for i in impls], cases))
     runners.synchronize = lambda dev: None  # no device queue in a dry run
     seen = {}
     knobs.runtime.jit_cache_hook = lambda **kw: seen.setdefault((kw["fn"].name, kw["key"]), 1) and True

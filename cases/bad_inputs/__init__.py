@@ -18,7 +18,7 @@ whole call) in one way, and states the one outcome it must have, per op:
           the class says so), with every argument's bytes unchanged;
   answer  the answer of the op's reference chain on the legal equivalent input (``canon``; the
           input itself where the value is legal), by the harness's own checks
-          (``harness.runners._check_outputs``: exact bytes, or finite + numeric against the fp64
+          (``harness.run_records.check_outputs``: exact bytes, or finite + numeric against the fp64
           oracle with the chain's error as allowance; written rows and untouched rows), with no
           byte of a read-only argument, or outside a writable view, changed.
 The expectation is the class's, never the implementation's: the reference and the fused entry

@@ -54,7 +54,7 @@ def execute(job: Job, device) -> dict:
     """One call of a job's target on its broken input, classified: {"outcome", "detail"}."""
     from harness.devices import synchronize
     from harness.registry import Impl
-    from harness.runners import _check_outputs
+    from harness.run_records import check_outputs
 
     spec = op_spec(job.op)
     t = resolve_target(job.target)
@@ -119,7 +119,7 @@ def execute(job: Job, device) -> dict:
     keep = t.outputs or tuple(o.name for o in spec.outputs)
     sub = dataclasses.replace(spec, outputs=tuple(o for o in spec.outputs if o.name in keep))
     impl = Impl(job.op, t.name, t.kind, fn)
-    recs = _check_outputs(sub, impl, case, out, oracle, _cpu(ref_out), bad, _cpu(ref_in), before)
+    recs = check_outputs(sub, impl, case, out, oracle, _cpu(ref_out), bad, _cpu(ref_in), before)
     bad_recs = [r for r in recs if not r.passed]
     if bad_recs:
         r = bad_recs[0]
