@@ -117,9 +117,11 @@ VOCABS = (1, 2, 17, 100, 1000, 4095, 4096, 4097, 5000, 8193, 32000)
 def cases(draw, *, max_batch: int = 8, max_drafts: int = 6, vocabs=VOCABS):
     """Generated cases; shrink toward B = 1, L = 1, the smallest vocabulary, contiguous rows, no
     padding, mixed acceptance of randn logits."""
-    B = draw(st.integers(1, max_batch))
+    # one request and one draft are edges of their own (a program per request; a chain of one): drawn
+    # three times as often as any other count, so each holds about a third of the draws (REACH)
+    B = draw(st.sampled_from((1, 1, *range(1, max_batch + 1))))
     return VerifyAcceptCase(
-        B=B, L=draw(st.integers(1, max_drafts)), V=draw(st.sampled_from(vocabs)),
+        B=B, L=draw(st.sampled_from((1, 1, *range(1, max_drafts + 1)))), V=draw(st.sampled_from(vocabs)),
         row_pad=draw(st.sampled_from((0, 0, 3, 128))),
         padding=draw(st.sampled_from((0, 0)) | st.integers(0, B)),  # half the cases without
         accept=draw(st.sampled_from(ACCEPT + ("mixed",) * 3)),
@@ -220,3 +222,29 @@ def case_from_display(display: str) -> VerifyAcceptCase:
     from cases.base import parse_case
 
     return parse_case(VerifyAcceptCase, display.split(":", 1)[1])
+
+
+# Regions of the case space the generated cases must each reach (cases/reach.py: a fifth of the ci
+# profile's draws, tests/test_reach.py): acceptance patterns, vocab sizes on and across a chunk of the
+# kernels (4096 interpreted, 8192 compiled), the value regimes where argmax is delicate, padding and
+# row strides, both index dtypes
+REACH = {
+    "accept: mixed": lambda c, f: c.accept == "mixed",
+    "accept: all or none": lambda c, f: c.accept in ("all", "none"),
+    "one draft (L 1)": lambda c, f: c.L == 1,
+    "several drafts (L >= 3)": lambda c, f: c.L >= 3,
+    "one request": lambda c, f: c.B == 1,
+    "several requests (B >= 4)": lambda c, f: c.B >= 4,
+    "V under one chunk (< 4096)": lambda c, f: c.V < 4096,
+    "V over one chunk (> 4096)": lambda c, f: c.V > 4096,
+    "V not a multiple of 8": lambda c, f: c.V % 8 != 0,
+    "tied logits": lambda c, f: c.ties > 0,
+    "NaN logits": lambda c, f: c.nans > 0,
+    "values not randn": lambda c, f: c.values != "randn",
+    "padding entries": lambda c, f: c.padding > 0,
+    "padded rows (row stride > V)": lambda c, f: c.row_pad > 0,
+    "int32 drafts": lambda c, f: c.draft_dtype == "int32",
+    "int64 drafts": lambda c, f: c.draft_dtype == "int64",
+    "int32 indptr": lambda c, f: c.indptr_dtype == "int32",
+    "int64 indptr": lambda c, f: c.indptr_dtype == "int64",
+}
