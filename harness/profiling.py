@@ -1,9 +1,10 @@
 """GPU measurement primitives shared by the benchmarks (``harness.bench``) and the GPU-only
 checks (``harness.gpu_checks``): kernel-launch counting with ``torch.profiler``, the measured
-device copy bandwidth, and time quantiles with ``triton.testing.do_bench``.
+device copy bandwidth, and time quantiles with ``triton.testing.do_bench``; and ``eager_us``, the
+wall time per call of a back-to-back loop on any device (what a caller pays).
 
-All three need a CUDA/HIP device; on a machine without one they raise ``RuntimeError`` naming
-what is missing (callers print it and measure nothing: timings under the Triton interpreter
+All but ``eager_us`` need a CUDA/HIP device; on a machine without one they raise ``RuntimeError``
+naming what is missing (callers print it and measure nothing: timings under the Triton interpreter
 mean nothing, and the interpreter launches no kernels to count).
 """
 from __future__ import annotations
@@ -74,3 +75,25 @@ def copy_bandwidth_gbps(n_bytes: int = 1 << 30) -> float:
     _, p50, _ = time_quantiles_us(lambda: dst.copy_(src), warmup=10, rep=100)
     del src, dst
     return 2 * n_bytes / (p50 * 1e-6) / 1e9
+
+
+def eager_us(fn, *, dev=None, iters: int = 100, repeats: int = 5) -> float:
+    """Microseconds per call of ``fn`` called back to back, the device synchronised at the end of
+    each loop (what a caller pays: the host's time, or the device's when that is longer); median
+    of ``repeats`` loops."""
+    import statistics
+    import time
+
+    from harness import devices
+
+    dev = dev or devices.select("auto")
+    fn()
+    devices.synchronize(dev)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        devices.synchronize(dev)
+        times.append((time.perf_counter() - t0) / iters * 1e6)
+    return statistics.median(times)

@@ -21,10 +21,11 @@ conversions produce (``tests/test_shim.py`` holds the GPU to it); torch 2.13's o
 the sign (0xFF), so the codes are set here explicitly. e4m3fnuz has no −0: negative values
 that round to zero give 0x00.
 
-Only the in-range rounding is delegated to torch's ``Tensor.to``; ``encode_fp8_oracle`` is an
-independent fp64 encoder (nearest of the 256 decoded codes, ties to the even code) that
-the tests hold the chain to. The KV pool model (logical ``out_cache_loc`` -> physical row)
-lives here too: it is the truth of where attention reads a token's row.
+Only the in-range rounding is delegated to torch's ``Tensor.to``; ``encode_fp8_oracle``
+(``reference.mla_fp8_prepare_encoder``) is an independent fp64 encoder (nearest of the 256
+decoded codes, ties to the even code) that the tests hold the chain to. The KV pool model
+(logical ``out_cache_loc`` -> physical row) lives here too: it is the truth of where attention
+reads a token's row.
 """
 from __future__ import annotations
 
@@ -45,9 +46,11 @@ from reference.checks import (
     check_same_device,
     check_shape,
 )
+from reference.mla_fp8_prepare_encoder import encode_fp8_oracle, fp8_code_values  # noqa: F401 (cases, tests)
 
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 FP8_FORMAT_OF = {v: k for k, v in FP8_DTYPES.items()}
+
 POLICIES = ("saturate", "nan")
 ACT_DTYPES = (torch.bfloat16,)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -181,56 +184,6 @@ def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descal
 
 
 # ----------------------------------------------------------------------------- the fp64 oracle
-
-def fp8_code_values(fmt: str) -> torch.Tensor:
-    """(256,) fp64 value of every code, decoded from the bit layout (NaN for NaN codes)."""
-    bias, out = (7, []) if fmt == "e4m3fn" else (8, [])
-    for b in range(256):
-        s, e, m = b >> 7, (b >> 3) & 0xF, b & 0x7
-        if (fmt == "e4m3fn" and e == 15 and m == 7) or (fmt == "e4m3fnuz" and b == 0x80):
-            out.append(float("nan"))
-            continue
-        mag = (m / 8.0) * 2.0 ** (1 - bias) if e == 0 else (1.0 + m / 8.0) * 2.0 ** (e - bias)
-        out.append(-mag if s else mag)
-    return torch.tensor(out, dtype=torch.float64)
-
-
-def encode_fp8_oracle(x: torch.Tensor, fmt: str, policy: str) -> torch.Tensor:
-    """Independent encoder: fp64 values -> uint8 codes, same shape.
-
-    Picks the nearest finite code by magnitude from the decoded table (ties: the code with an
-    even mantissa, i.e. an even code), applies the sign, and decides overflow by comparing
-    with the midpoint between max and the next value the format would have (2^e·(1 + 8/8)).
-    """
-    vals = fp8_code_values(fmt)
-    pos_codes = torch.arange(0, 0x80)
-    pos_codes = pos_codes[~torch.isnan(vals[pos_codes])]  # finite non-negative codes, ascending
-    mags = vals[pos_codes]
-    fmax = float(mags[-1])
-    top_ulp = fmax - float(mags[-2])
-    next_up = fmax + top_ulp
-    tie = (fmax + next_up) / 2.0
-    max_code_even = int(pos_codes[-1]) % 2 == 0
-
-    x = x.double().flatten()
-    a = x.abs()
-    hi = torch.searchsorted(mags, a.clamp(max=fmax)).clamp(max=len(mags) - 1)
-    lo = (hi - 1).clamp(min=0)
-    d_lo, d_hi = (a - mags[lo]).abs(), (mags[hi] - a).abs()
-    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (pos_codes[hi] % 2 == 0))
-    code = torch.where(pick_hi, pos_codes[hi], pos_codes[lo])
-    over = torch.isinf(a) | (a > tie) | ((a == tie) & (not max_code_even))
-    neg = torch.signbit(x)
-    if policy == "saturate":
-        code = torch.where(over, pos_codes[-1], code)
-    if fmt == "e4m3fn":
-        code = torch.where(neg, code | 0x80, code)  # -0 exists: 0x80
-    else:
-        code = torch.where(neg & (code != 0), code | 0x80, code)  # no -0 in fnuz
-    nan_code = torch.full_like(code, 0x7F if fmt == "e4m3fn" else 0x80)  # canonical NaN, sign dropped
-    special = torch.isnan(x) | (over if policy == "nan" else torch.zeros_like(over))
-    return torch.where(special, nan_code, code).to(torch.uint8)
-
 
 def scaled_k_fp32(k: torch.Tensor, kv_descale) -> torch.Tensor:
     """fp32(k · inv) computed through fp64 (a product of two fp32 is exact in fp64), fp64 out."""

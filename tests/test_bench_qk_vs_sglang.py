@@ -45,3 +45,15 @@ def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):
     pytest.importorskip("sglang")
     assert "graph_sglang_us" in frame and "eager_sglang_us" in frame, out
     assert (frame["bytes_differing_sglang"] == 0).all()  # the same fp32 math, one bf16 rounding
+
+
+def test_before_brings_its_own_kernels():
+    """``--before`` times the other file with the kernels beside it (``fused/kernels/`` of that
+    tree), never ours; ours are back in place afterwards. Planted: loading the file alone (our
+    kernels under its wrapper) fails."""
+    import fused.kernels
+    from fused.kernels import qk_norm_rope as ours
+
+    before = vs.load_module(b.__file__.replace("harness/bench/qk_norm_rope.py", "fused/qk_norm_rope.py"))
+    assert before.kern is not ours and before.kern.__name__ == "qk_norm_rope_before_kernels"
+    assert fused.kernels.qk_norm_rope is ours and __import__("sys").modules["fused.kernels.qk_norm_rope"] is ours

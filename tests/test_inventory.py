@@ -96,6 +96,37 @@ def test_op_literal_scan_sees_plain_and_fstring_names():
     assert sorted(hits) == ["fused.qk_norm_rope", "qk_norm_rope", "qk_norm_rope/"]
 
 
+# ----------------------------------------------------------------------------- module size
+
+MAX_MODULE_LINES = 330  # one job per module: harness/ modules of 100-300 lines, a kernel split off past ~300
+# modules still over the limit, each with the reason it is not split yet. It may only shrink: an entry
+# back under the limit fails too (remove it).
+LONG_MODULES = {
+    "harness/nightly.py": "being reworked on another branch: split once that lands",
+    "harness/timeline.py": "being reworked on another branch: split once that lands",
+    # the chain's private helpers are its hooks where they are: tests patch _rounded / _finish in place,
+    # reference.verify_attention_batched reaches them as r._partial etc., and harness.gpu_runners.capture_safe
+    # no-ops the data checks (check_index_range) of reference.<op> itself, which validate must call from here
+    "reference/verify_attention.py": "validate and the chain's helpers are patched where they are (above)",
+}
+
+
+def long_modules(limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """(file relative to the root) -> its line count, for every module of ``SCANNED`` over ``limit`` lines."""
+    return {rel: n for top in SCANNED for f in sorted((ROOT / top).rglob("*.py"))
+            if (n := len(f.read_text().splitlines())) > limit and (rel := f.relative_to(ROOT).as_posix())}
+
+
+def test_modules_stay_short():
+    """Every module of harness/, cases/, reference/, fused/ and reports/ is at most ``MAX_MODULE_LINES``
+    lines, save the ``LONG_MODULES`` (each with its reason)."""
+    found = long_modules()
+    new = {f: n for f, n in found.items() if f not in LONG_MODULES}
+    assert not new, f"modules over {MAX_MODULE_LINES} lines (split them by concept): {new}"
+    paid = sorted(set(LONG_MODULES) - set(found))
+    assert not paid, f"no longer over {MAX_MODULE_LINES} lines: remove from LONG_MODULES {paid}"
+
+
 # ----------------------------------------------------------------------------- imports between the packages
 
 # what reference/ and fused/ may take from harness/ (they import nothing else of it, nor of cases/ or reports/)

@@ -290,20 +290,21 @@ def _truncating_fp8_store(**kw):
     """The chain, its paged store rounding each fp8 code toward zero (one code down in magnitude
     wherever RNE rounded away from zero)."""
     from cases.mutants import qk_norm_rope as m
+    from reference import qk_norm_rope_swa as swa  # the store's quantisation calls its cast_fp8
 
     def store(kv_out, swa_cache, loc, lay):
-        orig = ref.cast_fp8
+        orig = swa.cast_fp8
 
         def rtz(x, dt, policy, scale_mul=None):
             codes = orig(x, dt, policy, scale_mul)
             up = codes.float().abs() > x.float().abs()
             return torch.where(up, (codes.view(torch.uint8) - 1).view(dt), codes)
 
-        ref.cast_fp8 = rtz
+        swa.cast_fp8 = rtz
         try:
             ref.swa_paged_store(kv_out, swa_cache, loc, lay)
         finally:
-            ref.cast_fp8 = orig
+            swa.cast_fp8 = orig
 
     return m._chain_with_store(kw, store)
 

@@ -110,16 +110,18 @@ def _bf16_row_in_fp8_cache(**kw):
 def _floor_exponent_store(kv_out, swa_cache, loc, lay):
     """The paged store with the tile exponent floor(log2(amax/448)) instead of the ceiling: every
     tile's largest values scale past 448 and saturate."""
-    orig = r.swa_scale_exponent
+    from reference import qk_norm_rope_swa as swa  # the store's quantisation takes its exponent from there
+
+    orig = swa.swa_scale_exponent
 
     def floor_exp(amax):
         return torch.floor(torch.log2(amax.clamp_min(r.SWA_AMAX_FLOOR) / r.SWA_FP8_MAX)).to(torch.int32)
 
-    r.swa_scale_exponent = floor_exp  # BUG
+    swa.swa_scale_exponent = floor_exp  # BUG
     try:
         r.swa_paged_store(kv_out, swa_cache, loc, lay)
     finally:
-        r.swa_scale_exponent = orig
+        swa.swa_scale_exponent = orig
 
 
 def _scale_exponent_floored(**kw):

@@ -163,36 +163,30 @@ def byte_differences(kw: dict, configs: list, before=None, sglang_mod=None) -> d
 
 
 def load_module(path):
-    """A kernel module from a file (``--before``: e.g. an earlier commit's fused/qk_norm_rope.py)."""
+    """A kernel module from a file (``--before``: e.g. an earlier commit's fused/qk_norm_rope.py) with
+    its own kernels: a ``kernels/qk_norm_rope.py`` beside the file stands in for
+    ``fused.kernels.qk_norm_rope`` while the file is imported (a file without one holds its kernels)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("qk_norm_rope_before", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    import fused.kernels
 
+    def load(name, file):
+        spec = importlib.util.spec_from_file_location(name, file)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # its dataclasses look their module up
+        spec.loader.exec_module(mod)
+        return mod
 
-def eager_us(fn, *, dev=None, iters: int = 100, repeats: int = 5) -> float:
-    """Microseconds per call of ``fn`` called back to back, the device synchronised at the end of
-    each loop (what a caller pays: the host's time, or the device's when that is longer); median
-    of ``repeats`` loops."""
-    import statistics
-    import time
+    kernels = Path(path).parent / "kernels" / Path(path).name
+    if not kernels.is_file():
+        return load("qk_norm_rope_before", path)
+    import fused.kernels.qk_norm_rope as ours
 
-    from harness import devices
-
-    dev = dev or devices.select("auto")
-    fn()
-    devices.synchronize(dev)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        devices.synchronize(dev)
-        times.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(times)
+    fused.kernels.qk_norm_rope = sys.modules[ours.__name__] = load("qk_norm_rope_before_kernels", kernels)
+    try:
+        return load("qk_norm_rope_before", path)
+    finally:
+        fused.kernels.qk_norm_rope = sys.modules[ours.__name__] = ours
 
 
 def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool, graph_timer, eager_timer,
@@ -283,13 +277,13 @@ def vs_main(args) -> int:
         dev = devices.select("auto")
         copy = profiling.copy_bandwidth_gbps()
         graph_timer = functools.partial(profiling.graph_time_us, rep=args.rep_ms)
-        eager_timer = functools.partial(eager_us, dev=dev)
+        eager_timer = functools.partial(profiling.eager_us, dev=dev)
         print(f"qk_norm_rope vs SGLang on {dev.name}: copy bandwidth {copy:.0f} GB/s; T {Ts} H {Hs} "
               f"modes {args.modes}; ours configs {[_config_name(c) for c in configs]}", flush=True)
     else:
         dev = devices.select("cpu")
         copy = 0.0
-        graph_timer = functools.partial(eager_us, dev=dev, iters=1, repeats=1)
+        graph_timer = functools.partial(profiling.eager_us, dev=dev, iters=1, repeats=1)
         eager_timer = graph_timer
         print("qk_norm_rope vs SGLang: no GPU, a smoke run under the interpreter (times mean nothing)", flush=True)
     t0 = __import__("time").monotonic()
