@@ -56,18 +56,18 @@ def _suite(root: ET.Element, name: str, rows: pd.DataFrame) -> ET.Element:
 def _timeline_suites(root: ET.Element, timelines: pd.DataFrame) -> None:
     for fam, per_fam in timelines.groupby("model_family", sort=False):
         suite = _suite(root, f"timelines.{fam}", per_fam)
-        n = fails = 0
-        for (_, path, tid), g in per_fam.groupby(RUN_KEY, sort=False):
+        bad_rows = per_fam[failing(per_fam["status"])]
+        bad_runs = dict(iter(bad_rows.groupby(RUN_KEY, sort=False)))  # the few failing runs, their failing rows
+        runs = per_fam.drop_duplicates(RUN_KEY)  # every run once, in order of its first row
+        for _, path, tid in runs[RUN_KEY].itertuples(index=False):
             tc = ET.SubElement(suite, "testcase", classname=f"timelines.{fam}", name=f"{tid} [{path}]")
-            n += 1
-            bad = g[failing(g["status"])]
-            if not bad.empty:
-                fails += 1
+            bad = bad_runs.get((fam, path, tid))
+            if bad is not None:
                 first = bad.iloc[0]
                 el = ET.SubElement(tc, "failure", message=f"{fail_line(first)} | repro: {first['repro']}",
                                    type=str(first["check"]))
                 el.text = "\n".join([fail_line(r) for _, r in bad.iterrows()] + [f"repro: {first['repro']}"])
-        for k, v in (("tests", n), ("failures", fails), ("errors", 0), ("skipped", 0)):
+        for k, v in (("tests", len(runs)), ("failures", len(bad_runs)), ("errors", 0), ("skipped", 0)):
             suite.set(k, str(v))
 
 
@@ -75,31 +75,41 @@ def to_xml(frame: pd.DataFrame, *, name: str = "verify-parity", timelines: pd.Da
     root = ET.Element("testsuites", name=name)
     for op, per_op in frame.groupby("op", sort=False):
         suite = _suite(root, str(op), per_op)
-        n = fails = skips = 0
-        total = 0.0
-        for (_, impl, case), g in per_op.groupby(CASE_KEY, sort=False):
-            secs = float(g["seconds"].iloc[0]) if pd.notna(g["seconds"].iloc[0]) else 0.0
+        status = per_op["status"]
+        flags = pd.DataFrame({"bad": failing(status), "refused": status == "refused", "known": status == "known"})
+        per_case = flags.groupby([per_op[c] for c in CASE_KEY], sort=False, dropna=False).agg(
+            bad=("bad", "any"), refused=("refused", "all"), known=("known", "any"))
+        firsts = per_op.drop_duplicates(CASE_KEY)  # each case's first row, in the groups' order
+        odd = per_case[per_case["bad"] | per_case["refused"] | per_case["known"]]  # the few that need their rows
+        odd_rows = dict(iter(per_op.merge(odd.index.to_frame(index=False), on=CASE_KEY)
+                             .groupby(CASE_KEY, sort=False))) if len(odd) else {}
+        fails = skips = 0
+        secs_all = firsts["seconds"].fillna(0.0).astype(float)
+        for (_, impl, case), secs, flag in zip(firsts[CASE_KEY].itertuples(index=False), secs_all,
+                                              per_case.itertuples(index=False)):
             tc = ET.SubElement(suite, "testcase", classname=f"{op}.{impl}", name=str(case), time=f"{secs:.3f}")
-            n, total = n + 1, total + secs
-            if failing(g["status"]).any():  # fail or timeout
+            if not (flag.bad or flag.refused or flag.known):
+                continue
+            g = odd_rows[(op, impl, case)]
+            if flag.bad:  # fail or timeout
                 fails += 1
                 w = worst_failure(g)
                 body = [failure_line(r) + f"\n    worst: {r['worst']}" for _, r in g[failing(g["status"])].iterrows()]
                 el = ET.SubElement(tc, "failure", message=f"{failure_line(w)} | repro: {w['repro']}", type=str(w["check"]))
                 el.text = "\n".join(body + [f"repro: {w['repro']}"])
-            elif (g["status"] == "refused").all():
+            elif flag.refused:
                 skips += 1
                 ET.SubElement(tc, "skipped", message=f"refused: {g['detail'].iloc[0]}")
-            elif (g["status"] == "known").any():  # an expected failure: the ledger entry that explains it
+            else:  # an expected failure: the ledger entry that explains it
                 skips += 1
                 k = g[g["status"] == "known"]
                 ET.SubElement(tc, "skipped", message=f"known failure {k['known'].iloc[0]}: "
                                                      f"{', '.join(sorted(set(k['check'])))} | repro: {k['repro'].iloc[0]}")
-        suite.set("tests", str(n))
+        suite.set("tests", str(len(firsts)))
         suite.set("failures", str(fails))
         suite.set("errors", "0")
         suite.set("skipped", str(skips))
-        suite.set("time", f"{total:.3f}")
+        suite.set("time", f"{sum(secs_all.tolist()):.3f}")  # summed in case order, as before
     if timelines is not None:
         _timeline_suites(root, timelines)
     ET.indent(root)
