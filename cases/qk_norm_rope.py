@@ -264,8 +264,7 @@ TIMELINE_FAMILIES = (
     # DeepSeek-V4 MQA, a unified layer (the ring) over a non-unified one (the paged fp8 SWA cache):
     # the store gate's three branches in one stack (head_dim - rope_dim: one 64-value fp8 tile)
     Family("dsv4-mqa-mixed", "ring", "qk_norm_rope", H=2, Hkv=1, D=128, Dv=128, rope_dim=64,
-           causal=True, model_family="generic", verify_store="pre", non_unified_layers=(1,),
-           nightly_weight=0.5),  # one worker: two small layers beside dsv4-mqa-ring's
+           causal=True, model_family="generic", verify_store="pre", non_unified_layers=(1,)),
     Family("dsv4-mqa-mixed-qw", "ring", "qk_norm_rope", H=2, Hkv=1, D=128, Dv=128,
            rope_dim=64, causal=True, model_family="generic", verify_store="pre",
            non_unified_layers=(1,), q_weight=True, nightly_with="dsv4-mqa-mixed"),
