@@ -90,7 +90,7 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["fmt"] = _fmt
     ops = list(dict.fromkeys(frame["op"]))
-    prov = {c: sorted({str(v) for v in frame[c]}) for c in PROVENANCE if c in frame.columns}
+    prov = {c: sorted({str(v) for v in frame[c].unique()}) for c in PROVENANCE if c in frame.columns}
     if "shim" in prov:  # rows of compiled runs carry no shim id ("" once frames.read has read them): say so
         prov["shim"] = sorted({v or "off (compiled Triton)" for v in prov["shim"]})
     s = summary(frame) if not frame.empty else pd.DataFrame()
