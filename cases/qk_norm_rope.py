@@ -46,6 +46,11 @@ def _verify(name, B, L, H, **kw):
     return QkNormRopeCase(T=B * (L + 1), H=H, name=name, **kw)
 
 
+def case_cost(c: QkNormRopeCase) -> float:
+    """Scheduling weight (``OpSpec.case_cost``): the elements the case normalises, T x (H + 1) x D."""
+    return float(c.T * (c.H + 1) * c.D)
+
+
 def catalog(*, big: bool = False) -> list[QkNormRopeCase]:
     C = QkNormRopeCase
     cases = [

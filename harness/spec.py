@@ -102,6 +102,10 @@ class OpSpec:
     # nightly parity workers relative to the other ops (their cost per case: implementations, checks);
     # < 1 for an op cheaper per case (harness.nightly.parity_jobs)
     parity_weight: float = 1
+    # relative cost of running one case (any unit, e.g. the elements it reads), for scheduling only:
+    # the suite hands the costliest cases to its workers first, so that a long case does not start last
+    # and leave the others idle; None: plan order (``cases/<op>.py::case_cost`` when it has one)
+    case_cost: Callable[[Any], float] | None = None
     bench: str = ""  # module of its benchmark (harness.bench.perf's per-op API); "": none
     # role "prepare": zero-argument factory of its harness.timeline.Prepare adapter (harness/prepares/<op>.py)
     timeline: Callable[[], Any] | None = None

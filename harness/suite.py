@@ -193,6 +193,18 @@ def _groups(work) -> list[tuple]:
     return groups
 
 
+def schedule(groups) -> list[int]:
+    """The order in which the cases of ``groups`` go to the workers: costliest first by their op's
+    ``OpSpec.case_cost`` (longest-processing-time first: a long case that starts last keeps its worker
+    busy while the others idle), plan order among equal costs and for ops without one (cost 0). The
+    rows come back in plan order whatever this is."""
+    def cost(g: int) -> float:
+        p = groups[g][0]
+        return float(p.spec.case_cost(p.case)) if p.spec.case_cost is not None else 0.0
+
+    return sorted(range(len(groups)), key=lambda g: -cost(g))
+
+
 def _results(groups, dev: Device, jobs: int, plugin_specs: tuple[str, ...], reg: Registry | None = None, *,
              timeout_s: float | None = None, stack_dir=None, isolate: bool = False):
     """(group index, [CaseResult | pool.Lost per impl]) as each case completes. ``jobs`` > 1 (or
@@ -283,10 +295,12 @@ def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: 
                mininterval=0.5 if sys.stderr.isatty() else 15.0)
     n_fail = 0
     done = 0
-    results = _results(groups, dev, jobs, plugin_specs, reg, timeout_s=timeout or None, stack_dir=stack_dir,
-                       isolate=isolate)
+    order = schedule(groups)
+    results = _results([groups[g] for g in order], dev, jobs, plugin_specs, reg, timeout_s=timeout or None,
+                       stack_dir=stack_dir, isolate=isolate)
     try:
-        for g, res in results:
+        for k, res in results:
+            g = order[k]
             p, g_impls = groups[g]
             new = []
             for impl, r in zip(g_impls, res):

@@ -37,14 +37,15 @@ def _prepare_adapter(op: str):
 
 def stem_spec(op: str, *, case_type: str, reference: str, **fields) -> OpSpec:
     """The ``OpSpec`` of built-in ``op`` with the fields its stem modules give, by attribute name:
-    ``case_type`` and the case side (``catalog``, ``strategy`` = its ``cases``, ``build_inputs``)
-    from ``cases/<op>.py``; the chain ``reference`` and the oracle ``<op>_oracle`` from
-    ``reference/<op>.py``; its GPU benchmark ``harness/bench/<op>.py`` (``bench``) and, for role
+    ``case_type`` and the case side (``catalog``, ``strategy`` = its ``cases``, ``build_inputs``,
+    ``case_cost`` when it has one) from ``cases/<op>.py``; the chain ``reference`` and the oracle
+    ``<op>_oracle`` from ``reference/<op>.py``; its GPU benchmark ``harness/bench/<op>.py`` (``bench``) and, for role
     ``prepare``, its timeline adapter from ``harness/prepares/<op>.py`` (``timeline``) unless
     ``fields`` say otherwise. ``fields``: every other OpSpec field."""
     c = importlib.import_module(f"cases.{op}")
     r = importlib.import_module(f"reference.{op}")
     fields.setdefault("bench", f"harness.bench.{op}")
+    fields.setdefault("case_cost", getattr(c, "case_cost", None))
     if fields.get("role") == "prepare":
         fields.setdefault("timeline", functools.partial(_prepare_adapter, op))
     return OpSpec(name=op, case_type=getattr(c, case_type), catalog=c.catalog, strategy=c.cases,
