@@ -32,6 +32,11 @@ ROPE_TILE = 64  # the rope tile's width for every rope_dim up to it (wider: the 
 FORWARD_MODES = ref.FORWARD_MODES
 
 
+def _pow2(n: int) -> int:
+    """``triton.next_power_of_2`` for n >= 1 in plain Python: the wrapper's host path calls it per launch."""
+    return 1 << (n - 1).bit_length()
+
+
 def block_config(D: int, interpreted: bool, T: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_T, BLOCK_D, num_warps) per backend. The interpreter pays per program and per op,
     hardly per element, so it takes tall token tiles (a whole verify batch of the end-to-end gate
@@ -42,7 +47,7 @@ def block_config(D: int, interpreted: bool, T: int | None = None) -> tuple[int, 
     shapes, 5 % faster than the former 4 x 4 (median) from T 320 up and 1.5 % below. One token
     (``T`` 1, a decode step of one request) gets a one-row tile: the 2-row one masked half its
     lanes and was 2-25 % behind SGLang's one-row program there."""
-    block_d = triton.next_power_of_2(D)
+    block_d = _pow2(D)
     if interpreted:
         return 512, block_d, 1
     return (1 if T == 1 else max(1, 1024 // block_d)), block_d, 2 if block_d <= 512 else 4
@@ -70,13 +75,13 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
         BLOCK_T, num_warps = config
     has_store = ring is not None
     paged = swa_cache is not None
-    n_t = triton.cdiv(T, BLOCK_T)
+    n_t = -(-T // BLOCK_T)  # cdiv (triton.cdiv is a constexpr_function since Triton 3.5: ~5 us a call)
     extra = dict(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8), stride_pool_p=swa_cache.stride(0),
                  page_size=int(swa_page_size), PAGED_FP8_STORE=True, FP8_MAX=ref.SWA_FP8_MAX,
                  AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
     strides = (q.stride(0), q.stride(1), kv.stride(0), q_out.stride(0), q_out.stride(1), kv_out.stride(0),
                ring.stride(0) if has_store else 0)
-    block_r = max(ROPE_TILE, triton.next_power_of_2(rope_dim))  # one tile width for R <= 64: fewer variants
+    block_r = max(ROPE_TILE, _pow2(rope_dim))  # one tile width for R <= 64: fewer variants
     for programs, h in head_launches or ((H + 1, H),):
         kern._qk_norm_rope_kernel[(n_t, programs)](
             q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,

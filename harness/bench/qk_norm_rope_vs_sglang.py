@@ -45,7 +45,7 @@ class VsRow:
     bytes_moved: int
     copy_gbps: float
     graph_us: dict  # impl -> median us, replayed from a CUDA graph (ours@BTxW, sglang, chain, compiled)
-    eager_us: dict  # impl -> us per call of a back-to-back eager loop (ours-wrapper, ours-unchecked, sglang)
+    eager_us: dict  # impl -> us per call of a back-to-back eager loop (ours-wrapper, ours-unchecked, ours-launch, sglang)
     differ: dict  # impl -> bytes of (q_out, kv_out, ring) that differ from ours (default config): before, ours@..
 
 
@@ -97,7 +97,8 @@ def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, bef
     preallocated), SGLang's ``fused_qk_norm_rope_swa_store`` (q_out preallocated; it normalises kv in
     place), the reference chain and its torch.compile (verify only: the chain's ring store indexes
     with a boolean mask, which syncs). Eager: our public wrapper as a caller runs it (value checks
-    on, the default; and ``checked=False``), SGLang's call as its model calls it. ``before``: another
+    on, the default; ``checked=False``; and ``_launch`` alone, outputs preallocated), SGLang's call as its
+    model calls it. ``before``: another
     copy of fused/qk_norm_rope.py (a module), timed as ``before`` (graph) beside ours."""
     from fused import qk_norm_rope as f
 
@@ -111,7 +112,9 @@ def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, bef
     if before is not None:
         graph["before"] = functools.partial(before._launch, q_out=q_out, kv_out=kv_out, **launch)
     eager = {"ours-wrapper": functools.partial(f.qk_norm_rope, **launch),
-             "ours-unchecked": functools.partial(f.qk_norm_rope, **launch, checked=False)}
+             "ours-unchecked": functools.partial(f.qk_norm_rope, **launch, checked=False),
+             # the launch alone (arguments validated, outputs allocated once): what Triton's dispatch costs
+             "ours-launch": functools.partial(f._launch, q_out=q_out, kv_out=kv_out, **launch)}
     if sglang_mod is not None:
         sg_kv = kv.clone()  # SGLang writes kv in place: its own copy (a strided slice as ours)
         sg_kv = torch.empty(T, 96 + D, dtype=kv.dtype, device=kv.device)[:, 96:].copy_(kv)
@@ -244,7 +247,7 @@ def vs_line(r: VsRow) -> str:
         ratios += f" | graph best {best[1]}/sglang {best[0] / r.graph_us['sglang']:.2f}"
     if "sglang" in r.eager_us:
         ratios += " | eager " + " ".join(f"{k}/sglang {r.eager_us[k] / r.eager_us['sglang']:.2f}"
-                                        for k in ("ours-wrapper", "ours-unchecked") if k in r.eager_us)
+                                        for k in ("ours-wrapper", "ours-unchecked", "ours-launch") if k in r.eager_us)
     if r.differ:
         ratios += " | bytes differing from ours: " + " ".join(f"{k} {v}" for k, v in r.differ.items())
     return f"{r.mode:6s} T={r.T:5d} H={r.H:3d} graph us: {gs} | eager us: {es}{ratios}"
