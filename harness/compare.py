@@ -16,132 +16,30 @@ Each check is also a *staged* generator (``exact_check``, ``finite_check``, ``nu
 host, is sent them as a list of floats, and returns its ``Record``. ``Batch`` makes many checks with
 one transfer to the host per device and stage for all of them (a timeline step's checks: two
 instead of ~30); the eager functions are one check resolved alone, so both give the same record.
+``Record``, ``Check`` and ``Batch`` are ``harness.compare_batch``; ``home`` and the tensor helpers
+``harness.compare_tensors``: both re-exported here.
 """
 from __future__ import annotations
 
-import os
-from collections.abc import Generator
-from dataclasses import dataclass, field
-
 import torch
 
+from harness.compare_batch import Batch, Check, Record, resolve_one  # noqa: F401  (Batch: re-exported)
+from harness.compare_tensors import (  # noqa: F401  (re-exported: callers' and tests' names)
+    AUTO_CPU_ELEMENTS,
+    COMPARE_ON_ENV,
+    _bytes,
+    _device_bytes,
+    _finite,
+    _home,
+    _idx,
+    _on,
+    _topk_device,
+    _topk_unique,
+    home,
+)
 from harness.tolerance import Tolerance
 
 WORST_K = 3
-
-
-@dataclass(frozen=True)
-class Record:
-    check: str  # e.g. "numeric:q_out", "exact:q8", "untouched:ring"
-    passed: bool
-    max_abs: float = float("nan")
-    max_rel: float = float("nan")
-    err: float = float("nan")  # scaled error of the implementation
-    ref_err: float = float("nan")  # scaled error of the reference chain
-    allowed: float = float("nan")
-    mismatch_frac: float = float("nan")  # fraction of elements with scaled error > allowed (or differing bytes)
-    nan_inf_mismatch: int = 0  # elements whose NaN/±Inf status differs from the oracle
-    worst: str = ""  # "idx: got/oracle/ref; ..."
-    detail: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-Check = Generator[torch.Tensor, list, Record]  # a staged check: yields what it needs on the host, returns its record
-
-
-class Batch:
-    """Staged checks made together: ``add`` runs a check up to its first transfer (its device work
-    queued on the tensors as they are now), ``resolve`` sends each stage's numbers of every check to
-    the host in one transfer per device, then the next stage's, and returns the records in ``add``
-    order. A check's later stages read only tensors its first stage made (a failure's details may
-    read its ``got``: hand a copy of a buffer that is written before ``resolve``)."""
-
-    def __init__(self):
-        self._records: list[Record | None] = []
-        self._live: list[tuple[int, Check, torch.Tensor]] = []
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def add(self, check: Check | Record) -> int:
-        """Start ``check`` (a record made already is kept as it is); its index in ``resolve``'s list."""
-        k = len(self._records)
-        self._records.append(check if isinstance(check, Record) else None)
-        if not isinstance(check, Record):
-            self._step(k, check, None)
-        return k
-
-    def _step(self, k: int, check: Check, values: list | None) -> None:
-        try:
-            want = next(check) if values is None else check.send(values)
-        except StopIteration as done:
-            self._records[k] = done.value
-            return
-        self._live.append((k, check, want))
-
-    def resolve(self) -> list[Record]:
-        """Every check's record (one host transfer per device and stage); the batch is empty after."""
-        while self._live:
-            live, self._live = self._live, []
-            by_dev: dict[torch.device, list] = {}
-            for item in live:
-                by_dev.setdefault(item[2].device, []).append(item)
-            for items in by_dev.values():
-                flat = torch.cat([w.reshape(-1).double() for _, _, w in items]).tolist() if len(items) > 1 \
-                    else items[0][2].reshape(-1).double().tolist()
-                off = 0
-                for k, check, w in items:
-                    n = w.numel()
-                    self._step(k, check, flat[off: off + n])
-                    off += n
-        out, self._records = self._records, []
-        return out
-
-
-def resolve_one(check: Check) -> Record:
-    """One staged check's record, made alone."""
-    b = Batch()
-    b.add(check)
-    return b.resolve()[0]
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of ``t``'s elements, on its device. Shape: (*t.shape, itemsize); (itemsize,) for a 0-d ``t``.
-
-    0 elements give 0 bytes (the itemsize is spelled out: a -1 cannot be inferred from none).
-    """
-    return t.detach().contiguous().view(torch.uint8).reshape(*t.shape, t.element_size()) if t.dim() else \
-        t.detach().reshape(1).contiguous().view(torch.uint8)
-
-
-COMPARE_ON_ENV = "VP_COMPARE_ON"  # device (default) | cpu | auto
-AUTO_CPU_ELEMENTS = 1 << 16  # ``auto``: a checked tensor of at most this many elements is compared on the CPU
-
-
-def home(t: torch.Tensor, mode: str | None = None) -> torch.device:
-    """Where a check of ``t`` computes (``mode``: default ``$VP_COMPARE_ON``, else ``device``):
-    ``device`` on ``t``'s own; ``cpu`` on the CPU; ``auto`` on the CPU when ``t`` has at most
-    ``AUTO_CPU_ELEMENTS`` elements, else on its own device. A record is the same wherever it is
-    made (IEEE fp64 and byte comparisons); the choice is cost only: on a GPU shared by many
-    processes each small kernel and each wait is a turn among their contexts, while one copy of a
-    small tensor to the host is one wait and no kernels."""
-    mode = mode or os.environ.get(COMPARE_ON_ENV) or "device"
-    if mode not in ("device", "cpu", "auto"):
-        raise ValueError(f"{COMPARE_ON_ENV}: expected device, cpu or auto, got {mode!r}")
-    if t.device.type == "cpu" or mode == "device" or (mode == "auto" and t.numel() > AUTO_CPU_ELEMENTS):
-        return t.device
-    return torch.device("cpu")
-
-
-def _home(t: torch.Tensor) -> torch.Tensor:
-    """``t`` where its check computes (``home``)."""
-    where = home(t)
-    return t if t.device == where else t.to(where)
-
-
-def _on(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``t`` on ``like``'s device (itself when it is there already)."""
-    return t if t.device == like.device else t.to(like.device)
 
 
 def _scaled(x: torch.Tensor, o: torch.Tensor, tol: Tolerance) -> torch.Tensor:
@@ -153,38 +51,6 @@ def _scaled(x: torch.Tensor, o: torch.Tensor, tol: Tolerance) -> torch.Tensor:
 def _special_mismatch(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     return (torch.isnan(x) != torch.isnan(o)) | (torch.isposinf(x) != torch.isposinf(o)) | \
         (torch.isneginf(x) != torch.isneginf(o))
-
-
-def _finite(a: torch.Tensor) -> torch.Tensor:
-    """``torch.isfinite(a)`` from ``a.abs()`` (NaN < inf is False), in one op instead of several."""
-    return a < float("inf")
-
-
-def _idx(i: int, shape) -> tuple[int, ...]:
-    """The multi-index of flat (row-major) index ``i`` in ``shape``, as ``torch.unravel_index``
-    gives it, in plain integers: that call costs ~10 ms of host time per record on a GPU run."""
-    out = []
-    for n in reversed(tuple(shape)):
-        i, r = divmod(i, n)
-        out.append(r)
-    return tuple(reversed(out))
-
-
-def _topk_device(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(indices, unique) of ``torch.topk(flat, k)`` on ``flat``'s device, nothing sent to the host:
-    ``unique`` (a bool tensor) is True when that answer is the only one (the ``k`` largest values are
-    distinct and no other element equals the ``k``-th: any algorithm gives it). Shape: flat (n,), 1 <= k <= n."""
-    v, i = torch.topk(flat, k)
-    unique = (flat >= v[-1]).sum() == k
-    if k > 1:
-        unique &= (v[:-1] > v[1:]).all()
-    return i, unique
-
-
-def _topk_unique(flat: torch.Tensor, k: int) -> list[int] | None:
-    """``torch.topk(flat, k).indices`` when that answer is the only one (``_topk_device``), else None."""
-    i, unique = _topk_device(flat, k)
-    return i.tolist() if bool(unique) else None
 
 
 def _as_f64(check: str, got: torch.Tensor | None, oracle: torch.Tensor):
@@ -365,12 +231,6 @@ def untouched_check(check: str, after: torch.Tensor, before: torch.Tensor, writt
                        + ([f"{len(partial)} written rows changed bytes they do not own"] if partial else []))
     return Record(check, not n and not partial, mismatch_frac=(n + len(partial)) / max(1, after.shape[0]) if
                   partial else n / max(1, n_keep), worst=worst, detail=detail)
-
-
-def _device_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of ``t``'s elements in logical order, on its device (a copy only for a non-contiguous view)."""
-    t = t.detach()
-    return (t.reshape(1) if t.dim() == 0 else t).contiguous().view(torch.uint8)
 
 
 def unchanged(check: str, after: torch.Tensor, before: torch.Tensor, *, hint: str = "") -> Record:

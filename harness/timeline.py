@@ -36,19 +36,20 @@ rounding differences do not compound while a wrong KV row is still caught at the
 
 The ops enter by role (``harness.prepares.base``): a family's prepare step is the op its
 ``Family.prepare`` names, through that op's ``Prepare`` adapter; attention is the registry's one op
-of role ``attn``, acceptance its one op of role ``accept``.
+of role ``attn``, acceptance its one op of role ``accept``. Here: the runner (``TimelineRun``,
+``run_timeline``). The path and its records are ``harness.timeline_path``, the attention and
+acceptance launches with their checks ``harness.timeline_launches``; their names are re-exported.
 """
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from cases import timelines as tl
 from harness import compare, timeline_truth
-from harness.backend import CLEAN, VERIFY_STORES, Backend, truth_branch  # noqa: F401  (VERIFY_STORES: re-export)
+from harness.backend import CLEAN, VERIFY_STORES, Backend, truth_branch  # noqa: F401  (CLEAN, Backend: re-export)
 from harness.prepares.base import (  # noqa: F401  (re-exported: the adapters' and older callers' names)
     PROJECTION,
     OneRowPrepare,
@@ -62,49 +63,9 @@ from harness.prepares.base import (  # noqa: F401  (re-exported: the adapters' a
     prepare_of,
     row_shape,
 )
-from harness.registry import Impl, Registry
+from harness.timeline_launches import ACCEPT_VOCAB, accept, attend  # noqa: F401  (ACCEPT_VOCAB: re-export)
+from harness.timeline_path import Path, StepRecord, clean_path, failures  # noqa: F401  (clean_path: re-export)
 from reference import kv_model
-
-ACCEPT_VOCAB = 16  # the acceptance step's target logits: (rows, ACCEPT_VOCAB) bf16
-
-
-@dataclass(frozen=True)
-class Path:
-    name: str
-    family: str
-    prepare: Impl | None  # implementation of the family's prepare op (None: plain projections)
-    attn: Impl  # implementation of the attention op (role "attn") for decode and verify steps
-    accept: Impl | None = None  # implementation of the acceptance op (role "accept"; None: its reference)
-    backend: Backend = CLEAN
-    doc: str = ""
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    step: int
-    mode: str
-    layer: int
-    family: str  # check family: timeline | gate
-    record: compare.Record  # (None only while its step's checks are being made: ``TimelineRun._flush``)
-
-
-def clean_path(reg: Registry, family: str, *, prepare: str = "fused", attn: str = "fused", accept: str | None = None,
-               backend: Backend = CLEAN) -> Path:
-    """The family's path on the named implementations. ``accept`` None: the acceptance op's
-    implementation named like ``attn`` when there is one, else its reference. A backend other than
-    the clean one shows in the name (``family:prepare+attn:backend``)."""
-    fam = tl.FAMILIES[family]
-    p = None if fam.prepare == "projection" else reg.impls[f"{fam.prepare}/{prepare}"]
-    acc_op = reg.by_role("accept")
-    acc = None
-    if acc_op:
-        op = acc_op[0].name
-        acc = reg.impls.get(f"{op}/{accept or attn}") or (None if accept else reg.impls.get(f"{op}/reference"))
-        if acc is None:
-            raise KeyError(f"{op}/{accept}")
-    name = f"{family}:{prepare}+{attn}" + (f"+{accept}" if accept else "") + (
-        "" if backend is CLEAN or backend == CLEAN else f":{backend.name}")
-    return Path(name, family, p, reg.impls[f"{reg.attention().name}/{attn}"], acc, backend)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -128,8 +89,6 @@ class _Weights:
             self.cos, self.sin = ang.cos().float().to(device), ang.sin().float().to(device)
         self.g = g
 
-
-# ----------------------------------------------------------------------------- the runner
 
 # ----------------------------------------------------------------------------- the runner
 
@@ -270,7 +229,7 @@ class TimelineRun:
             o, rows = self._layer(step, mode, layer, x, xp, pos_t, truth_pos, loc_logical, loc_phys, owners)
             chunk_rows.append(rows)
             x = (x.float() + o.reshape(T, -1).float() @ self.w.wo[layer]).to(torch.bfloat16)
-        kept = self._accept(step, items) if mode == "target_verify" else widths
+        kept = accept(self, step, items) if mode == "target_verify" else widths
         # the truth commits the script's accepts; the backend keeps its acceptance op's n and rolls back
         off = 0
         for (r, a), c, k in zip(items, widths, kept):
@@ -321,77 +280,13 @@ class TimelineRun:
             k_d, v_d = chunk_kv(fam, buf[loc_phys.clamp(min=0)])
         else:
             k_d, v_d = chunk_kv(fam, rows)
-        o = self._attend(step, mode, layer, q, k_d, v_d, rows, buf, owners, loc_logical,
-                         as_history=pol.policy == "as-history", one_source=pol.one_source)
+        o = attend(self, step, mode, layer, q, k_d, v_d, rows, buf, owners, loc_logical,
+                   as_history=pol.policy == "as-history", one_source=pol.one_source)
         if pol.backend_stores and not pol.store_first and pol.policy != "none":
             be.store(buf, loc_phys, rows)
         return o, rows
-
-    # -- acceptance
-    def _accept(self, step, items) -> list[int]:
-        """accept(n) of a verify step: the path's acceptance op on target logits whose greedy acceptance
-        is the script's a per request (``timeline_truth.accept_inputs``) -> its n per request (what the
-        backend keeps); ``accept:n`` records whether it is the script's."""
-        args = timeline_truth.accept_inputs([a for _, a in items], self.t.L, ACCEPT_VOCAB, self.accept_g, self.device)
-        fn = self.path.accept.fn if self.path.accept is not None else accept_spec().reference
-        n = fn(**args)["accept_length"]
-        want = torch.tensor([a for _, a in items], dtype=n.dtype, device=n.device)
-        self._rec(step, "target_verify", -1, "timeline", exact_check("accept:n", n, want))
-        return [int(k) for k in n.tolist()]
-
-    # -- attention
-    def _attend(self, step, mode, layer, q, k_d, v_d, chunk_rows, buf, owners, loc_logical, *, as_history,
-                one_source):
-        fam, kv = self.fam, self.kv
-        kb, vb = kv_views(fam, buf)
-        qo, kvp, idx = self.backend.read_meta(kv, owners, loc_logical, as_history, self.device)
-        args = dict(q=q.contiguous(), k=k_d.contiguous(), v=v_d.contiguous(), k_buffer=kb, v_buffer=vb,
-                    qo_indptr=qo, kv_indptr=kvp, kv_indices=idx.contiguous(), sm_scale=1.0 / math.sqrt(fam.D),
-                    is_causal=fam.causal, k_scale=fam.kv_descale, v_scale=fam.kv_descale, num_kv_splits=fam.splits,
-                    custom_mask=None, o=None, topk=1, model_family=fam.model_family, splitkv_switch=True)
-        attention = attention_spec()
-        if mode == "extend":
-            out = attention.reference(**args)  # prefill is setup, not the path under test
-        else:
-            out = self.path.attn.fn(**args)
-        o = out["o"]
-        # the page table against the request: each chunk's width and history length
-        hist_rows = [kv.truth_history(layer, r) for r, _ in owners]
-        lens = [h.shape[0] for h in hist_rows]
-        starts = [0] + list(itertools.accumulate(c for _, c in owners))
-        qo_l = torch.tensor(starts, device=self.device).to(torch.int32)
-        kvp_l = torch.tensor([0] + list(itertools.accumulate(lens)), device=self.device).to(torch.int32)
-        self._rec(step, mode, layer, "timeline", exact_check("input:attn-indptr", torch.cat((qo, kvp)),
-                                                             torch.cat((qo_l, kvp_l))))
-        # visible KV: every row read equals the request's logical history, row count included (the
-        # page table read on the host in one transfer: each group's rows are gathered without a wait)
-        meta = torch.cat((qo.reshape(-1).long(), kvp.reshape(-1).long(), idx.reshape(-1).long())).tolist()
-        qo_h, kvp_h = meta[: qo.numel()], meta[qo.numel(): qo.numel() + kvp.numel()]
-        idx_h = meta[qo.numel() + kvp.numel():]
-        for g in range(qo.shape[0] - 1):
-            r = owners[max(i for i, s in enumerate(starts[:-1]) if s <= qo_h[g])][0]
-            rows_read = [x for x in idx_h[kvp_h[g]: kvp_h[g + 1]] if 0 <= x < buf.shape[0]]
-            got = buf[torch.tensor(rows_read, dtype=torch.int64, device=buf.device)]
-            self._rec(step, mode, layer, "timeline", exact_check(f"visible_kv:r{r}", got, kv.truth_history(layer, r)))
-        if one_source:  # the chunk itself came from the pool: it must be the chunk's logical rows
-            self._rec(step, mode, layer, "timeline", exact_check("visible_kv:chunk", k_d, chunk_kv(fam, chunk_rows)[0]))
-        # attention against the oracle over the logical history + the logical chunk
-        lk, lv = chunk_kv(fam, chunk_rows)
-        lbuf = torch.cat(hist_rows) if hist_rows else buf[:0]
-        lkb, lvb = kv_views(fam, lbuf)
-        largs = dict(args, k=lk.contiguous(), v=lv.contiguous(), k_buffer=lkb, v_buffer=lvb, qo_indptr=qo_l,
-                     kv_indptr=kvp_l, kv_indices=torch.arange(sum(lens), dtype=torch.int32, device=self.device))
-        oracle = attention.oracle(**largs)["o"]
-        ref = attention.reference(**largs)["o"]
-        tol = attention.tolerance("o", torch.bfloat16)
-        self._rec_numeric(step, mode, layer, "attn:o", o, oracle, ref, tol)
-        return o
 
 
 def run_timeline(path: Path, t: tl.Timeline, device="cpu", fp8_dtype=torch.float8_e4m3fn, *,
                  stop_on_failure: bool = False) -> list[StepRecord]:
     return TimelineRun(path, t, device, fp8_dtype).run(stop_on_failure=stop_on_failure)
-
-
-def failures(records: list[StepRecord]) -> list[StepRecord]:
-    return [s for s in records if not s.record.passed]

@@ -1,4 +1,5 @@
 """Benchmarks (not tests), run on a GPU: one module per op (``python -m harness.bench.<op>``),
-all of them with ``python -m harness.bench``; shared parts in ``harness.bench.perf``. Tools beside
-them: ``sweep`` (block configs of verify_attention) and ``wrapper_checks`` (the host cost of the
+all of them with ``python -m harness.bench``; shared parts in ``harness.bench.perf`` (the driver; the
+PerfRows and tables from timings are ``perf_rows``, the wide rows' shared columns ``wide_rows``). Tools
+beside them: ``sweep`` (block configs of verify_attention) and ``wrapper_checks`` (the host cost of the
 wrappers' argument checks)."""

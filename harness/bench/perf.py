@@ -1,7 +1,8 @@
-"""What the op benchmarks share: the run profile, one shape's measurement (every implementation
-timed and its launches counted through ``harness.profiling``), PerfRow assembly and the summary
-(pure functions of the timings), the run plan with its wall-time estimate, and the driver that
-``python -m harness.bench`` and each ``python -m harness.bench.<op>`` call.
+"""The op benchmarks' driver: the run profile, one shape's measurement (every implementation timed
+and its launches counted through ``harness.profiling``), the run plan with its wall-time estimate,
+and the run that ``python -m harness.bench`` and each ``python -m harness.bench.<op>`` call. PerfRow
+assembly and the summary (pure functions of the timings) are ``harness.bench.perf_rows``, the shapes'
+and wide rows' shared parts ``harness.bench.wide_rows``: both re-exported here.
 
 An op benchmark module provides: ``OP``; ``IMPLS`` (the PerfRow impl names it measures, with
 ``reference`` = the unfused chain and ``compiled`` = torch.compile of it); ``EXPECTED_LAUNCHES``
@@ -19,36 +20,36 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-import numpy as np
 import pandas as pd
 import torch
 
-
-@dataclass(frozen=True)
-class VerifyShape:
-    """A verify batch of the prepare benchmarks: B requests × L tokens (3 drafts + 1 bonus), H local
-    q heads; ``suffix`` completes the case id (e.g. ",D=512")."""
-    B: int  # requests
-    H: int  # local q heads
-    L: int = 4
-    suffix: str = ""
-
-    @property
-    def T(self) -> int:
-        return self.B * self.L
-
-    @property
-    def case(self) -> str:
-        return f"B={self.B},L={self.L},H={self.H}{self.suffix}"
-
 from harness import devices, profiling
+from harness.bench.perf_rows import (  # noqa: F401  (re-exported: the op benchmarks' and tests' names)
+    MODES,
+    NOT_MEASURED,
+    Timing,
+    bandwidth,
+    launch_failures,
+    perf_rows,
+    print_table,
+    ratio,
+    summary,
+    table,
+)
+from harness.bench.wide_rows import (  # noqa: F401  (re-exported)
+    FUSED_VS_CHAIN_COLUMNS,
+    Measured,
+    VerifyShape,
+    fused_line,
+    fused_vs_chain,
+    wide_row_type,
+)
 from reports.rows import PerfRow, Provenance, write_csv
 
 NO_GPU = ("no GPU visible to torch (torch.cuda.is_available() is False): nothing was measured and no perf.csv "
@@ -87,81 +88,11 @@ def profile_for(quick: bool) -> BenchProfile:
 
 
 @dataclass(frozen=True)
-class Timing:
-    p20_us: float
-    p50_us: float
-    p80_us: float
-    launches: int  # kernels per call; -1 = not measured
-    graph_us: float = math.nan  # median replayed from a CUDA graph; NaN = not measured (not asked, or no capture)
-
-
-NOT_MEASURED = Timing(math.nan, math.nan, math.nan, -1)  # e.g. out of memory at this shape
-MODES = ("eager", "graph")  # PerfRow.mode
-
-
-@dataclass(frozen=True)
 class Context:
     dev: devices.Device
     prov: Provenance
     copy_gbps: float  # measured device-to-device copy bandwidth (read + write)
     sms: int  # streaming multiprocessors / compute units (split-KV sizing)
-
-
-def ratio(num: float, den: float) -> float:
-    """num / den; NaN when either is missing or den is not positive."""
-    return num / den if den > 0 and not math.isnan(num) else math.nan
-
-
-def bandwidth(bytes_moved: int, us: float, copy_gbps: float) -> tuple[float, float]:
-    """(GB/s, fraction of the measured copy bandwidth) of moving ``bytes_moved`` in ``us``."""
-    gbps = ratio(bytes_moved / 1e9, us * 1e-6)
-    return gbps, ratio(gbps, copy_gbps)
-
-
-def perf_rows(op: str, case: str, timings: dict[str, Timing], *, bytes_moved: int, copy_gbps: float,
-              prov: Provenance, graph: bool = False) -> list[PerfRow]:
-    """One PerfRow per implementation of one shape (``mode`` eager: do_bench's p20/p50/p80), and with
-    ``graph`` a second one per implementation (``mode`` graph: the graph-replayed median as p50, p20
-    and p80 NaN; NaN throughout where it was not measured, never 0). Ratios are against the
-    ``reference`` and ``compiled`` timings of the same shape and mode (> 1: this impl is faster);
-    bandwidth counts the bytes the op must move, the same for every impl."""
-    rows = []
-    for mode in MODES[:2 if graph else 1]:
-        p50 = {impl: (t.p50_us if mode == "eager" else t.graph_us) for impl, t in timings.items()}
-        ref, comp = p50.get("reference", math.nan), p50.get("compiled", math.nan)
-        for impl, t in timings.items():
-            q20, q80 = (t.p20_us, t.p80_us) if mode == "eager" else (math.nan, math.nan)
-            gbps, frac = bandwidth(bytes_moved, p50[impl], copy_gbps)
-            rows.append(PerfRow(op=op, impl=impl, case=case, mode=mode, p20_us=q20, p50_us=p50[impl], p80_us=q80,
-                                reference_p50_us=ref, compiled_p50_us=comp, speedup_vs_reference=ratio(ref, p50[impl]),
-                                speedup_vs_compiled=ratio(comp, p50[impl]), gbps=gbps, frac_of_copy=frac,
-                                launches=t.launches, **dataclasses.asdict(prov)))
-    return rows
-
-
-def launch_failures(rows: list[PerfRow], expected: dict[str, dict[str, int]]) -> list[str]:
-    """``expected``: op -> {impl: launches}. One line per row that launched another count."""
-    return [f"{r.op} {r.impl} {r.case}: {r.launches} kernel launches, expected {expected[r.op][r.impl]}"
-            + (" (not measured)" if r.launches < 0 else "")
-            for r in rows if r.impl in expected.get(r.op, {}) and r.launches != expected[r.op][r.impl]]
-
-
-def _geomean(x: pd.Series) -> float:
-    x = x[x > 0]
-    return float(np.exp(np.log(x).mean())) if len(x) else math.nan
-
-
-def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (op, impl, mode): shapes, median p50, geometric mean and minimum of both speedups, the
-    best fraction of copy bandwidth, the launch counts seen."""
-    g = frame.groupby(["op", "impl", "mode"], sort=False)
-    return g.agg(shapes=("case", "size"), p50_us_median=("p50_us", "median"),
-                 x_reference_geomean=("speedup_vs_reference", _geomean),
-                 x_reference_min=("speedup_vs_reference", "min"),
-                 x_compiled_geomean=("speedup_vs_compiled", _geomean),
-                 x_compiled_min=("speedup_vs_compiled", "min"),
-                 frac_of_copy_max=("frac_of_copy", "max"),
-                 launches=("launches", lambda s: "/".join(str(v) for v in sorted(set(s))))).reset_index()
 
 
 def compile_static(fn: Callable) -> Callable:
@@ -212,48 +143,6 @@ def context(profile: BenchProfile, seed: int = 0) -> Context:
 
 # ----------------------------------------------------------------------------- one op's run
 
-@dataclass(frozen=True)
-class Measured:
-    """One shape of an op's run: its timings per impl, the bytes the op must move there, and what
-    else the op's wide row needs (``extra``: numbers, no tensors)."""
-    shape: Any  # has a ``case`` id
-    timings: dict[str, Timing]
-    bytes_moved: int
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-
-# the columns fused_vs_chain fills, in a wide row's order (the *_us: p50)
-FUSED_VS_CHAIN_COLUMNS = (("fused_us", float), ("reference_us", float), ("compiled_us", float),
-                          ("reference_over_fused", float), ("compiled_over_fused", float), ("fused_gbps", float),
-                          ("fused_frac_of_copy", float), ("fused_launches", int), ("reference_launches", int),
-                          ("compiled_launches", int))
-
-
-def wide_row_type(module: str, shape_columns: tuple, own_columns: tuple) -> type:
-    """The frozen dataclass ``BenchRow`` of ``module``'s wide rows: ``shape_columns`` ((name, type)
-    pairs), then ``FUSED_VS_CHAIN_COLUMNS``, then ``own_columns``."""
-    return dataclasses.make_dataclass("BenchRow", [*shape_columns, *FUSED_VS_CHAIN_COLUMNS, *own_columns],
-                                      frozen=True, namespace={"__module__": module})
-
-
-def fused_vs_chain(m: Measured, fused: PerfRow) -> dict:
-    """The wide-row columns every op has: the fused impl's p50, ratios, bandwidth and launches beside
-    the reference chain's and torch.compile's."""
-    t = m.timings
-    return dict(fused_us=t["fused"].p50_us, reference_us=t["reference"].p50_us, compiled_us=t["compiled"].p50_us,
-                reference_over_fused=fused.speedup_vs_reference, compiled_over_fused=fused.speedup_vs_compiled,
-                fused_gbps=fused.gbps, fused_frac_of_copy=fused.frac_of_copy, fused_launches=t["fused"].launches,
-                reference_launches=t["reference"].launches, compiled_launches=t["compiled"].launches)
-
-
-def fused_line(m: Measured, fused: PerfRow) -> str:
-    """The progress line's head: the fused p50, its share of the copy roof, its ratios to the chain
-    and to torch.compile."""
-    return (f"fused {fused.p50_us:7.2f} us (launches {fused.launches}, {fused.frac_of_copy:5.1%} of copy) | "
-            f"x{fused.speedup_vs_reference:5.2f} vs reference (launches {m.timings['reference'].launches}) | "
-            f"x{fused.speedup_vs_compiled:5.2f} vs compiled")
-
-
 def run_shapes(mod, shape_list: list, ctx: Context, out: Path) -> list[PerfRow]:
     """One op's run: per shape of ``mod.measurements`` its PerfRows (eager, and graph-replayed where
     ``mod`` has ``GRAPH_REP_MS``) and a progress line; its wide rows (``mod.wide_row``, given the
@@ -277,49 +166,6 @@ def run_shapes(mod, shape_list: list, ctx: Context, out: Path) -> list[PerfRow]:
 def ours(mod) -> tuple[str, ...]:
     """The impls of ``mod`` that are this project's kernels: ``mod.OURS``, else its ``EXPECTED_LAUNCHES``."""
     return tuple(getattr(mod, "OURS", mod.EXPECTED_LAUNCHES))
-
-
-def table(frame: pd.DataFrame, ours_by_op: Mapping[str, tuple[str, ...]]) -> pd.DataFrame:
-    """The summary table of a run, one line per (op, shape, impl of ours): its graph-replayed and
-    eager p50 (``graph_us``, ``eager_us``), then per other impl of the same shape (the reference
-    chain, torch.compile of it, the op's other baselines, external implementations) its p50 over
-    ours under graph replay (``x_<impl>``) and eager (``x_<impl>_eager``): > 1 = ours faster, and
-    ours' % of the copy bandwidth in both modes. NaN where a number was not measured (an op
-    timed eager only has NaN graph columns: never 0, never the eager number)."""
-    p50 = frame.pivot_table(index=["op", "case", "impl"], columns="mode", values="p50_us", aggfunc="first",
-                            dropna=False, sort=False)
-    pct = frame.pivot_table(index=["op", "case", "impl"], columns="mode", values="frac_of_copy", aggfunc="first",
-                            dropna=False, sort=False) * 100
-    p50, pct = (f.reindex(columns=list(MODES)) for f in (p50, pct))
-    lines = []
-    for (op, case), g in frame.groupby(["op", "case"], sort=False):
-        impls = list(dict.fromkeys(g["impl"]))
-        for impl in (i for i in impls if i in ours_by_op.get(op, ())):
-            key = (op, case, impl)
-            line = {"op": op, "case": case, "impl": impl, "graph_us": p50.loc[key, "graph"],
-                    "eager_us": p50.loc[key, "eager"]}
-            for other in (i for i in impls if i not in ours_by_op.get(op, ())):
-                o = (op, case, other)
-                line[f"x_{other}"] = ratio(p50.loc[o, "graph"], p50.loc[key, "graph"])
-                line[f"x_{other}_eager"] = ratio(p50.loc[o, "eager"], p50.loc[key, "eager"])
-            line.update(pct_copy_graph=pct.loc[key, "graph"], pct_copy_eager=pct.loc[key, "eager"])
-            lines.append(line)
-    t = pd.DataFrame(lines)
-    if t.empty:
-        return t
-    head = ["op", "case", "impl", "graph_us", "eager_us"]
-    xs = [c for c in t.columns if c.startswith("x_")]
-    return t[head + sorted(xs, key=lambda c: (c.endswith("_eager"), _X_ORDER.get(c.removesuffix("_eager"), 9), c))
-             + ["pct_copy_graph", "pct_copy_eager"]]
-
-
-_X_ORDER = {"x_reference": 0, "x_compiled": 1}  # then the other impls by name
-
-
-def print_table(t: pd.DataFrame) -> str:
-    """``table``'s text: missing numbers print as ``missing``."""
-    with pd.option_context("display.width", 250, "display.max_columns", 60, "display.float_format", "{:.3g}".format):
-        return t.to_string(index=False, na_rep="missing")
 
 
 def main_for(mod, argv: list[str] | None, *, quick_help: str, options: Mapping[str, str] = {},
