@@ -102,7 +102,6 @@ MAX_MODULE_LINES = 330  # one job per module: harness/ modules of 100-300 lines,
 # modules still over the limit, each with the reason it is not split yet. It may only shrink: an entry
 # back under the limit fails too (remove it).
 LONG_MODULES = {
-    "harness/nightly.py": "being reworked on another branch: split once that lands",
     # the chain's private helpers are its hooks where they are: tests patch _rounded / _finish in place,
     # reference.verify_attention_batched reaches them as r._partial etc., and harness.gpu_runners.capture_safe
     # no-ops the data checks (check_index_range) of reference.<op> itself, which validate must call from here
