@@ -1,5 +1,6 @@
 """Target-verify attention over a paged prefix plus the draft chunk (seeds 002, 003) — the
-unfused per-head split-KV chain and a dense fp64 oracle. A batch of one verify width takes the same
+unfused per-head split-KV chain (its masks: ``reference.verify_attention_masks``; its dense fp64
+oracle: ``reference.verify_attention_oracle``, re-exported here). A batch of one verify width takes the same
 launches over every request at once (``reference.verify_attention_batched``); the SDPA baseline is
 ``reference.verify_attention_sdpa``.
 
@@ -53,6 +54,8 @@ from reference.checks import (
     check_same_device,
     check_shape,
 )
+from reference.verify_attention_masks import dense_mask, draft_mask, tree_masks  # noqa: F401 (dense_mask: re-export)
+from reference.verify_attention_oracle import verify_attention_oracle  # noqa: F401 (the op's oracle, by name)
 
 ACT_DTYPES = (torch.bfloat16,)
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -148,27 +151,6 @@ def split_bounds(n: int, num_kv_splits: int) -> list[tuple[int, int]]:
     """[start, end) of every split of an n-token prefix (cdiv partition; trailing splits may be empty)."""
     length = -(-n // num_kv_splits)
     return [(min(s * length, n), min((s + 1) * length, n)) for s in range(num_kv_splits)]
-
-
-def draft_mask(L: int, is_causal: bool, tree: torch.Tensor | None, device) -> torch.Tensor:
-    """(L, L) bool: may draft i see draft j. A tree mask (topk > 1) replaces the causal rule."""
-    if tree is not None:
-        return tree.view(L, L).to(device)
-    if is_causal:
-        return torch.ones(L, L, dtype=torch.bool, device=device).tril()
-    return torch.ones(L, L, dtype=torch.bool, device=device)
-
-
-def tree_masks(custom_mask, qo: list[int]) -> list[torch.Tensor | None]:
-    """Per request: its (L_b²,) slice of the flat tree mask, or None when there is none."""
-    if custom_mask is None:
-        return [None] * (len(qo) - 1)
-    out, off = [], 0
-    for b in range(len(qo) - 1):
-        n = (qo[b + 1] - qo[b]) ** 2
-        out.append(custom_mask[off: off + n])
-        off += n
-    return out
 
 
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -324,38 +306,3 @@ def _finish(res: torch.Tensor, q: torch.Tensor, o: torch.Tensor | None) -> dict:
         return {"o": out}
     o.copy_(out)
     return {"o": o}
-
-
-def dense_mask(n: int, L: int, is_causal: bool, tree: torch.Tensor | None, device) -> torch.Tensor:
-    """(L, n + L) bool: the whole prefix, then the draft rule."""
-    return torch.cat((torch.ones(L, n, dtype=torch.bool, device=device), draft_mask(L, is_causal, tree, device)), 1)
-
-
-def verify_attention_oracle(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale,
-                            is_causal=True, k_scale=1.0, v_scale=1.0, custom_mask=None, **_unused):
-    """fp64 oracle: dense softmax over [prefix ; drafts] with an explicit mask, per-column score
-    scale (sm_scale·k_scale on the prefix, sm_scale on drafts) and v_scale on prefix values.
-    Returns {"o": (T, H, Dv) f64}."""
-    T, H, D = q.shape
-    Hkv, Dv = k.shape[1], v.shape[2]
-    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
-    trees = tree_masks(custom_mask, qo)
-    dev = q.device  # fp64 where the inputs live: the 200K-token GPU cases would take minutes on the CPU
-    out = torch.empty(T, H, Dv, dtype=torch.float64, device=dev)
-    g = H // Hkv
-    for b in range(len(qo) - 1):
-        t0, t1 = qo[b], qo[b + 1]
-        L = t1 - t0
-        idx = kv_indices[kvp[b]: kvp[b + 1]].long().to(dev)
-        n = idx.numel()
-        keys = torch.cat((k_buffer[idx].double(), k[t0:t1].double()))  # (n+L, Hkv, D)
-        vals = torch.cat((v_buffer[idx].double() * v_scale, v[t0:t1].double()))  # (n+L, Hkv, Dv)
-        col_scale = torch.cat((torch.full((n,), sm_scale * k_scale, dtype=torch.float64, device=dev),
-                               torch.full((L,), sm_scale, dtype=torch.float64, device=dev)))
-        mask = dense_mask(n, L, is_causal, None if trees[b] is None else trees[b].to(dev), dev)
-        qb = q[t0:t1].double().reshape(L, Hkv, g, D)  # query head h = kv head h // g, member h % g
-        for kh in range(Hkv):
-            x = (qb[:, kh].reshape(L * g, D) @ keys[:, kh].T).view(L, g, -1) * col_scale  # (L, g, n+L)
-            w = torch.softmax(x.masked_fill(~mask[:, None], float("-inf")), dim=-1)
-            out[t0:t1, kh * g:(kh + 1) * g] = (w.reshape(L * g, -1) @ vals[:, kh]).view(L, g, Dv)
-    return {"o": out.cpu()}

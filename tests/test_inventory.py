@@ -101,12 +101,7 @@ def test_op_literal_scan_sees_plain_and_fstring_names():
 MAX_MODULE_LINES = 330  # one job per module: harness/ modules of 100-300 lines, a kernel split off past ~300
 # modules still over the limit, each with the reason it is not split yet. It may only shrink: an entry
 # back under the limit fails too (remove it).
-LONG_MODULES = {
-    # the chain's private helpers are its hooks where they are: tests patch _rounded / _finish in place,
-    # reference.verify_attention_batched reaches them as r._partial etc., and harness.gpu_runners.capture_safe
-    # no-ops the data checks (check_index_range) of reference.<op> itself, which validate must call from here
-    "reference/verify_attention.py": "validate and the chain's helpers are patched where they are (above)",
-}
+LONG_MODULES: dict[str, str] = {}  # none left
 
 
 def long_modules(limit: int = MAX_MODULE_LINES) -> dict[str, int]:
