@@ -22,6 +22,7 @@ it: ``isolate=True`` runs even one job in a worker process, which can be killed)
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import pickle
@@ -191,12 +192,15 @@ class _Worker:
         return f"faulthandler (pid {pid}):\n{Path(self.stack_file).read_text(errors='replace')}" + \
             (f"\n{text}" if text else "")
 
+    def ask_to_stop(self) -> None:
+        """Tell an idle worker to exit, without waiting for it (``stop`` waits)."""
+        if self.proc.is_alive() and self.task is None:  # a second None (from stop) is never read
+            with contextlib.suppress(OSError):
+                self.conn.send(None)
+
     def stop(self, now: bool = False) -> None:
         if self.proc.is_alive() and not now and self.task is None:
-            try:
-                self.conn.send(None)
-            except OSError:
-                pass
+            self.ask_to_stop()
             self.proc.join(5)
         if self.proc.is_alive():
             self.proc.kill()
@@ -274,9 +278,10 @@ def run(fn, tasks: list, jobs: int, *, initializer=None, initargs: tuple = (), t
                     yield i, lost
             workers = [w for w in workers if w is not None]
     finally:
-        for w in workers:
-            if w is not None:
-                w.stop(now=w.task is not None)
+        for w in filter(None, workers):  # every idle worker exits at once, then each is waited for (<= 5 s)
+            w.ask_to_stop()
+        for w in filter(None, workers):
+            w.stop(now=w.task is not None)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
