@@ -21,7 +21,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from fused.kernels import qk_norm_rope as kern
 from reference import qk_norm_rope as ref
