@@ -29,6 +29,8 @@ from reference.checks import check_bool, values_checked
 VERIFY_SWITCH_ENV = "VP_FUSED_QK_NORM_ROPE_VERIFY"
 ROPE_TILE = 64  # the rope tile's width for every rope_dim up to it (wider: the next power of two)
 FORWARD_MODES = ref.FORWARD_MODES
+# block_config: a launch of at most this many one-row programs takes one row on one warp per program
+SMALL_LAUNCH_ROWS = 2048
 
 
 def _pow2(n: int) -> int:
@@ -36,20 +38,25 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def block_config(D: int, interpreted: bool, T: int | None = None) -> tuple[int, int, int]:
+def block_config(D: int, interpreted: bool, T: int | None = None, H: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_T, BLOCK_D, num_warps) per backend. The interpreter pays per program and per op,
     hardly per element, so it takes tall token tiles (a whole verify batch of the end-to-end gate
     in one; the catalog's tile-boundary cases are T = 511 / 513); compiled backends keep ~1K fp32
     elements per tile on 2 warps (4 above D 512). Measured on the H200, graph-replayed, D 512, T 1..4096
     x H 8..128, verify and decode (``python -m harness.bench.qk_norm_rope --vs-sglang --configs
     default,2x2,8x8``; docs/benchmarks.md): 2 tokens x 2 warps was the fastest of the three at 44 of 56
-    shapes, 5 % faster than the former 4 x 4 (median) from T 320 up and 1.5 % below. One token
-    (``T`` 1, a decode step of one request) gets a one-row tile: the 2-row one masked half its
-    lanes and was 2-25 % behind SGLang's one-row program there."""
+    shapes, 5 % faster than the former 4 x 4 (median) from T 320 up and 1.5 % below. A small launch
+    (``T`` x (``H`` + 1) programs of one row at most ``SMALL_LAUNCH_ROWS``, D <= 512) is latency, not
+    bandwidth: one row on one warp per program was the fastest config there (T 1 at 0.90-1.03x SGLang's
+    one-row program, where 2 rows x 2 warps masked half their lanes and took 1.02-1.25x). T 1 always
+    gets a one-row tile."""
     block_d = _pow2(D)
     if interpreted:
         return 512, block_d, 1
-    return (1 if T == 1 else max(1, 1024 // block_d)), block_d, 2 if block_d <= 512 else 4
+    warps = 2 if block_d <= 512 else 4
+    if T is not None and H is not None and block_d <= 512 and T * (H + 1) <= SMALL_LAUNCH_ROWS:
+        return 1, block_d, 1
+    return (1 if T == 1 else max(1, 1024 // block_d)), block_d, warps
 
 
 def vec_width(D: int, *strides: int) -> int:
@@ -69,7 +76,7 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
     if T == 0:
         return
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    BLOCK_T, BLOCK_D, num_warps = block_config(D, interpreted, T)
+    BLOCK_T, BLOCK_D, num_warps = block_config(D, interpreted, T, H)
     if config is not None:
         BLOCK_T, num_warps = config
     has_store = ring is not None
@@ -211,13 +218,16 @@ def compile_specs():
         "pool_ptr": "*u8", "pool_fp8_ptr": "*fp8e4nv", "stride_pool_p": "i32", "page_size": "i32",
     }
     specs = []
-    for (has_q_w, store, neox), T in itertools.product(
-            itertools.product((False, True), ("none", "ring", "paged"), (False, True)), (1, None)):
-        block_t, block_d, warps = block_config(512, interpreted=False, T=T)  # T 1: its one-row tile
+    # the launch shapes of block_config's three tiles: a small launch, T 1 of any H, and the rest
+    shapes = ((1, 16), (1, None), (None, None))
+    for (has_q_w, store, neox), (T, H) in itertools.product(
+            itertools.product((False, True), ("none", "ring", "paged"), (False, True)), shapes):
+        block_t, block_d, warps = block_config(512, interpreted=False, T=T, H=H)
         const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w,
                  "HAS_STORE": store == "ring", "IS_NEOX": neox, "BLOCK_R": 64, "PARTNER_IN_REGS": True, "VEC": 8,
                  "PAGED_FP8_STORE": store == "paged",
                  "FP8_MAX": ref.SWA_FP8_MAX, "AMAX_FLOOR": ref.SWA_AMAX_FLOOR}
-        specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)},block_t={block_t}]",
+        specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)},block_t={block_t},"
+                      f"warps={warps}]",
                       kern._qk_norm_rope_kernel, sig, const, warps))
     return specs
