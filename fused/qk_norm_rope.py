@@ -24,7 +24,8 @@ import torch
 
 from fused.kernels import qk_norm_rope as kern
 from reference import qk_norm_rope as ref
-from reference.checks import check_bool, values_checked
+from fused import device_checks
+from reference.checks import check_bool, value_check_mode
 
 VERIFY_SWITCH_ENV = "VP_FUSED_QK_NORM_ROPE_VERIFY"
 ROPE_TILE = 64  # the rope tile's width for every rope_dim up to it (wider: the next power of two)
@@ -67,11 +68,12 @@ def vec_width(D: int, *strides: int) -> int:
 
 def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
             rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None, config=None,
-            head_launches=None) -> None:
+            head_launches=None, flags=None) -> None:
     """The one launch. Arguments already validated, outputs allocated (the benchmark calls this
     directly). ``config``: (BLOCK_T, num_warps) instead of ``block_config``'s (the benchmark's
     candidates). ``head_launches``: ((programs along the head axis, the kernel's H), ...) instead of
-    the one launch ((H + 1, H),) whose program H is the kv one (a GPU mutant splits it in two)."""
+    the one launch ((H + 1, H),) whose program H is the kv one (a GPU mutant splits it in two).
+    ``flags``: the device's error record (``fused.device_checks``): the kv programs check the values."""
     T, H, D = q.shape
     if T == 0:
         return
@@ -82,9 +84,10 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
     has_store = ring is not None
     paged = swa_cache is not None
     n_t = -(-T // BLOCK_T)  # cdiv (triton.cdiv is a constexpr_function since Triton 3.5: ~5 us a call)
-    extra = dict(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8), stride_pool_p=swa_cache.stride(0),
-                 page_size=int(swa_page_size), PAGED_FP8_STORE=True, FP8_MAX=ref.SWA_FP8_MAX,
-                 AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
+    extra = {} if flags is None else dict(flag_ptr=flags, CHECK_VALUES=True)
+    extra |= dict(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8), stride_pool_p=swa_cache.stride(0),
+                  page_size=int(swa_page_size), PAGED_FP8_STORE=True, FP8_MAX=ref.SWA_FP8_MAX,
+                  AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
     strides = (q.stride(0), q.stride(1), kv.stride(0), q_out.stride(0), q_out.stride(1), kv_out.stride(0),
                ring.stride(0) if has_store else 0)
     block_r = max(ROPE_TILE, _pow2(rope_dim))  # one tile width for R <= 64: fewer variants
@@ -120,25 +123,30 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     stored (the paged store quantises exactly these).
 
     Checks: every argument's shape, dtype, strides, device and scalars on every call (host only,
-    no sync). ``checked`` (None: ``VP_CHECK_VALUES``, on by default; see ``reference.checks``):
-    also the values of positions (in the table) and loc (in the store target, no slot twice),
-    one host sync, before anything is written; a bad one is a RangeError naming it. With
-    ``checked=False`` the launch does not wait on the device and the caller guarantees those
-    values: the kernel still never reads or writes outside its tensors (a position outside the
-    table reads row 0, a slot past the store is skipped, a repeated slot gets bytes of its tokens),
-    but such tokens' results are not the op's.
+    no sync). The values of positions (in the table) and loc (in the store target, no slot twice)
+    by ``checked`` (None: ``VP_CHECK_VALUES``; ``reference.checks.value_check_mode``):
+
+    - True (the default): on the host, one sync, before anything is written; a bad one is a
+      RangeError naming it.
+    - ``"device"``: by the kernel, no sync (``fused.device_checks``): a token with a bad value is
+      not stored, and ``fused.device_checks.raise_pending()`` raises the same RangeError later.
+    - False: the caller guarantees them. The kernel still never reads or writes outside its
+      tensors (a position outside the table reads row 0, a slot past the store is skipped, a
+      repeated slot gets bytes of its tokens), but such tokens' results are not the op's.
     """
+    mode = value_check_mode(checked)
     T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
                            rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
                            ring=ring, loc=loc, q_out=q_out, swa_cache=swa_cache, swa_page_size=swa_page_size,
-                           check_values=values_checked(checked))
+                           check_values=mode == "host")
     eps, rope_dim = float(eps), int(rope_dim)  # numpy scalars: their values (kernel arguments)
     if q_out is None:
         q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
     _launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight,
             eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring,
-            loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size)
+            loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size,
+            flags=device_checks.record(q.device) if mode == "device" else None)
     return q_out, kv_out
 
 
@@ -174,7 +182,7 @@ def gate(*, unified: bool, forward_mode: str, verify_switch: bool, fused_non_uni
 
 
 def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=None, gate_fn=gate,
-                      verify_switch=None, fused_non_unified=True, **kw):
+                      verify_switch=None, fused_non_unified=True, checked=None, **kw):
     """One prepare step as the model runs it: gate, launch(es), store. The layer is unified
     (``ring``, the bf16 ring) or non-unified (``swa_cache`` + ``swa_page_size``, the paged fp8
     SWA cache; ``ring`` None); ``fused_non_unified`` is the model's switch for the latter.
@@ -185,6 +193,7 @@ def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=
     store. Non-unified, every mode: swa_cache holds loc's records afterwards (the kernel's own
     store, or the chain's launch 3' when the switch is off) and no kv is handed back. As in the
     model, the backend stores a non-unified chunk exactly when kv comes back (``return_kv``).
+    ``checked``: the fused launch's (``qk_norm_rope``); the chain's launches check on the host.
     """
     ref.validate_forward_mode(forward_mode)
     switch = verify_switch_from_env() if verify_switch is None else check_bool("verify_switch", verify_switch)
@@ -194,7 +203,7 @@ def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=
     store = dict(ring=ring, loc=loc) if unified else dict(ring=ring, swa_cache=swa_cache, swa_page_size=swa_page_size,
                                                           loc=loc)  # ring given too: validate names swa_cache
     if d.use_fused:
-        q_out, kv_out = qk_norm_rope(**(store if d.in_kernel_store else {}), **kw)
+        q_out, kv_out = qk_norm_rope(**(store if d.in_kernel_store else {}), checked=checked, **kw)
     else:
         q_out, kv_out = ref.qk_norm_rope(**kw)
     if not unified and d.return_kv:  # kv handed back: the backend's own paged store (launch 3') runs
@@ -216,18 +225,24 @@ def compile_specs():
         "stride_q_t": "i32", "stride_q_h": "i32", "stride_kv_t": "i32", "stride_qo_t": "i32", "stride_qo_h": "i32",
         "stride_kvo_t": "i32", "stride_ring_s": "i32", "stride_cs_p": "i32", "n_pos": "i32", "n_slots": "i32",
         "pool_ptr": "*u8", "pool_fp8_ptr": "*fp8e4nv", "stride_pool_p": "i32", "page_size": "i32",
+        "flag_ptr": "*i64",
     }
     specs = []
     # the launch shapes of block_config's three tiles: a small launch, T 1 of any H, and the rest
     shapes = ((1, 16), (1, None), (None, None))
-    for (has_q_w, store, neox), (T, H) in itertools.product(
-            itertools.product((False, True), ("none", "ring", "paged"), (False, True)), shapes):
+    # checked="device" (its value checks in the kv program) on the plain layout of each store
+    checks = [(False, False, store, True) for store in ("none", "ring", "paged")]
+    for (has_q_w, neox, store, check), (T, H) in itertools.product(
+            [(q, n, st, False) for q in (False, True) for st in ("none", "ring", "paged") for n in (False, True)]
+            + checks, shapes):
+        if check and T == 1 and H is None:
+            continue  # the T 1 tile of a huge H: its checks are the small launch's code
         block_t, block_d, warps = block_config(512, interpreted=False, T=T, H=H)
         const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w,
                  "HAS_STORE": store == "ring", "IS_NEOX": neox, "BLOCK_R": 64, "PARTNER_IN_REGS": True, "VEC": 8,
                  "PAGED_FP8_STORE": store == "paged",
-                 "FP8_MAX": ref.SWA_FP8_MAX, "AMAX_FLOOR": ref.SWA_AMAX_FLOOR}
+                 "FP8_MAX": ref.SWA_FP8_MAX, "AMAX_FLOOR": ref.SWA_AMAX_FLOOR, "CHECK_VALUES": check, "BLOCK_S": 256}
         specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)},block_t={block_t},"
-                      f"warps={warps}]",
+                      f"warps={warps}{',device-checked' if check else ''}]",
                       kern._qk_norm_rope_kernel, sig, const, warps))
     return specs

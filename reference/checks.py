@@ -159,12 +159,29 @@ CHECK_VALUES_ENV = "VP_CHECK_VALUES"
 DUPLICATE_MESSAGE = "duplicate entries: two tokens would write the same slot"
 
 
-def values_checked(checked) -> bool:
-    """Whether a fused wrapper checks index values: ``checked`` (a bool), or when None the
-    environment (``VP_CHECK_VALUES``; on unless it is 0 / false / no / off)."""
+VALUE_MODES = ("host", "device", "off")
+
+
+def value_check_mode(checked) -> str:
+    """How a fused wrapper checks index values: ``"host"`` (``checked=True``: before the launch, one
+    host sync), ``"device"`` (``checked="device"``: in the kernel, raised by
+    ``fused.device_checks.raise_pending``; a wrapper without device checks checks on the host) or
+    ``"off"`` (``checked=False``). None: the environment, ``VP_CHECK_VALUES`` (host unless it is
+    0 / false / no / off, or device)."""
     if checked is None:
-        return os.environ.get(CHECK_VALUES_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-    return check_bool("checked", checked)
+        env = os.environ.get(CHECK_VALUES_ENV, "1").strip().lower()
+        return "off" if env in ("0", "false", "no", "off") else "device" if env == "device" else "host"
+    if checked == "device" and isinstance(checked, str):
+        return "device"
+    if isinstance(checked, str):
+        raise DTypeError("checked", f"must be a bool or 'device', got str {checked!r}")
+    return "host" if check_bool("checked", checked) else "off"
+
+
+def values_checked(checked) -> bool:
+    """Whether a wrapper without device-side checks reads index values on the host
+    (``value_check_mode`` is not "off": "device" is checked on the host there)."""
+    return value_check_mode(checked) != "off"
 
 
 def _capturing(t: torch.Tensor) -> bool:

@@ -127,6 +127,40 @@ def _paged_fp8_store(
     tl.store(rope_at + 1, hi, mask=m_rope)
 
 
+@triton.jit
+def _check_values(flag_ptr, pos_in, pos_ok, loc_ptr, offs_t, mask_t, T, n_pos, n_slots,
+                  HAS_SLOTS: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The device-side value checks of one kv program's BLOCK_T tokens (``fused.device_checks``):
+    a position outside [0, n_pos), and with a store a slot past its n_slots rows or one that another
+    token names too (an O(T) scan of loc). Each kind seen sets its bit in flag_ptr[0] and records one
+    offending value and its bound; returns the rows the store may write (valid ones, neither kind)."""
+    bad_pos = mask_t & (pos_ok == 0)
+    any_pos = tl.max(bad_pos.to(tl.int32), axis=0) > 0
+    tl.atomic_or(flag_ptr, 1, mask=any_pos)
+    tl.atomic_xchg(flag_ptr + 1, tl.max(tl.where(bad_pos, pos_in, -(2**62)), axis=0), mask=any_pos)
+    tl.atomic_xchg(flag_ptr + 2, n_pos.to(tl.int64), mask=any_pos)
+    keep = mask_t & pos_ok
+    if HAS_SLOTS:
+        slot = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
+        past = mask_t & (slot >= n_slots)
+        any_past = tl.max(past.to(tl.int32), axis=0) > 0
+        tl.atomic_or(flag_ptr, 2, mask=any_past)
+        tl.atomic_xchg(flag_ptr + 3, tl.max(tl.where(past, slot, -1), axis=0), mask=any_past)
+        tl.atomic_xchg(flag_ptr + 4, n_slots.to(tl.int64), mask=any_past)
+        twice = tl.zeros_like(mask_t)
+        for j0 in range(0, T, BLOCK_S):
+            offs_j = j0 + tl.arange(0, BLOCK_S)
+            other = tl.load(loc_ptr + offs_j, mask=offs_j < T, other=-1).to(tl.int64)
+            same = (slot[:, None] == other[None, :]) & (offs_j[None, :] != offs_t[:, None]) & (other >= 0)[None, :]
+            twice = twice | (tl.max(same.to(tl.int32), axis=1) > 0)
+        twice = twice & mask_t
+        any_twice = tl.max(twice.to(tl.int32), axis=0) > 0
+        tl.atomic_or(flag_ptr, 4, mask=any_twice)
+        tl.atomic_xchg(flag_ptr + 5, tl.max(tl.where(twice, slot, -1), axis=0), mask=any_twice)
+        keep = keep & (twice == 0)  # a slot past the store: skipped by the store itself
+    return keep
+
+
 @triton.jit(do_not_specialize=["T", "H", "stride_q_t", "stride_q_h", "stride_kv_t", "stride_qo_t", "stride_qo_h",
                                "stride_kvo_t", "stride_ring_s", "stride_cs_p", "stride_pool_p", "page_size",
                                "n_pos", "n_slots"])
@@ -170,6 +204,9 @@ def _qk_norm_rope_kernel(
     PAGED_FP8_STORE: tl.constexpr = False,  # non-unified KV: loc are token slots of pool_ptr
     FP8_MAX: tl.constexpr = 448.0,
     AMAX_FLOOR: tl.constexpr = 1e-8,
+    flag_ptr=None,  # (FLAG_WORDS,) int64 error record of fused.device_checks, written when CHECK_VALUES
+    CHECK_VALUES: tl.constexpr = False,  # the kv programs check positions and slots (fused.device_checks)
+    BLOCK_S: tl.constexpr = 256,  # slots compared per step of the duplicate scan
 ):
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
@@ -183,8 +220,9 @@ def _qk_norm_rope_kernel(
     nope_mask = mask & (offs_d < D - R)[None, :]  # the rope dims are stored from their own tile
     mask_r = mask_t[:, None] & (offs_r < R)[None, :]
 
-    pos = tl.load(pos_ptr + offs_t, mask=mask_t, other=0).to(tl.int64)
-    pos = tl.where((pos >= 0) & (pos < n_pos), pos, 0)  # the wrapper checked them, unless told not to
+    pos_in = tl.load(pos_ptr + offs_t, mask=mask_t, other=0).to(tl.int64)
+    pos_ok = (pos_in >= 0) & (pos_in < n_pos)
+    pos = tl.where(pos_ok, pos_in, 0)  # the wrapper checked them, unless told not to
     cos_rows = cos_ptr + pos[:, None] * stride_cs_p
     sin_rows = sin_ptr + pos[:, None] * stride_cs_p
 
@@ -208,13 +246,17 @@ def _qk_norm_rope_kernel(
         kv_r = kv_r.to(kv_out_ptr.dtype.element_ty)
         tl.store(kv_out_ptr + dst[:, None] + offs_d[None, :], kv_y, mask=nope_mask)
         tl.store(kv_out_ptr + dst_r[:, None] + offs_r[None, :], kv_r, mask=mask_r)
+        keep = mask_t  # rows the store may write
+        if CHECK_VALUES:
+            keep = _check_values(flag_ptr, pos_in, pos_ok, loc_ptr, offs_t, mask_t, T, n_pos, n_slots,
+                                 HAS_SLOTS=HAS_STORE or PAGED_FP8_STORE, BLOCK_S=BLOCK_S)
         if HAS_STORE:
-            slot = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
+            slot = tl.load(loc_ptr + offs_t, mask=keep, other=-1).to(tl.int64)
             slot = tl.where(slot < n_slots, slot, -1)  # past the ring (unchecked input): skipped
             ring_row = tl.multiple_of(slot * stride_ring_s, VEC)  # padding rows (-1): masked off
             ring_r = tl.multiple_of(ring_row + (D - R), VEC)
             tl.store(ring_ptr + ring_row[:, None] + offs_d[None, :], kv_y, mask=nope_mask & (slot >= 0)[:, None])
             tl.store(ring_ptr + ring_r[:, None] + offs_r[None, :], kv_r, mask=mask_r & (slot >= 0)[:, None])
         if PAGED_FP8_STORE:
-            _paged_fp8_store(kv_y, kv_r, pool_ptr, pool_fp8_ptr, loc_ptr, offs_t, offs_d, offs_r, mask_t,
+            _paged_fp8_store(kv_y, kv_r, pool_ptr, pool_fp8_ptr, loc_ptr, offs_t, offs_d, offs_r, keep,
                              stride_pool_p, page_size, n_slots, D, R, FP8_MAX=FP8_MAX, AMAX_FLOOR=AMAX_FLOOR)

@@ -45,7 +45,8 @@ class VsRow:
     bytes_moved: int
     copy_gbps: float
     graph_us: dict  # impl -> median us, replayed from a CUDA graph (ours@BTxW, sglang, chain, compiled)
-    eager_us: dict  # impl -> us per call of a back-to-back eager loop (ours-wrapper, ours-unchecked, ours-launch, sglang)
+    eager_us: dict  # impl -> us per call of a back-to-back eager loop (ours-wrapper, ours-device-checked,
+    # ours-unchecked, ours-launch, sglang)
     differ: dict  # impl -> bytes of (q_out, kv_out, ring) that differ from ours (default config): before, ours@..
 
 
@@ -100,6 +101,7 @@ def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, bef
     on, the default; ``checked=False``; and ``_launch`` alone, outputs preallocated), SGLang's call as its
     model calls it. ``before``: another
     copy of fused/qk_norm_rope.py (a module), timed as ``before`` (graph) beside ours."""
+    from fused import device_checks
     from fused import qk_norm_rope as f
 
     q, kv = kw["q"], kw["kv"]
@@ -109,9 +111,13 @@ def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, bef
                                  "positions", "rope_style", "ring", "loc")}
     graph = {_config_name(cfg): functools.partial(f._launch, q_out=q_out, kv_out=kv_out, config=cfg, **launch)
              for cfg in configs}
+    # the default config with the value checks in the kernel (checked="device"; its record is never raised here)
+    graph["device-checked"] = functools.partial(f._launch, q_out=q_out, kv_out=kv_out,
+                                                flags=device_checks.record(q.device), **launch)
     if before is not None:
         graph["before"] = functools.partial(before._launch, q_out=q_out, kv_out=kv_out, **launch)
     eager = {"ours-wrapper": functools.partial(f.qk_norm_rope, **launch),
+             "ours-device-checked": functools.partial(f.qk_norm_rope, **launch, checked="device"),
              "ours-unchecked": functools.partial(f.qk_norm_rope, **launch, checked=False),
              # the launch alone (arguments validated, outputs allocated once): what Triton's dispatch costs
              "ours-launch": functools.partial(f._launch, q_out=q_out, kv_out=kv_out, **launch)}
@@ -247,7 +253,8 @@ def vs_line(r: VsRow) -> str:
         ratios += f" | graph best {best[1]}/sglang {best[0] / r.graph_us['sglang']:.2f}"
     if "sglang" in r.eager_us:
         ratios += " | eager " + " ".join(f"{k}/sglang {r.eager_us[k] / r.eager_us['sglang']:.2f}"
-                                        for k in ("ours-wrapper", "ours-unchecked", "ours-launch") if k in r.eager_us)
+                                        for k in ("ours-wrapper", "ours-device-checked", "ours-unchecked", "ours-launch")
+                                        if k in r.eager_us)
     if r.differ:
         ratios += " | bytes differing from ours: " + " ".join(f"{k} {v}" for k, v in r.differ.items())
     return f"{r.mode:6s} T={r.T:5d} H={r.H:3d} graph us: {gs} | eager us: {es}{ratios}"

@@ -82,6 +82,17 @@ def _qk_fused(**kw):
     return f.qk_norm_rope_step(**kw)
 
 
+def _qk_fused_device_checked(**kw):
+    """The fused step with ``checked="device"``: the kernel checks the values, and what it recorded is
+    raised after the launch (``fused.device_checks.raise_pending``), as a caller does at its step's end."""
+    from fused import device_checks as dc
+    from fused import qk_norm_rope as f
+
+    out = f.qk_norm_rope_step(checked="device", **kw)
+    dc.raise_pending(kw["q"].device)
+    return out
+
+
 @functools.cache
 def _qk_compiled_fns():
     from reference import qk_norm_rope as r
@@ -137,5 +148,7 @@ def register(reg: Registry) -> None:
                  doc="two launches (q, kv) + the decode ring store"))
     reg.add(Impl("qk_norm_rope", "fused", "fused", _qk_fused,
                  doc="gate + one Triton launch; in-kernel store in unified decode and on non-unified layers"))
+    reg.add(Impl("qk_norm_rope", "fused-device-checked", "fused", _qk_fused_device_checked,
+                 doc="the fused step with checked='device': positions and slots checked by the kernel, no host sync"))
     reg.add(Impl("qk_norm_rope", "compiled", "compiled", _qk_compiled,
                  doc="torch.compile(dynamic=True) of the reference chain's launches"))
