@@ -95,10 +95,12 @@ def check_rank(arg: str, t: torch.Tensor, rank: int) -> None:
 
 def check_shape(arg: str, t: torch.Tensor, shape: Sequence[int | None]) -> None:
     """``shape`` entries of None are free; the rank must match."""
-    check_rank(arg, t, len(shape))
-    for axis, (got, want) in enumerate(zip(t.shape, shape)):
-        if want is not None and got != want:
-            raise ShapeError(arg, f"expected shape {tuple(shape)} (None = any), got {tuple(t.shape)}; axis {axis} differs")
+    if type(t) is not torch.Tensor or t.is_meta or t.layout != torch.strided or t.dim() != len(shape):
+        check_rank(arg, t, len(shape))  # the fast test above failed: the precise error (or a subclass passes)
+    got = t.shape
+    for axis, want in enumerate(shape):
+        if want is not None and got[axis] != want:
+            raise ShapeError(arg, f"expected shape {tuple(shape)} (None = any), got {tuple(got)}; axis {axis} differs")
 
 
 def check_dtype(arg: str, t: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
@@ -128,12 +130,14 @@ def check_index(arg: str, t: torch.Tensor, shape: Sequence[int | None], dtypes: 
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> None:
-    devs = {name: t.device for name, t in tensors.items() if t is not None}
-    if len(set(devs.values())) > 1:
-        first = next(iter(devs))
-        for name, dev in devs.items():
-            if dev != devs[first]:
-                raise DeviceError(name, f"on {dev}, but {first} is on {devs[first]}")
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if first is None:
+            first, dev = name, t.device
+        elif t.device != dev:
+            raise DeviceError(name, f"on {t.device}, but {first} is on {dev}")
 
 
 def check_index_range(arg: str, idx: torch.Tensor, *, low: int, high: int, allow_negative_padding: bool = False) -> None:
