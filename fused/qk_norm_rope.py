@@ -16,6 +16,7 @@ this replaced, so the outputs are bit-identical to it under the interpreter. The
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
                ring.stride(0) if has_store else 0)
     block_r = max(ROPE_TILE, _pow2(rope_dim))  # one tile width for R <= 64: fewer variants
     for programs, h in head_launches or ((H + 1, H),):
-        kern._qk_norm_rope_kernel[(n_t, programs)](
+        args = dict(
             q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,
             q_ptr=q, kv_ptr=kv,
             q_w_ptr=q_norm_weight if q_norm_weight is not None else kv_norm_weight, kv_w_ptr=kv_norm_weight,
@@ -105,8 +106,58 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
             BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
             HAS_Q_WEIGHT=q_norm_weight is not None, HAS_STORE=has_store, IS_NEOX=rope_style == "neox",
             BLOCK_R=block_r, PARTNER_IN_REGS=rope_style != "neox" or block_r == rope_dim,  # neox: halves of the tile
-            VEC=vec_width(D, rope_dim, *strides), num_warps=num_warps, **extra,
+            VEC=vec_width(D, rope_dim, *strides), **extra,
         )
+        if interpreted:
+            kern._qk_norm_rope_kernel[(n_t, programs)](**args, num_warps=num_warps)
+        else:
+            _compiled_launch((n_t, programs), args, num_warps)
+
+
+# ----------------------------------------------------------------------------- eager dispatch
+
+FAST_LAUNCH_ENV = "VP_FAST_LAUNCH"
+_SIGNATURE = tuple(inspect.signature(kern._qk_norm_rope_kernel.fn).parameters.values())
+# every parameter in signature order with its default (None for the required ones: the call gives them)
+_ALL_ARGS = {p.name: None if p.default is inspect.Parameter.empty else p.default for p in _SIGNATURE}
+_POINTERS = tuple(n for n in _ALL_ARGS if n.endswith("_ptr"))
+_CONSTEXPRS = tuple(p.name for p in _SIGNATURE if "constexpr" in str(p.annotation))
+# the int parameters Triton specialises on their value (== 1, divisible by 16): every other int is
+# in the kernel's do_not_specialize (tests/test_qk_norm_rope.py holds the two lists together)
+_SPECIALISED_INTS = ("D", "R")
+_I32 = 2**31
+_compiled: dict[tuple, object] = {}
+
+
+def _variant_key(args: dict, num_warps: int) -> tuple | None:
+    """Everything Triton's JIT specialises this kernel on, read from the arguments: the constexprs,
+    num_warps, the specialised ints' values, each pointer's dtype (None: absent) and 16-byte
+    alignment, and whether every other int fits i32 (Triton types it i64 otherwise). None when one
+    does not (that launch goes through the JIT)."""
+    ints = [v for k, v in args.items() if type(v) is int and k not in _SPECIALISED_INTS]
+    if any(not -_I32 <= v < _I32 for v in ints):
+        return None
+    ptrs = [args.get(n) for n in _POINTERS]
+    return (args["q_ptr"].device.index, num_warps,
+            tuple(args[k] for k in _SPECIALISED_INTS),
+            tuple(args.get(k) for k in _CONSTEXPRS),
+            tuple(None if t is None else t.dtype for t in ptrs),
+            tuple(t is not None and t.data_ptr() % 16 == 0 for t in ptrs))
+
+
+def _compiled_launch(grid, args: dict, num_warps: int) -> None:
+    """Launch through Triton's JIT the first time a variant is seen, then through the CompiledKernel it
+    returned (``CompiledKernel[grid](*args)``: Triton's own launcher, the arguments in signature
+    order), skipping the JIT's per-call binding and cache key: measured on the H200 as most of an
+    eager launch (docs/benchmarks.md). ``VP_FAST_LAUNCH=0``: always the JIT."""
+    key = _variant_key(args, num_warps) if os.environ.get(FAST_LAUNCH_ENV, "1") != "0" else None
+    compiled = _compiled.get(key) if key is not None else None
+    if compiled is None:
+        compiled = kern._qk_norm_rope_kernel[grid](**args, num_warps=num_warps)
+        if key is not None and compiled is not None:
+            _compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled
+        return
+    compiled[grid](*{**_ALL_ARGS, **args}.values())
 
 
 def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
