@@ -111,7 +111,7 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
         if interpreted:
             kern._qk_norm_rope_kernel[(n_t, programs)](**args, num_warps=num_warps)
         else:
-            _compiled_launch((n_t, programs), args, num_warps)
+            _compiled_launch((n_t, programs, 1), args, num_warps)
 
 
 # ----------------------------------------------------------------------------- eager dispatch
@@ -157,7 +157,7 @@ def _compiled_launch(grid, args: dict, num_warps: int) -> None:
         if key is not None and compiled is not None:
             _compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled
         return
-    compiled[grid](*{**_ALL_ARGS, **args}.values())
+    compiled[grid](*{**_ALL_ARGS, **args}.values())  # grid: all three axes (CompiledKernel reads grid[2])
 
 
 def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,

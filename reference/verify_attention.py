@@ -214,23 +214,30 @@ def _partial(x: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None, p_d
     return m, p.sum(-1), acc
 
 
-def prefix_split_partials(qh, kp, vp, *, scale, v_scale, num_kv_splits, bounds=split_bounds, p_dtype=None):
+def split_partial(qh, kp, vp, *, scale, v_scale, p_dtype=None):
+    """One split of launch 1: qh (H, L, D) fp32; kp (Hkv, n_s, D), vp (Hkv, n_s, Dv) fp32, the split's
+    keys (n_s >= 1) -> (m, l, acc) per query head."""
+    H, L, D = qh.shape
+    x = (qh.reshape(kp.shape[0], -1, D) @ kp.transpose(1, 2)).view(H, L, -1) * scale  # (H, L, n_s)
+    m, l, acc = _partial(x, vp, None, p_dtype)
+    return m, l, acc * v_scale
+
+
+def prefix_split_partials(qh, kp, vp, *, scale, v_scale, num_kv_splits, bounds=split_bounds, p_dtype=None,
+                          split_fn=split_partial):
     """Launch 1. qh (H, L, D) fp32; kp (Hkv, n, D), vp (Hkv, n, Dv) fp32 (per KV head; query head h
     reads KV head h // (H / Hkv)) -> list over splits of (m, l, acc) per query head; empty splits
     give (−inf, 0, 0). Each score is its own fp32 dot product; a group's queries share one product
     with their KV head instead of a per-head copy of the prefix (200K tokens × 128 heads would not fit).
-    ``p_dtype``: P rounded to it before P·V."""
+    ``p_dtype``: P rounded to it before P·V. ``split_fn``: each split's partial (``split_partial``)."""
     H, L, D = qh.shape
-    Hkv = kp.shape[0]
     out = []
     for start, end in bounds(kp.shape[1], num_kv_splits):
         if end <= start:
             out.append((torch.full((H, L), float("-inf"), device=qh.device), torch.zeros(H, L, device=qh.device),
                         torch.zeros(H, L, vp.shape[-1], device=qh.device)))
             continue
-        x = (qh.reshape(Hkv, -1, D) @ kp[:, start:end].transpose(1, 2)).view(H, L, -1) * scale  # (H, L, n_s)
-        m, l, acc = _partial(x, vp[:, start:end], None, p_dtype)
-        out.append((m, l, acc * v_scale))
+        out.append(split_fn(qh, kp[:, start:end], vp[:, start:end], scale=scale, v_scale=v_scale, p_dtype=p_dtype))
     return out
 
 

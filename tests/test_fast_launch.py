@@ -89,3 +89,58 @@ def test_alignment_and_dtype_are_in_the_key(device):
     assert len(f._compiled) == n + 1  # another variant, not the aligned one's binary
     f.qk_norm_rope(**{**copy.deepcopy(kw), "positions": kw["positions"].to(torch.int32)})
     assert len(f._compiled) == n + 2
+
+
+class _FakeCompiled:
+    """Stands in for Triton's CompiledKernel: ``[grid](*args)`` as its runner reads them (grid[0..2])."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append((grid[0], grid[1], grid[2], args))
+
+
+class _FakeJit:
+    def __init__(self):
+        self.compiled = _FakeCompiled()
+        self.jit_calls = []
+
+    def __getitem__(self, grid):
+        def run(**kw):
+            self.jit_calls.append((grid, kw))
+            return self.compiled
+        return run
+
+
+def test_second_launch_takes_the_compiled_kernel_with_the_jits_arguments(device, monkeypatch):
+    """The dispatch's glue, on any machine: the first launch of a variant goes through the JIT, the
+    second through what it returned, with every kernel parameter in signature order (the JIT's own
+    arguments plus the defaults) and a three-axis grid; VP_FAST_LAUNCH=0 always takes the JIT."""
+    from fused.kernels import qk_norm_rope as k
+
+    name, kw = next(_variants(device))
+    fake = _FakeJit()
+    monkeypatch.setattr(k, "_qk_norm_rope_kernel", fake)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(f, "_compiled", {})
+    f.qk_norm_rope(**copy.deepcopy(kw), checked=False)
+    f.qk_norm_rope(**copy.deepcopy(kw), checked=False)
+    assert len(fake.jit_calls) == 1 and len(fake.compiled.calls) == 1
+    grid, jit_kw = fake.jit_calls[0]
+    g0, g1, g2, args = fake.compiled.calls[0]
+    assert (g0, g1, g2) == tuple(grid) and len(grid) == 3
+    jit_kw = {n: v for n, v in jit_kw.items() if n != "num_warps"}
+    want = [jit_kw.get(n, default) for n, default in f._ALL_ARGS.items()]
+    assert len(args) == len(want)
+    def same_arg(name, a, b):  # each call deep-copies its inputs: equal tensors, not the same ones
+        if not isinstance(a, torch.Tensor):
+            return a == b
+        meta = (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+        return meta and (name in ("q_out_ptr", "kv_out_ptr", "ring_ptr") or torch.equal(a, b))  # fresh outputs
+
+    same = [same_arg(n, a, b) for n, a, b in zip(f._ALL_ARGS, args, want)]
+    assert all(same), [n for n, ok in zip(f._ALL_ARGS, same) if not ok]
+    monkeypatch.setenv(f.FAST_LAUNCH_ENV, "0")
+    f.qk_norm_rope(**copy.deepcopy(kw), checked=False)
+    assert len(fake.jit_calls) == 2
