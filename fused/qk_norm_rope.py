@@ -125,24 +125,24 @@ _CONSTEXPRS = tuple(p.name for p in _SIGNATURE if "constexpr" in str(p.annotatio
 # the int parameters Triton specialises on their value (== 1, divisible by 16): every other int is
 # in the kernel's do_not_specialize (tests/test_qk_norm_rope.py holds the two lists together)
 _SPECIALISED_INTS = ("D", "R")
+_DNS_INTS = tuple(getattr(kern._qk_norm_rope_kernel, "do_not_specialize", None)  # JIT / interpreter
+                  or kern._qk_norm_rope_kernel.kwargs["do_not_specialize"])
 _I32 = 2**31
+_ZEROS = (0,) * len(_DNS_INTS)  # the default of a dns int the call leaves out (the pool's, without a pool)
 _compiled: dict[tuple, object] = {}
 
 
 def _variant_key(args: dict, num_warps: int) -> tuple | None:
     """Everything Triton's JIT specialises this kernel on, read from the arguments: the constexprs,
-    num_warps, the specialised ints' values, each pointer's dtype (None: absent) and 16-byte
-    alignment, and whether every other int fits i32 (Triton types it i64 otherwise). None when one
-    does not (that launch goes through the JIT)."""
-    ints = [v for k, v in args.items() if type(v) is int and k not in _SPECIALISED_INTS]
-    if any(not -_I32 <= v < _I32 for v in ints):
+    num_warps, the specialised ints' values, each pointer's dtype and 16-byte alignment (None:
+    absent), and that every other int fits i32 (Triton types it i64 otherwise). None when one does
+    not (that launch goes through the JIT)."""
+    get = args.get
+    if max(map(get, _DNS_INTS, _ZEROS)) >= _I32:  # all of them >= 0 (sizes, strides, counts)
         return None
-    ptrs = [args.get(n) for n in _POINTERS]
-    return (args["q_ptr"].device.index, num_warps,
-            tuple(args[k] for k in _SPECIALISED_INTS),
-            tuple(args.get(k) for k in _CONSTEXPRS),
-            tuple(None if t is None else t.dtype for t in ptrs),
-            tuple(t is not None and t.data_ptr() % 16 == 0 for t in ptrs))
+    ptrs = [None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in map(get, _POINTERS)]
+    return (args["q_ptr"].device.index, num_warps, *map(args.__getitem__, _SPECIALISED_INTS), *map(get, _CONSTEXPRS),
+            *ptrs)
 
 
 def _compiled_launch(grid, args: dict, num_warps: int) -> None:

@@ -50,7 +50,7 @@ def test_dry_run_compiles_each_variant_once_and_a_second_run_only_hits_the_cache
     assert _cubins(tmp_path) == first
 
 
-# In a dry-run process: the fused qk_norm_rope wrapper on the plan's cases as a run calls it, the JIT
+# In a dry-run process: the fused qk_norm_rope impls on the plan's cases as a run calls them, the JIT
 # compiling each variant on its first launch (the launch itself then fails: no driver); prints the compiles.
 JIT_RUN = textwrap.dedent('''
     import copy
@@ -67,10 +67,11 @@ JIT_RUN = textwrap.dedent('''
     knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["key"])
     for p in suite.plan_cases(spec, profiles.current("ci"), generated=0):
         if "dsv4-" in p.display:
-            try:
-                reg.impls["qk_norm_rope/fused"].fn(**copy.deepcopy(spec.build_inputs(p.case, dev)))
-            except AttributeError as exc:  # the dry run's driver cannot launch
-                assert "launcher" in str(exc), exc
+            for impl in ("qk_norm_rope/fused", "qk_norm_rope/fused-device-checked"):  # the plan's fused impls
+                try:
+                    reg.impls[impl].fn(**copy.deepcopy(spec.build_inputs(p.case, dev)))
+                except AttributeError as exc:  # the dry run's driver cannot launch
+                    assert "launcher" in str(exc), exc
     print("jit compiles", len(set(compiled)))
 ''')
 
