@@ -853,3 +853,29 @@ def test_allowance_covers_a_tiled_running_max_kernel(spec, device):
     assert rec.passed, (rec.err, rec.allowed)
     short = _numeric(dataclasses.replace(spec, rounding_variants=({}, {"num_kv_splits": 1})), impl, case, device)
     assert not short.passed, (short.err, short.allowed)
+
+
+def test_compiled_launch_1_graph_does_not_grow_with_the_splits():
+    """The compiled chain's launch 1 is one split's graph whatever the number of splits: compiled whole,
+    16 splits of a 32K prefix kept inductor's fusion pass busy past 140 s on the H200. Dynamo only
+    (a backend that counts the graph's nodes), so it runs on the CPU. Plant: launch 1 compiled whole
+    fails (its graph grows with the splits)."""
+    from harness.ops import verify_attention as ov
+
+    sizes = {}
+
+    def prefix_for(splits):
+        def backend(gm, example_inputs):
+            sizes.setdefault(splits, []).append(len(gm.graph.nodes))
+            return gm.forward
+        return ov.compiled_prefix(lambda fn: torch.compile(fn, backend=backend, dynamic=True))
+
+    torch._dynamo.reset()
+    qh, kp, vp = torch.randn(4, 2, 16), torch.randn(2, 96, 16), torch.randn(2, 96, 16)
+    for splits in (2, 16):
+        got = prefix_for(splits)(qh, kp, vp, scale=0.25, v_scale=1.0, num_kv_splits=splits)
+        want = ref.prefix_split_partials(qh, kp, vp, scale=0.25, v_scale=1.0, num_kv_splits=splits)
+        assert all(torch.equal(a, b) for pa, pb in zip(got, want) for a, b in zip(pa, pb))
+    # one split's graph either way (a symbolic size or so apart); compiled whole, each split adds ~23 nodes
+    # (65 for 2 splits, 387 for 16 on torch 2.13)
+    assert sizes[2] and sizes[16] and max(sizes[16]) < 1.5 * max(sizes[2]), sizes

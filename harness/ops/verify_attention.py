@@ -104,16 +104,23 @@ def _dispatch(**kw):
     return f.verify_attention(**kw)
 
 
+def compiled_prefix(compile_fn):
+    """Launch 1 of the chain with each split's partial compiled by ``compile_fn`` and the loop over
+    the splits in Python. Compiled whole, launch 1's graph holds every split with symbolic bounds, and
+    inductor's fusion pass (sympy comparisons of the splits' tilings) did not finish in 140 s for the 16
+    splits of a 32K prefix (gpu-dspark-b32-hkv4-p32k, the H200, docs/nightly.md 2026-12-03)."""
+    from reference import verify_attention as r
+
+    return functools.partial(r.prefix_split_partials, split_fn=compile_fn(r.split_partial))
+
+
 @functools.cache
 def _compiled_stages():
     from reference import verify_attention as r
 
     opts = dict(dynamic=True)
-    # launch 1 compiled one split at a time, its loop over the splits in Python: compiled whole, its graph
-    # holds every split with symbolic bounds, and inductor's fusion pass (sympy comparisons of the splits'
-    # tilings) did not finish in 140 s for 16 splits of a 32K prefix (gpu-dspark-b32-hkv4-p32k, the H200)
-    prefix = functools.partial(r.prefix_split_partials, split_fn=torch.compile(r.split_partial, **opts))
-    return prefix, torch.compile(r.draft_partial, **opts), torch.compile(r.combine, **opts)
+    return (compiled_prefix(functools.partial(torch.compile, **opts)), torch.compile(r.draft_partial, **opts),
+            torch.compile(r.combine, **opts))
 
 
 def _compiled(**kw):
