@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.checks import DUPLICATE_MESSAGE, RangeError
+from reference.checks import DUPLICATE_MESSAGE, RangeError, UnsupportedError
 
 POSITIONS, SLOT_PAST, SLOT_TWICE = 1, 2, 4
 # [bits, a bad position, n_pos, a slot past the store, n_slots, a slot named twice]
@@ -33,19 +33,32 @@ FLAG_WORDS = 6
 _records: dict[torch.device, torch.Tensor] = {}
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def record(device: torch.device) -> torch.Tensor:
     """This device's error record (allocated zeroed on first use, then the same tensor: a captured
-    CUDA graph keeps writing the one it captured)."""
+    CUDA graph keeps writing the one it captured). Allocated inside a capture, its zeroing would be
+    captured too and rerun by every replay: a graph's first device-checked call must come after one
+    outside it (or after ``record(device)``)."""
     rec = _records.get(device)
     if rec is None:
+        if _capturing():
+            raise UnsupportedError("checked", "the first checked='device' call on a device is being captured "
+                                              "into a CUDA graph: call fused.device_checks.record(device) (or "
+                                              "the op once) before capturing")
         rec = _records[device] = torch.zeros(FLAG_WORDS, dtype=torch.int64, device=device)
     return rec
 
 
 def pending(device: torch.device | None = None) -> list[RangeError]:
     """The errors recorded on ``device`` (every device used so far when None), oldest kind first,
-    and the record cleared. One host sync per device."""
+    and the record cleared. One host sync per device; none while a CUDA graph is being captured (the
+    record cannot be read then: it keeps what it holds for the next call outside the capture)."""
     errors = []
+    if _capturing():
+        return errors
     for dev, rec in list(_records.items()):
         if device is not None and torch.device(device) != dev:
             continue

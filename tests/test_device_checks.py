@@ -157,3 +157,25 @@ def test_value_check_mode(monkeypatch, env, checked, mode):
 def test_checked_refuses_other_strings():
     with pytest.raises(checks.DTypeError, match="checked: must be a bool or 'device'"):
         checks.value_check_mode("Device")
+
+
+def test_pending_reads_nothing_during_a_graph_capture(device, monkeypatch):
+    """While a CUDA graph is captured the record cannot be read (the H200 nightly's graph-replay check
+    of fused-device-checked: 'Cannot copy between CPU and CUDA tensors during CUDA graph capture'): the
+    errors wait for the next call outside the capture. A record first allocated inside a capture would
+    be zeroed by every replay: refused, naming checked."""
+    from fused import device_checks as dc
+    from fused import qk_norm_rope as f
+
+    kw = _inputs(device)
+    kw["positions"][0] = kw["cos"].shape[0]
+    f.qk_norm_rope(**copy.deepcopy(kw), checked="device")
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        dc.raise_pending()  # capturing: nothing read, nothing cleared
+        m.setattr(dc, "_records", {})
+        with pytest.raises(checks.UnsupportedError, match="checked: the first checked='device' call"):
+            dc.record(kw["q"].device)
+    with pytest.raises(checks.RangeError, match="positions"):
+        dc.raise_pending()
