@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+from fused import device_checks
 from fused.kernels import qk_norm_rope as kern
 from reference import qk_norm_rope as ref
-from fused import device_checks
 from reference.checks import check_bool, value_check_mode
 
 VERIFY_SWITCH_ENV = "VP_FUSED_QK_NORM_ROPE_VERIFY"
@@ -123,7 +123,7 @@ _ALL_ARGS = {p.name: None if p.default is inspect.Parameter.empty else p.default
 _POINTERS = tuple(n for n in _ALL_ARGS if n.endswith("_ptr"))
 _CONSTEXPRS = tuple(p.name for p in _SIGNATURE if "constexpr" in str(p.annotation))
 # the int parameters Triton specialises on their value (== 1, divisible by 16): every other int is
-# in the kernel's do_not_specialize (tests/test_qk_norm_rope.py holds the two lists together)
+# in the kernel's do_not_specialize (tests/test_fast_launch.py holds the two lists together)
 _SPECIALISED_INTS = ("D", "R")
 _DNS_INTS = tuple(getattr(kern._qk_norm_rope_kernel, "do_not_specialize", None)  # JIT / interpreter
                   or kern._qk_norm_rope_kernel.kwargs["do_not_specialize"])
