@@ -13,9 +13,6 @@ from hypothesis import strategies as st
 
 from reference import checks
 
-pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
-
-
 def _inputs(device, *, unified=True, T=6, H=2, mode="decode", seed=3):
     from cases import qk_norm_rope as c
 
@@ -52,6 +49,7 @@ def _clean_record():
 
 @pytest.mark.parametrize("unified, mode", [(True, "decode"), (True, "target_verify"), (False, "decode")])
 def test_valid_input_is_bitwise_the_host_checked_call(device, unified, mode):
+    """Plant: a check that flags or drops a valid token (padding, a slot of its own) fails here."""
     from fused import device_checks as dc
 
     kw = _inputs(device, unified=unified, mode=mode)
@@ -74,6 +72,8 @@ def _faults(draw, T):
 @pytest.mark.parametrize("unified", [True, False])
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_kind_of_bad_token_is_not_stored_and_raised_later(device, unified, kind):
+    """Plants: a repeated slot still stored (2 fail), bad positions stored (3 fail), the position or
+    the duplicate bit never set (2 / 4 fail, with the two tests below)."""
     _check_faults(device, unified, {1: kind})
 
 
