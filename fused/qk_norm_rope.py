@@ -69,15 +69,16 @@ def vec_width(D: int, *strides: int) -> int:
 
 def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
             rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None, config=None,
-            head_launches=None, flags=None) -> None:
+            head_launches=None, flags=None) -> list:
     """The one launch. Arguments already validated, outputs allocated (the benchmark calls this
     directly). ``config``: (BLOCK_T, num_warps) instead of ``block_config``'s (the benchmark's
     candidates). ``head_launches``: ((programs along the head axis, the kernel's H), ...) instead of
     the one launch ((H + 1, H),) whose program H is the kv one (a GPU mutant splits it in two).
-    ``flags``: the device's error record (``fused.device_checks``): the kv programs check the values."""
+    ``flags``: the device's error record (``fused.device_checks``): the kv programs check the values.
+    Returns [(CompiledKernel or None, grid, the kernel's arguments)] per compiled launch ([] interpreted)."""
     T, H, D = q.shape
     if T == 0:
-        return
+        return []
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     BLOCK_T, BLOCK_D, num_warps = block_config(D, interpreted, T, H)
     if config is not None:
@@ -85,19 +86,19 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
     has_store = ring is not None
     paged = swa_cache is not None
     n_t = -(-T // BLOCK_T)  # cdiv (triton.cdiv is a constexpr_function since Triton 3.5: ~5 us a call)
-    extra = {} if flags is None else dict(flag_ptr=flags, CHECK_VALUES=True)
-    extra |= dict(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8), stride_pool_p=swa_cache.stride(0),
+    extra = {} if flags is None else dict(CHECK_VALUES=True)
+    extra |= dict(stride_pool_p=swa_cache.stride(0),
                   page_size=int(swa_page_size), PAGED_FP8_STORE=True, FP8_MAX=ref.SWA_FP8_MAX,
                   AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
     strides = (q.stride(0), q.stride(1), kv.stride(0), q_out.stride(0), q_out.stride(1), kv_out.stride(0),
                ring.stride(0) if has_store else 0)
     block_r = max(ROPE_TILE, _pow2(rope_dim))  # one tile width for R <= 64: fewer variants
+    launches = []
     for programs, h in head_launches or ((H + 1, H),):
         args = dict(
-            q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=ring if has_store else kv_out,
-            q_ptr=q, kv_ptr=kv,
-            q_w_ptr=q_norm_weight if q_norm_weight is not None else kv_norm_weight, kv_w_ptr=kv_norm_weight,
-            cos_ptr=cos, sin_ptr=sin, pos_ptr=positions, loc_ptr=loc if has_store or paged else positions,
+            _pointer_args(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight,
+                          q_norm_weight=q_norm_weight, cos=cos, sin=sin, positions=positions, ring=ring, loc=loc,
+                          swa_cache=swa_cache, flags=flags),
             T=T, H=h, D=D, R=rope_dim, eps=eps,
             stride_q_t=strides[0], stride_q_h=strides[1], stride_kv_t=strides[2],
             stride_qo_t=strides[3], stride_qo_h=strides[4], stride_kvo_t=strides[5], stride_ring_s=strides[6],
@@ -111,7 +112,25 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
         if interpreted:
             kern._qk_norm_rope_kernel[(n_t, programs)](**args, num_warps=num_warps)
         else:
-            _compiled_launch((n_t, programs, 1), args, num_warps)
+            grid = (n_t, programs, 1)
+            launches.append((_compiled_launch(grid, args, num_warps), grid, args))
+    return launches
+
+
+def _pointer_args(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, cos, sin, positions, ring, loc,
+                  swa_cache, flags) -> dict:
+    """The kernel's tensor arguments from the op's (the one place that maps them: ``_launch`` and a
+    ``_Plan``'s calls). Absent ones are left out (the kernel's defaults); a pointer the kernel does not
+    read without its feature gets a tensor of the call (its dtype is in the variant's key)."""
+    ptrs = dict(q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=kv_out if ring is None else ring, q_ptr=q, kv_ptr=kv,
+                q_w_ptr=kv_norm_weight if q_norm_weight is None else q_norm_weight, kv_w_ptr=kv_norm_weight,
+                cos_ptr=cos, sin_ptr=sin, pos_ptr=positions,
+                loc_ptr=positions if ring is None and swa_cache is None else loc)
+    if swa_cache is not None:
+        ptrs.update(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8))
+    if flags is not None:
+        ptrs["flag_ptr"] = flags
+    return ptrs
 
 
 # ----------------------------------------------------------------------------- eager dispatch
@@ -121,6 +140,7 @@ _SIGNATURE = tuple(inspect.signature(kern._qk_norm_rope_kernel.fn).parameters.va
 # every parameter in signature order with its default (None for the required ones: the call gives them)
 _ALL_ARGS = {p.name: None if p.default is inspect.Parameter.empty else p.default for p in _SIGNATURE}
 _POINTERS = tuple(n for n in _ALL_ARGS if n.endswith("_ptr"))
+_POINTER_SET = frozenset(_POINTERS)
 _CONSTEXPRS = tuple(p.name for p in _SIGNATURE if "constexpr" in str(p.annotation))
 # the int parameters Triton specialises on their value (== 1, divisible by 16): every other int is
 # in the kernel's do_not_specialize (tests/test_fast_launch.py holds the two lists together)
@@ -145,19 +165,22 @@ def _variant_key(args: dict, num_warps: int) -> tuple | None:
             *ptrs)
 
 
-def _compiled_launch(grid, args: dict, num_warps: int) -> None:
+def _compiled_launch(grid, args: dict, num_warps: int):
     """Launch through Triton's JIT the first time a variant is seen, then through the CompiledKernel it
     returned (``CompiledKernel[grid](*args)``: Triton's own launcher, the arguments in signature
     order), skipping the JIT's per-call binding and cache key: measured on the H200 as most of an
-    eager launch (docs/benchmarks.md). ``VP_FAST_LAUNCH=0``: always the JIT."""
+    eager launch (docs/benchmarks.md). ``VP_FAST_LAUNCH=0``: always the JIT. Returns the CompiledKernel
+    (None when the variant has no key: its ints need i64)."""
     key = _variant_key(args, num_warps) if os.environ.get(FAST_LAUNCH_ENV, "1") != "0" else None
     compiled = _compiled.get(key) if key is not None else None
     if compiled is None:
         compiled = kern._qk_norm_rope_kernel[grid](**args, num_warps=num_warps)
-        if key is not None and compiled is not None:
-            _compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled
-        return
+        if key is None or compiled is None:
+            return None
+        compiled = _compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled
+        return compiled
     compiled[grid](*{**_ALL_ARGS, **args}.values())  # grid: all three axes (CompiledKernel reads grid[2])
+    return compiled
 
 
 def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
@@ -174,7 +197,8 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     stored (the paged store quantises exactly these).
 
     Checks: every argument's shape, dtype, strides, device and scalars on every call (host only,
-    no sync). The values of positions (in the table) and loc (in the store target, no slot twice)
+    no sync; a call whose arguments' metadata equals an earlier call's reuses that call's checks
+    and launch, ``_call_key``, unless the values are checked on the host). The values of positions (in the table) and loc (in the store target, no slot twice)
     by ``checked`` (None: ``VP_CHECK_VALUES``; ``reference.checks.value_check_mode``):
 
     - True (the default): on the host, one sync, before anything is written; a bad one is a
@@ -186,6 +210,14 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
       repeated slot gets bytes of its tokens), but such tokens' results are not the op's.
     """
     mode = value_check_mode(checked)
+    key = None
+    if mode != "host" and type(eps) is float and type(rope_dim) is int and type(rope_style) is str and (
+            swa_page_size is None or type(swa_page_size) is int) and _plans_on():
+        key = _call_key(mode, eps, rope_dim, rope_style, swa_page_size, q, kv, kv_norm_weight, q_norm_weight, cos,
+                        sin, positions, ring, loc, q_out, swa_cache)
+        plan = _plans.get(key)
+        if plan is not None:
+            return plan(q, kv, kv_norm_weight, q_norm_weight, cos, sin, positions, ring, loc, q_out, swa_cache)
     T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
                            rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style,
                            ring=ring, loc=loc, q_out=q_out, swa_cache=swa_cache, swa_page_size=swa_page_size,
@@ -194,11 +226,73 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     if q_out is None:
         q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
-    _launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight,
-            eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring,
-            loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size,
-            flags=device_checks.record(q.device) if mode == "device" else None)
+    launches = _launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight,
+                       q_norm_weight=q_norm_weight, eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions,
+                       rope_style=rope_style, ring=ring, loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size,
+                       flags=device_checks.record(q.device) if mode == "device" else None)
+    if key is not None and len(launches) == 1 and launches[0][0] is not None:
+        if len(_plans) >= PLAN_CACHE_SIZE:
+            _plans.clear()
+        _plans[key] = _Plan(*launches[0], device_checked=mode == "device",
+                            q_meta=((T, H, D), q.dtype, q.device), kv_meta=((T, D), kv.dtype, kv.device))
     return q_out, kv_out
+
+
+# ----------------------------------------------------------------------------- call plans
+# A call's arguments are validated (shapes, dtypes, strides, devices, scalars) and its launch built
+# from nothing but their metadata: a later call whose metadata equals one seen before is the same
+# validation and the same launch with other pointers. ``_call_key`` is that metadata, complete (a
+# test plants each part missing); a ``_Plan`` replays the launch with the new call's tensors.
+
+PLAN_CACHE_SIZE = 4096  # distinct call signatures kept (then forgotten, all at once)
+_plans: dict[tuple, "_Plan"] = {}
+
+
+def _plans_on() -> bool:
+    return os.environ.get(FAST_LAUNCH_ENV, "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _meta(t):
+    """What ``validate`` and the variant read of a tensor argument (None: absent). A tensor of another
+    layout than strided has no strides (``stride()`` raises: no key)."""
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.device, t.data_ptr() % 16 == 0)
+
+
+def _call_key(mode, eps, rope_dim, rope_style, swa_page_size, *tensors) -> tuple | None:
+    """The call's metadata: the value-check mode, the scalars (exact Python types: the caller checked),
+    and ``_meta`` of every tensor argument in order; None when one of them has none (not a tensor, no
+    strides: ``validate`` names it)."""
+    try:
+        return mode, eps, rope_dim, rope_style, swa_page_size, *map(_meta, tensors)
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+
+
+class _Plan:
+    """One validated call signature's launch: the kernel compiled for it on its grid (Triton's runner,
+    which reads the current stream per call), and every non-tensor argument; a call fills in its
+    tensors (``_pointer_args``) and fresh outputs."""
+
+    __slots__ = ("runner", "template", "device_checked", "q_meta", "kv_meta")
+
+    def __init__(self, compiled, grid, args, *, device_checked, q_meta, kv_meta):
+        self.runner = compiled[grid]
+        # signature order; no tensor of the call that made it (it would keep them alive): each call's own
+        self.template = {n: None if n in _POINTER_SET else v for n, v in {**_ALL_ARGS, **args}.items()}
+        self.device_checked, self.q_meta, self.kv_meta = device_checked, q_meta, kv_meta
+
+    def __call__(self, q, kv, kv_norm_weight, q_norm_weight, cos, sin, positions, ring, loc, q_out, swa_cache):
+        if q_out is None:
+            shape, dtype, device = self.q_meta
+            q_out = torch.empty(shape, dtype=dtype, device=device)
+        shape, dtype, device = self.kv_meta
+        kv_out = torch.empty(shape, dtype=dtype, device=device)
+        flags = device_checks.record(device) if self.device_checked else None
+        args = {**self.template, **_pointer_args(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight,
+                                                  q_norm_weight=q_norm_weight, cos=cos, sin=sin, positions=positions,
+                                                  ring=ring, loc=loc, swa_cache=swa_cache, flags=flags)}
+        self.runner(*args.values())
+        return q_out, kv_out
 
 
 # ----------------------------------------------------------------------------- the gate

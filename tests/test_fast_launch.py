@@ -2,11 +2,14 @@
 second launch goes through the CompiledKernel its first one returned, keyed on everything Triton
 specialises the kernel on. A key that missed one of those would launch a binary compiled for other
 arguments (alignment, dtype, a constexpr): the GPU test compares every variant's bytes with the
-JIT's own launch, aligned and not."""
+JIT's own launch, aligned and not. A call whose arguments' metadata equals an earlier one's takes
+that call's plan (``fused.qk_norm_rope._Plan``: its checks and launch): every call differing in one
+property must do what it would do without plans."""
 from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,6 +68,9 @@ def _bytes(kw, checked):
 def test_fast_launch_writes_the_jits_bytes(device, monkeypatch):
     from fused import device_checks as dc
 
+    checks = []
+    validate = f.ref.validate
+    monkeypatch.setattr(f.ref, "validate", lambda **a: checks.append(1) or validate(**a))
     for name, kw in _variants(device):
         for layout, args in (("aligned", kw), ("unaligned-q", _unaligned(kw))):
             for checked in (True, "device"):
@@ -73,8 +79,10 @@ def test_fast_launch_writes_the_jits_bytes(device, monkeypatch):
                 monkeypatch.setenv(f.FAST_LAUNCH_ENV, "1")
                 first = _bytes(args, checked)  # seen once: through the JIT, then cached
                 n = len(f._compiled)
-                got = _bytes(args, checked)  # through the cached CompiledKernel
+                n_checks = len(checks)
+                got = _bytes(args, checked)  # through the cached CompiledKernel (device-checked: the plan)
                 assert len(f._compiled) == n, (name, layout)  # no new variant on the second call
+                assert len(checks) == n_checks + (checked is True), (name, layout, checked)
                 assert all(torch.equal(a, b) for a, b in zip(want, first)), (name, layout, checked)
                 assert all(torch.equal(a, b) for a, b in zip(want, got)), (name, layout, checked)
     assert dc.pending() == []
@@ -125,6 +133,7 @@ def test_second_launch_takes_the_compiled_kernel_with_the_jits_arguments(device,
     monkeypatch.setattr(k, "_qk_norm_rope_kernel", fake)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(f, "_compiled", {})
+    monkeypatch.setattr(f, "_plans", {})
     f.qk_norm_rope(**copy.deepcopy(kw), checked=False)
     f.qk_norm_rope(**copy.deepcopy(kw), checked=False)
     assert len(fake.jit_calls) == 1 and len(fake.compiled.calls) == 1
@@ -142,6 +151,151 @@ def test_second_launch_takes_the_compiled_kernel_with_the_jits_arguments(device,
 
     same = [same_arg(n, a, b) for n, a, b in zip(f._ALL_ARGS, args, want)]
     assert all(same), [n for n, ok in zip(f._ALL_ARGS, same) if not ok]
+    # the second call went through the first one's plan, with its own tensors and fresh outputs
+    assert len(f._plans) == 1
+    kw2 = copy.deepcopy(kw)
+    q_out, kv_out = f.qk_norm_rope(**kw2, checked=False)
+    got = dict(zip(f._ALL_ARGS, fake.compiled.calls[-1][3]))
+    for param, name in (("q_ptr", "q"), ("kv_ptr", "kv"), ("kv_w_ptr", "kv_norm_weight"), ("cos_ptr", "cos"),
+                        ("sin_ptr", "sin"), ("pos_ptr", "positions")):
+        assert got[param] is kw2[name], param
+    assert got["q_out_ptr"] is q_out and got["kv_out_ptr"] is kv_out
+    assert q_out is not fake.compiled.calls[0][3][0]
+    # the plan keeps no tensor of the call that made it alive
+    assert not [n for n, v in next(iter(f._plans.values())).template.items() if isinstance(v, torch.Tensor)]
     monkeypatch.setenv(f.FAST_LAUNCH_ENV, "0")
     f.qk_norm_rope(**copy.deepcopy(kw), checked=False)
     assert len(fake.jit_calls) == 2
+
+
+# ----------------------------------------------------------------------------- call plans
+
+class _VariantJit:
+    """A JIT that compiles one stand-in binary per call, which remembers what it was compiled for (every
+    pointer's dtype and 16-byte alignment, the specialised ints, the constexprs, num_warps) and records
+    each launch through it."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def run(num_warps, **kw):
+            binary = _Binary(self, _compiled_for(kw, num_warps))
+            binary[grid](*[kw.get(n, d) for n, d in f._ALL_ARGS.items()])
+            return binary
+        return run
+
+
+class _Binary:
+    def __init__(self, jit, signature):
+        self.jit, self.signature = jit, signature
+
+    def __getitem__(self, grid):
+        return lambda *args: self.jit.launches.append((self.signature, tuple(grid[:2]), args))
+
+
+def _compiled_for(kw, num_warps):
+    ptrs = tuple(None if kw.get(n) is None else (kw[n].dtype, kw[n].data_ptr() % 16 == 0) for n in f._POINTERS)
+    return ptrs, tuple(kw[n] for n in f._SPECIALISED_INTS), tuple(kw.get(n) for n in f._CONSTEXPRS), num_warps
+
+
+def _outcome(jit, call):
+    """What a call did: the error it raised (type, argument, message), or its one launch: the binary's
+    signature, the grid and every argument (a tensor by its metadata, an input's also by its pointer)."""
+    before = len(jit.launches)
+    try:
+        outs = call()
+    except Exception as e:  # noqa: BLE001 - the outcome compared is the error itself
+        return type(e).__name__, getattr(e, "arg", None), str(e)
+    assert len(jit.launches) == before + 1
+    signature, grid, args = jit.launches[-1]
+    fresh = {t.data_ptr() for t in outs}
+    def meta(a):
+        if not isinstance(a, torch.Tensor):
+            return a
+        return a.dtype, tuple(a.shape), a.stride(), None if a.data_ptr() in fresh else a.data_ptr()
+    return signature, grid, tuple(map(meta, args))
+
+
+def _dense(t, *, inner=1, pad=0, offset=0):
+    """t's values in another layout: rows padded by ``pad`` elements, inner stride ``inner``, the first
+    element ``offset`` elements into its buffer."""
+    rows = t.reshape(-1, t.shape[-1]) if t.dim() > 1 else t.reshape(1, -1)
+    buf = torch.zeros(offset + rows.shape[0] * (rows.shape[1] * inner + pad), dtype=t.dtype, device=t.device)
+    view = buf[offset:].view(rows.shape[0], -1)[:, : rows.shape[1] * inner: inner]
+    view.copy_(rows)
+    return view.view(t.shape) if inner == 1 else view.reshape(t.shape) if t.dim() == 1 else view
+
+
+def _mutations(kw):
+    """One property of one argument changed each: the ones that stay valid must launch differently,
+    the others raise; either way, what the call would do without a plan."""
+    q, kv = kw["q"], kw["kv"]
+    out = {
+        "same": {}, "copies": {n: copy.deepcopy(t) for n, t in kw.items() if isinstance(t, torch.Tensor)},
+        "q-fp16": {"q": q.half()}, "q-fp32": {"q": q.float()},
+        "q-unaligned": {"q": _dense(q, offset=1).view(q.shape)}, "q-heads-padded": {"q": _dense(q, pad=8).view(q.shape)},
+        "q-meta": {"q": q.to("meta")}, "q-list": {"q": q.tolist()},
+        "kv-row-stride": {"kv": _dense(kv, pad=64)}, "kv-inner-stride": {"kv": _dense(kv, inner=2)},
+        "kv-unaligned": {"kv": _dense(kv, offset=3)}, "kv-rows": {"kv": kv[:-1]},
+        "kv_norm_weight-fp32": {"kv_norm_weight": kw["kv_norm_weight"].float()},
+        "q_norm_weight": {"q_norm_weight": kw["kv_norm_weight"].clone()},
+        "cos-unaligned": {"cos": _dense(kw["cos"], offset=2)}, "cos-row-stride": {"cos": _dense(kw["cos"], pad=4)},
+        "cos-rows": {"cos": kw["cos"][:-1], "sin": kw["sin"][:-1]},
+        "positions-int32": {"positions": kw["positions"].int()},
+        "positions-sparse": {"positions": kw["positions"].to_sparse()},
+        "positions-strided": {"positions": _dense(kw["positions"], inner=2)},
+        "q_out": {"q_out": torch.empty_like(q)}, "q_out-bad": {"q_out": torch.empty_like(q)[:, :-1]},
+        "eps": {"eps": 1e-5}, "eps-zero": {"eps": 0.0}, "eps-np": {"eps": np.float64(kw["eps"])},
+        "rope_dim": {"rope_dim": 32}, "rope_dim-np": {"rope_dim": np.int64(kw["rope_dim"])},
+        "rope_style": {"rope_style": "neox"}, "rope_style-bad": {"rope_style": "gptj"},
+        "checked-off": {"checked": False},
+    }
+    for name in ("ring", "loc", "swa_cache"):
+        t = kw.get(name)
+        if t is not None:
+            out[f"{name}-unaligned"] = {name: _dense(t, offset=1) if t.dim() == 1 else _dense(t, offset=1).view(t.shape)}
+            out[f"{name}-shorter"] = {name: t[:-1]}  # the store: fewer rows; loc: not (T,)
+            out[f"{name}-dropped"] = {name: None}
+    if kw.get("loc") is not None:
+        out["loc-int32"] = {"loc": kw["loc"].int()}
+    if kw.get("swa_page_size") is not None:
+        out["swa_page_size"] = {"swa_page_size": 2 * kw["swa_page_size"]}
+        out["swa_page_size-np"] = {"swa_page_size": np.int64(kw["swa_page_size"])}
+    return out
+
+
+@pytest.mark.parametrize("variant", [3, 4, 5], ids=["verify", "decode-ring", "decode-paged"])
+def test_a_plan_serves_only_the_metadata_it_checked(device, monkeypatch, variant):
+    """After a valid call, every call that differs from it in one property (a dtype, a shape, a stride,
+    a device, an alignment, a layout, a scalar, the check mode) does exactly what it does without plans:
+    the same error, or the same launch through a binary compiled for its own arguments. A key that
+    missed a property would reuse the valid call's checks and binary: the outcomes differ."""
+    from fused.kernels import qk_norm_rope as k
+
+    name, kw = list(_variants(device))[variant]
+    jit = _VariantJit()
+    monkeypatch.setattr(k, "_qk_norm_rope_kernel", jit)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    checks = []
+    validate = f.ref.validate
+    monkeypatch.setattr(f.ref, "validate", lambda **a: checks.append(1) or validate(**a))
+    base = {**kw, "checked": "device"}
+    served = []
+    for mname, change in _mutations(kw).items():
+        args = {**base, **change}
+        monkeypatch.setattr(f, "_plans", {})
+        monkeypatch.setattr(f, "_compiled", {})
+        monkeypatch.setenv(f.FAST_LAUNCH_ENV, "0")
+        want = _outcome(jit, lambda: f.qk_norm_rope(**args))
+        monkeypatch.setenv(f.FAST_LAUNCH_ENV, "1")
+        _outcome(jit, lambda: f.qk_norm_rope(**base))  # the valid call: its plan made
+        _outcome(jit, lambda: f.qk_norm_rope(**base))  # and taken
+        validated = len(checks)
+        got = _outcome(jit, lambda: f.qk_norm_rope(**args))
+        assert got == want, mname
+        if len(checks) == validated:
+            served.append(mname)  # launched by the plan, not checked again
+    # the comparison is not vacuous: the unchanged call, and one with other tensors of the same
+    # metadata, are served by the plan; every other one is checked (numpy scalars: not a key's exact types)
+    assert served == ["same", "copies"], served
