@@ -1,9 +1,10 @@
 """GPU measurement primitives shared by the benchmarks (``harness.bench``) and the GPU-only
 checks (``harness.gpu_checks``): kernel-launch counting with ``torch.profiler``, the measured
 device copy bandwidth, and time quantiles with ``triton.testing.do_bench``; and ``eager_us``, the
-wall time per call of a back-to-back loop on any device (what a caller pays).
+wall time per call of a back-to-back loop on any device (what a caller pays; ``eager_us_interleaved``:
+several callables side by side).
 
-All but ``eager_us`` need a CUDA/HIP device; on a machine without one they raise ``RuntimeError``
+All but those two need a CUDA/HIP device; on a machine without one they raise ``RuntimeError``
 naming what is missing (callers print it and measure nothing: timings under the Triton interpreter
 mean nothing, and the interpreter launches no kernels to count).
 """
@@ -81,19 +82,30 @@ def eager_us(fn, *, dev=None, iters: int = 100, repeats: int = 5) -> float:
     """Microseconds per call of ``fn`` called back to back, the device synchronised at the end of
     each loop (what a caller pays: the host's time, or the device's when that is longer); median
     of ``repeats`` loops."""
+    return eager_us_interleaved({"fn": fn}, dev=dev, iters=iters, repeats=repeats)["fn"]
+
+
+def eager_us_interleaved(fns: dict, *, dev=None, iters: int = 100, repeats: int = 5) -> dict:
+    """``eager_us`` of several callables side by side: each repeat times one loop of each, in an
+    order rotated per repeat, so that a change of the host's speed during the run (clock, another
+    process) falls on all of them alike instead of on whichever was timed then. {name: us}."""
     import statistics
     import time
 
     from harness import devices
 
     dev = dev or devices.select("auto")
-    fn()
+    for fn in fns.values():
+        fn()
     devices.synchronize(dev)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        devices.synchronize(dev)
-        times.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(times)
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            fn = fns[name]
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            devices.synchronize(dev)
+            times[name].append((time.perf_counter() - t0) / iters * 1e6)
+    return {n: statistics.median(t) for n, t in times.items()}

@@ -29,6 +29,29 @@ def test_line_states_ratios_against_sglang_and_bandwidth():
     assert math.isclose(f.loc[0, "graph_ours_frac_of_copy"], 0.5)
 
 
+def test_the_floor_is_not_the_op():
+    """The launch floor is timed beside the kernels, but it moves none of the op's bytes: no % of copy."""
+    r = vs.VsRow("decode", 1, 8, bytes_moved=1_000_000, copy_gbps=1000.0, graph_us={"ours": 2.0, "floor": 1.0},
+                 eager_us={}, differ={})
+    assert "floor    1.00 |" in vs.vs_line(r) and "(50.0%)" in vs.vs_line(r)
+    f = vs.vs_frame([r])
+    assert f.loc[0, "graph_floor_us"] == 1.0 and "graph_floor_frac_of_copy" not in f
+
+
+def test_eager_loops_are_interleaved():
+    """Each repeat times one loop of every callable, the order rotated per repeat: a slower host
+    during part of the run slows every callable alike. Planted: the callables timed one after the
+    other (all loops of the first, then the second) fails, and so does a fixed order."""
+    from harness import devices, profiling
+
+    order = []
+    fns = {n: (lambda n=n: order.append(n)) for n in "abc"}
+    got = profiling.eager_us_interleaved(fns, dev=devices.select("cpu"), iters=2, repeats=3)
+    assert set(got) == set("abc") and all(v > 0 for v in got.values())
+    loops = order[3::2]  # after one warm-up call each, every loop is 2 calls of one callable
+    assert loops == list("abc" "bca" "cab")
+
+
 def test_decode_moves_the_ring_rows_too():
     assert vs.vs_bytes("decode", 4, 8) - vs.vs_bytes("verify", 4, 8) == 4 * b.D * 2 + 4 * 8
 
@@ -42,6 +65,7 @@ def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):
     frame = pd.read_csv(tmp_path / "qk_norm_rope_vs_sglang.csv")
     assert list(frame["mode"]) == ["verify", "decode"]
     assert (frame["bytes_differing_ours@1x1"] == 0).all() and (frame["bytes_differing_before"] == 0).all()
+    assert frame["graph_floor_us"].notna().all() and frame["eager_ours-device-checked_us"].notna().all()
     pytest.importorskip("sglang")
     assert "graph_sglang_us" in frame and "eager_sglang_us" in frame, out
     assert (frame["bytes_differing_sglang"] == 0).all()  # the same fp32 math, one bf16 rounding

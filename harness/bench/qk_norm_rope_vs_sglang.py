@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 from harness.bench.qk_norm_rope import D, EPS, R, ROPE_STYLE, _chain
 
@@ -19,6 +21,14 @@ VS_T = (1, 5, 16, 64, 320, 1280, 4096)
 VS_H = (8, 16, 32, 128)
 VS_MODES = ("verify", "decode")  # decode: the in-kernel bf16 ring store (both kernels)
 VS_MAX_POS = 8192
+# graph columns that are not the op (their % of copy bandwidth is not printed)
+NOT_THE_OP = ("floor",)
+
+
+@triton.jit
+def _floor_kernel(out_ptr):
+    """One word per program: what replaying any launch of that many programs costs (the floor)."""
+    tl.store(out_ptr + tl.program_id(1), 0)
 
 
 def add_arguments(ap) -> None:
@@ -45,8 +55,8 @@ class VsRow:
     bytes_moved: int
     copy_gbps: float
     graph_us: dict  # impl -> median us, replayed from a CUDA graph (ours@BTxW, sglang, chain, compiled)
-    eager_us: dict  # impl -> us per call of a back-to-back eager loop (ours-wrapper, ours-device-checked,
-    # ours-unchecked, ours-launch, sglang)
+    eager_us: dict  # impl -> us per call of a back-to-back eager loop, the impls' loops interleaved
+    # (ours-wrapper, ours-device-checked, ours-unchecked, ours-launch, sglang)
     differ: dict  # impl -> bytes of (q_out, kv_out, ring) that differ from ours (default config): before, ours@..
 
 
@@ -96,7 +106,8 @@ def _config_name(cfg) -> str:
 def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, before=None) -> tuple[dict, dict]:
     """(graph callables, eager callables) on the same inputs. Graph: our kernel per config (outputs
     preallocated), SGLang's ``fused_qk_norm_rope_swa_store`` (q_out preallocated; it normalises kv in
-    place), the reference chain and its torch.compile (verify only: the chain's ring store indexes
+    place), ``floor`` (H + 1 programs storing one word each: the replay cost of a launch), the
+    reference chain and its torch.compile (verify only: the chain's ring store indexes
     with a boolean mask, which syncs). Eager: our public wrapper as a caller runs it (value checks
     on, the default; ``checked=False``; and ``_launch`` alone, outputs preallocated), SGLang's call as its
     model calls it. ``before``: another
@@ -116,6 +127,9 @@ def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, bef
                                                 flags=device_checks.record(q.device), **launch)
     if before is not None:
         graph["before"] = functools.partial(before._launch, q_out=q_out, kv_out=kv_out, **launch)
+    # the launch floor: as many one-warp programs as ours at T 1 (H q heads + kv), a word each
+    words = torch.empty(H + 1, dtype=torch.int32, device=q.device)
+    graph["floor"] = lambda: _floor_kernel[(1, H + 1)](words, num_warps=1)
     eager = {"ours-wrapper": functools.partial(f.qk_norm_rope, **launch),
              "ours-device-checked": functools.partial(f.qk_norm_rope, **launch, checked="device"),
              "ours-unchecked": functools.partial(f.qk_norm_rope, **launch, checked=False),
@@ -200,9 +214,9 @@ def load_module(path):
 
 def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool, graph_timer, eager_timer,
                copy_gbps: float, device: torch.device, progress=print, before=None, on_row=None) -> list[VsRow]:
-    """Every (mode, T, H): each graph callable through ``graph_timer``, each eager one through
-    ``eager_timer``. A callable that raises is reported and left out of its row. ``on_row(rows)``
-    after each row (the CSV is rewritten: a run cut short keeps what it measured)."""
+    """Every (mode, T, H): each graph callable through ``graph_timer``, the eager ones through
+    ``eager_timer`` ({name: callable} -> {name: us}, side by side). A callable that raises is
+    reported and left out of its row. ``on_row(rows)`` after each row (the CSV is rewritten: a run cut short keeps what it measured)."""
     sglang_mod = None
     if with_sglang:
         from harness.adapters import sglang as sg
@@ -225,11 +239,14 @@ def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool
                         g[name] = graph_timer(fn)
                     except Exception as exc:  # a config that does not compile: said, not fatal
                         progress(f"  {mode} T={T} H={H} {name}: {type(exc).__name__}: {str(exc)[:200]}")
-                for name, fn in eager.items():
+                runs = {}
+                for name, fn in eager.items():  # each called once alone: one that raises is left out
                     try:
-                        e[name] = eager_timer(fn)
+                        fn()
+                        runs[name] = fn
                     except Exception as exc:
                         progress(f"  {mode} T={T} H={H} {name} (eager): {type(exc).__name__}: {str(exc)[:200]}")
+                e = eager_timer(runs) if runs else {}
                 row = VsRow(mode, T, H, vs_bytes(mode, T, H), copy_gbps, g, e, differ)
                 progress(vs_line(row))
                 rows.append(row)
@@ -245,7 +262,7 @@ def vs_line(r: VsRow) -> str:
     def pct(us):
         return 100 * r.bytes_moved / (us * 1e-6) / 1e9 / r.copy_gbps if r.copy_gbps > 0 and us > 0 else float("nan")
 
-    gs = " ".join(f"{k} {v:7.2f} ({pct(v):4.1f}%)" for k, v in r.graph_us.items())
+    gs = " ".join(f"{k} {v:7.2f}" + ("" if k in NOT_THE_OP else f" ({pct(v):4.1f}%)") for k, v in r.graph_us.items())
     es = " ".join(f"{k} {v:7.1f}" for k, v in r.eager_us.items())
     ratios = ""
     if "sglang" in r.graph_us:
@@ -268,7 +285,9 @@ def vs_frame(rows: list[VsRow]):
         d = dict(mode=r.mode, T=r.T, H=r.H, bytes_moved=r.bytes_moved, copy_gbps=r.copy_gbps)
         for k, v in r.graph_us.items():
             d[f"graph_{k}_us"] = v
-            d[f"graph_{k}_frac_of_copy"] = r.bytes_moved / (v * 1e-6) / 1e9 / r.copy_gbps if r.copy_gbps else math.nan
+            if k not in NOT_THE_OP:
+                d[f"graph_{k}_frac_of_copy"] = (r.bytes_moved / (v * 1e-6) / 1e9 / r.copy_gbps if r.copy_gbps
+                                                else math.nan)
         d.update({f"eager_{k}_us": v for k, v in r.eager_us.items()})
         d.update({f"bytes_differing_{k}": v for k, v in r.differ.items()})
         out.append(d)
@@ -287,14 +306,14 @@ def vs_main(args) -> int:
         dev = devices.select("auto")
         copy = profiling.copy_bandwidth_gbps()
         graph_timer = functools.partial(profiling.graph_time_us, rep=args.rep_ms)
-        eager_timer = functools.partial(profiling.eager_us, dev=dev)
+        eager_timer = functools.partial(profiling.eager_us_interleaved, dev=dev)
         print(f"qk_norm_rope vs SGLang on {dev.name}: copy bandwidth {copy:.0f} GB/s; T {Ts} H {Hs} "
               f"modes {args.modes}; ours configs {[_config_name(c) for c in configs]}", flush=True)
     else:
         dev = devices.select("cpu")
         copy = 0.0
         graph_timer = functools.partial(profiling.eager_us, dev=dev, iters=1, repeats=1)
-        eager_timer = graph_timer
+        eager_timer = functools.partial(profiling.eager_us_interleaved, dev=dev, iters=1, repeats=1)
         print("qk_norm_rope vs SGLang: no GPU, a smoke run under the interpreter (times mean nothing)", flush=True)
     t0 = __import__("time").monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
