@@ -198,8 +198,9 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
 
     Checks: every argument's shape, dtype, strides, device and scalars on every call (host only,
     no sync; a call whose arguments' metadata equals an earlier call's reuses that call's checks
-    and launch, ``_call_key``, unless the values are checked on the host). The values of positions (in the table) and loc (in the store target, no slot twice)
-    by ``checked`` (None: ``VP_CHECK_VALUES``; ``reference.checks.value_check_mode``):
+    and launch, ``_call_key``, unless the values are checked on the host). The values of positions
+    (in the table) and loc (in the store target, no slot twice) by ``checked`` (None:
+    ``VP_CHECK_VALUES``; ``reference.checks.value_check_mode``):
 
     - True (the default): on the host, one sync, before anything is written; a bad one is a
       RangeError naming it.

@@ -234,7 +234,7 @@ def _mutations(kw):
     out = {
         "same": {}, "copies": {n: copy.deepcopy(t) for n, t in kw.items() if isinstance(t, torch.Tensor)},
         "q-fp16": {"q": q.half()}, "q-fp32": {"q": q.float()},
-        "q-unaligned": {"q": _dense(q, offset=1).view(q.shape)}, "q-heads-padded": {"q": _dense(q, pad=8).view(q.shape)},
+        "q-unaligned": {"q": _dense(q, offset=1)}, "q-heads-padded": {"q": _dense(q, pad=8)},
         "q-meta": {"q": q.to("meta")}, "q-list": {"q": q.tolist()},
         "kv-row-stride": {"kv": _dense(kv, pad=64)}, "kv-inner-stride": {"kv": _dense(kv, inner=2)},
         "kv-unaligned": {"kv": _dense(kv, offset=3)}, "kv-rows": {"kv": kv[:-1]},
@@ -254,7 +254,7 @@ def _mutations(kw):
     for name in ("ring", "loc", "swa_cache"):
         t = kw.get(name)
         if t is not None:
-            out[f"{name}-unaligned"] = {name: _dense(t, offset=1) if t.dim() == 1 else _dense(t, offset=1).view(t.shape)}
+            out[f"{name}-unaligned"] = {name: _dense(t, offset=1)}
             out[f"{name}-shorter"] = {name: t[:-1]}  # the store: fewer rows; loc: not (T,)
             out[f"{name}-dropped"] = {name: None}
     if kw.get("loc") is not None:

@@ -216,7 +216,8 @@ def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool
                copy_gbps: float, device: torch.device, progress=print, before=None, on_row=None) -> list[VsRow]:
     """Every (mode, T, H): each graph callable through ``graph_timer``, the eager ones through
     ``eager_timer`` ({name: callable} -> {name: us}, side by side). A callable that raises is
-    reported and left out of its row. ``on_row(rows)`` after each row (the CSV is rewritten: a run cut short keeps what it measured)."""
+    reported and left out of its row. ``on_row(rows)`` after each row (the CSV is rewritten: a run
+    cut short keeps what it measured)."""
     sglang_mod = None
     if with_sglang:
         from harness.adapters import sglang as sg
