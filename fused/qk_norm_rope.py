@@ -16,7 +16,6 @@ this replaced, so the outputs are bit-identical to it under the interpreter. The
 """
 from __future__ import annotations
 
-import inspect
 import itertools
 import os
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from fused import device_checks
+from fused import qk_norm_rope_dispatch as dispatch
 from fused.kernels import qk_norm_rope as kern
 from reference import qk_norm_rope as ref
 from reference.checks import check_bool, value_check_mode
@@ -96,7 +96,7 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
     launches = []
     for programs, h in head_launches or ((H + 1, H),):
         args = dict(
-            _pointer_args(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight,
+            dispatch.pointer_args(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight,
                           q_norm_weight=q_norm_weight, cos=cos, sin=sin, positions=positions, ring=ring, loc=loc,
                           swa_cache=swa_cache, flags=flags),
             T=T, H=h, D=D, R=rope_dim, eps=eps,
@@ -113,74 +113,8 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
             kern._qk_norm_rope_kernel[(n_t, programs)](**args, num_warps=num_warps)
         else:
             grid = (n_t, programs, 1)
-            launches.append((_compiled_launch(grid, args, num_warps), grid, args))
+            launches.append((dispatch.compiled_launch(grid, args, num_warps), grid, args))
     return launches
-
-
-def _pointer_args(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, cos, sin, positions, ring, loc,
-                  swa_cache, flags) -> dict:
-    """The kernel's tensor arguments from the op's (the one place that maps them: ``_launch`` and a
-    ``_Plan``'s calls). Absent ones are left out (the kernel's defaults); a pointer the kernel does not
-    read without its feature gets a tensor of the call (its dtype is in the variant's key)."""
-    ptrs = dict(q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=kv_out if ring is None else ring, q_ptr=q, kv_ptr=kv,
-                q_w_ptr=kv_norm_weight if q_norm_weight is None else q_norm_weight, kv_w_ptr=kv_norm_weight,
-                cos_ptr=cos, sin_ptr=sin, pos_ptr=positions,
-                loc_ptr=positions if ring is None and swa_cache is None else loc)
-    if swa_cache is not None:
-        ptrs.update(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8))
-    if flags is not None:
-        ptrs["flag_ptr"] = flags
-    return ptrs
-
-
-# ----------------------------------------------------------------------------- eager dispatch
-
-FAST_LAUNCH_ENV = "VP_FAST_LAUNCH"
-_SIGNATURE = tuple(inspect.signature(kern._qk_norm_rope_kernel.fn).parameters.values())
-# every parameter in signature order with its default (None for the required ones: the call gives them)
-_ALL_ARGS = {p.name: None if p.default is inspect.Parameter.empty else p.default for p in _SIGNATURE}
-_POINTERS = tuple(n for n in _ALL_ARGS if n.endswith("_ptr"))
-_POINTER_SET = frozenset(_POINTERS)
-_CONSTEXPRS = tuple(p.name for p in _SIGNATURE if "constexpr" in str(p.annotation))
-# the int parameters Triton specialises on their value (== 1, divisible by 16): every other int is
-# in the kernel's do_not_specialize (tests/test_fast_launch.py holds the two lists together)
-_SPECIALISED_INTS = ("D", "R")
-_DNS_INTS = tuple(getattr(kern._qk_norm_rope_kernel, "do_not_specialize", None)  # JIT / interpreter
-                  or kern._qk_norm_rope_kernel.kwargs["do_not_specialize"])
-_I32 = 2**31
-_ZEROS = (0,) * len(_DNS_INTS)  # the default of a dns int the call leaves out (the pool's, without a pool)
-_compiled: dict[tuple, object] = {}
-
-
-def _variant_key(args: dict, num_warps: int) -> tuple | None:
-    """Everything Triton's JIT specialises this kernel on, read from the arguments: the constexprs,
-    num_warps, the specialised ints' values, each pointer's dtype and 16-byte alignment (None:
-    absent), and that every other int fits i32 (Triton types it i64 otherwise). None when one does
-    not (that launch goes through the JIT)."""
-    get = args.get
-    if max(map(get, _DNS_INTS, _ZEROS)) >= _I32:  # all of them >= 0 (sizes, strides, counts)
-        return None
-    ptrs = [None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in map(get, _POINTERS)]
-    return (args["q_ptr"].device.index, num_warps, *map(args.__getitem__, _SPECIALISED_INTS), *map(get, _CONSTEXPRS),
-            *ptrs)
-
-
-def _compiled_launch(grid, args: dict, num_warps: int):
-    """Launch through Triton's JIT the first time a variant is seen, then through the CompiledKernel it
-    returned (``CompiledKernel[grid](*args)``: Triton's own launcher, the arguments in signature
-    order), skipping the JIT's per-call binding and cache key: measured on the H200 as most of an
-    eager launch (docs/benchmarks.md). ``VP_FAST_LAUNCH=0``: always the JIT. Returns the CompiledKernel
-    (None when the variant has no key: its ints need i64)."""
-    key = _variant_key(args, num_warps) if os.environ.get(FAST_LAUNCH_ENV, "1") != "0" else None
-    compiled = _compiled.get(key) if key is not None else None
-    if compiled is None:
-        compiled = kern._qk_norm_rope_kernel[grid](**args, num_warps=num_warps)
-        if key is None or compiled is None:
-            return None
-        compiled = _compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled
-        return compiled
-    compiled[grid](*{**_ALL_ARGS, **args}.values())  # grid: all three axes (CompiledKernel reads grid[2])
-    return compiled
 
 
 def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
@@ -198,8 +132,8 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
 
     Checks: every argument's shape, dtype, strides, device and scalars on every call (host only,
     no sync; a call whose arguments' metadata equals an earlier call's reuses that call's checks
-    and launch, ``_call_key``, unless the values are checked on the host). The values of positions
-    (in the table) and loc (in the store target, no slot twice) by ``checked`` (None:
+    and launch, ``fused.qk_norm_rope_dispatch.call_key``, unless the values are checked on the
+    host). The values of positions (in the table) and loc (in the store target, no slot twice) by ``checked`` (None:
     ``VP_CHECK_VALUES``; ``reference.checks.value_check_mode``):
 
     - True (the default): on the host, one sync, before anything is written; a bad one is a
@@ -213,10 +147,10 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     mode = value_check_mode(checked)
     key = None
     if mode != "host" and type(eps) is float and type(rope_dim) is int and type(rope_style) is str and (
-            swa_page_size is None or type(swa_page_size) is int) and _plans_on():
-        key = _call_key(mode, eps, rope_dim, rope_style, swa_page_size, q, kv, kv_norm_weight, q_norm_weight, cos,
-                        sin, positions, ring, loc, q_out, swa_cache)
-        plan = _plans.get(key)
+            swa_page_size is None or type(swa_page_size) is int) and dispatch.plans_on():
+        key = dispatch.call_key(mode, eps, rope_dim, rope_style, swa_page_size, q, kv, kv_norm_weight, q_norm_weight,
+                                cos, sin, positions, ring, loc, q_out, swa_cache)
+        plan = dispatch.plans.get(key)
         if plan is not None:
             return plan(q, kv, kv_norm_weight, q_norm_weight, cos, sin, positions, ring, loc, q_out, swa_cache)
     T, H, D = ref.validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps,
@@ -232,68 +166,10 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
                        rope_style=rope_style, ring=ring, loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size,
                        flags=device_checks.record(q.device) if mode == "device" else None)
     if key is not None and len(launches) == 1 and launches[0][0] is not None:
-        if len(_plans) >= PLAN_CACHE_SIZE:
-            _plans.clear()
-        _plans[key] = _Plan(*launches[0], device_checked=mode == "device",
-                            q_meta=((T, H, D), q.dtype, q.device), kv_meta=((T, D), kv.dtype, kv.device))
+        dispatch.remember(key, dispatch.Plan(*launches[0], device_checked=mode == "device",
+                                             q_meta=((T, H, D), q.dtype, q.device),
+                                             kv_meta=((T, D), kv.dtype, kv.device)))
     return q_out, kv_out
-
-
-# ----------------------------------------------------------------------------- call plans
-# A call's arguments are validated (shapes, dtypes, strides, devices, scalars) and its launch built
-# from nothing but their metadata: a later call whose metadata equals one seen before is the same
-# validation and the same launch with other pointers. ``_call_key`` is that metadata, complete (a
-# test plants each part missing); a ``_Plan`` replays the launch with the new call's tensors.
-
-PLAN_CACHE_SIZE = 4096  # distinct call signatures kept (then forgotten, all at once)
-_plans: dict[tuple, "_Plan"] = {}
-
-
-def _plans_on() -> bool:
-    return os.environ.get(FAST_LAUNCH_ENV, "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
-
-
-def _meta(t):
-    """What ``validate`` and the variant read of a tensor argument (None: absent). A tensor of another
-    layout than strided has no strides (``stride()`` raises: no key)."""
-    return None if t is None else (t.dtype, t.shape, t.stride(), t.device, t.data_ptr() % 16 == 0)
-
-
-def _call_key(mode, eps, rope_dim, rope_style, swa_page_size, *tensors) -> tuple | None:
-    """The call's metadata: the value-check mode, the scalars (exact Python types: the caller checked),
-    and ``_meta`` of every tensor argument in order; None when one of them has none (not a tensor, no
-    strides: ``validate`` names it)."""
-    try:
-        return mode, eps, rope_dim, rope_style, swa_page_size, *map(_meta, tensors)
-    except (AttributeError, RuntimeError, TypeError):
-        return None
-
-
-class _Plan:
-    """One validated call signature's launch: the kernel compiled for it on its grid (Triton's runner,
-    which reads the current stream per call), and every non-tensor argument; a call fills in its
-    tensors (``_pointer_args``) and fresh outputs."""
-
-    __slots__ = ("runner", "template", "device_checked", "q_meta", "kv_meta")
-
-    def __init__(self, compiled, grid, args, *, device_checked, q_meta, kv_meta):
-        self.runner = compiled[grid]
-        # signature order; no tensor of the call that made it (it would keep them alive): each call's own
-        self.template = {n: None if n in _POINTER_SET else v for n, v in {**_ALL_ARGS, **args}.items()}
-        self.device_checked, self.q_meta, self.kv_meta = device_checked, q_meta, kv_meta
-
-    def __call__(self, q, kv, kv_norm_weight, q_norm_weight, cos, sin, positions, ring, loc, q_out, swa_cache):
-        if q_out is None:
-            shape, dtype, device = self.q_meta
-            q_out = torch.empty(shape, dtype=dtype, device=device)
-        shape, dtype, device = self.kv_meta
-        kv_out = torch.empty(shape, dtype=dtype, device=device)
-        flags = device_checks.record(device) if self.device_checked else None
-        args = {**self.template, **_pointer_args(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight,
-                                                  q_norm_weight=q_norm_weight, cos=cos, sin=sin, positions=positions,
-                                                  ring=ring, loc=loc, swa_cache=swa_cache, flags=flags)}
-        self.runner(*args.values())
-        return q_out, kv_out
 
 
 # ----------------------------------------------------------------------------- the gate

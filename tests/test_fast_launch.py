@@ -1,9 +1,9 @@
-"""The qk_norm_rope wrapper's eager dispatch (``fused.qk_norm_rope._compiled_launch``): a variant's
+"""The qk_norm_rope wrapper's eager dispatch (``fused.qk_norm_rope_dispatch.compiled_launch``): a variant's
 second launch goes through the CompiledKernel its first one returned, keyed on everything Triton
 specialises the kernel on. A key that missed one of those would launch a binary compiled for other
 arguments (alignment, dtype, a constexpr): the GPU test compares every variant's bytes with the
 JIT's own launch, aligned and not. A call whose arguments' metadata equals an earlier one's takes
-that call's plan (``fused.qk_norm_rope._Plan``: its checks and launch): every call differing in one
+that call's plan (``fused.qk_norm_rope_dispatch.Plan``: its checks and launch): every call differing in one
 property must do what it would do without plans."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fused import qk_norm_rope as f
+from fused import qk_norm_rope_dispatch as d
 
 
 def test_specialised_ints_are_the_kernels():
@@ -29,9 +30,9 @@ def test_specialised_ints_are_the_kernels():
     dns = getattr(kernel, "do_not_specialize", None) or kernel.kwargs["do_not_specialize"]  # JIT / interpreter
     jit = JITFunction(kernel.fn, do_not_specialize=dns)
     specialised = {p.name for p in jit.params if not p.is_constexpr and not p.do_not_specialize}
-    assert specialised - set(f._POINTERS) - {"eps"} == set(f._SPECIALISED_INTS)
-    assert set(f._CONSTEXPRS) == {p.name for p in jit.params if p.is_constexpr}
-    assert list(f._ALL_ARGS) == list(inspect.signature(kernel.fn).parameters)
+    assert specialised - set(d.POINTERS) - {"eps"} == set(d.SPECIALISED_INTS)
+    assert set(d.CONSTEXPRS) == {p.name for p in jit.params if p.is_constexpr}
+    assert list(d.ALL_ARGS) == list(inspect.signature(kernel.fn).parameters)
 
 
 def _variants(device):
@@ -74,14 +75,14 @@ def test_fast_launch_writes_the_jits_bytes(device, monkeypatch):
     for name, kw in _variants(device):
         for layout, args in (("aligned", kw), ("unaligned-q", _unaligned(kw))):
             for checked in (True, "device"):
-                monkeypatch.setenv(f.FAST_LAUNCH_ENV, "0")
+                monkeypatch.setenv(d.FAST_LAUNCH_ENV, "0")
                 want = _bytes(args, checked)
-                monkeypatch.setenv(f.FAST_LAUNCH_ENV, "1")
+                monkeypatch.setenv(d.FAST_LAUNCH_ENV, "1")
                 first = _bytes(args, checked)  # seen once: through the JIT, then cached
-                n = len(f._compiled)
+                n = len(d._compiled)
                 n_checks = len(checks)
                 got = _bytes(args, checked)  # through the cached CompiledKernel (device-checked: the plan)
-                assert len(f._compiled) == n, (name, layout)  # no new variant on the second call
+                assert len(d._compiled) == n, (name, layout)  # no new variant on the second call
                 assert len(checks) == n_checks + (checked is True), (name, layout, checked)
                 assert all(torch.equal(a, b) for a, b in zip(want, first)), (name, layout, checked)
                 assert all(torch.equal(a, b) for a, b in zip(want, got)), (name, layout, checked)
@@ -90,14 +91,14 @@ def test_fast_launch_writes_the_jits_bytes(device, monkeypatch):
 
 @pytest.mark.gpu
 def test_alignment_and_dtype_are_in_the_key(device, monkeypatch):
-    monkeypatch.setattr(f, "_compiled", {})  # the other tests' variants out of the count
+    monkeypatch.setattr(d, "_compiled", {})  # the other tests' variants out of the count
     name, kw = next(_variants(device))
     f.qk_norm_rope(**copy.deepcopy(kw))
-    n = len(f._compiled)
+    n = len(d._compiled)
     f.qk_norm_rope(**copy.deepcopy(_unaligned(kw)))
-    assert len(f._compiled) == n + 1  # another variant, not the aligned one's binary
+    assert len(d._compiled) == n + 1  # another variant, not the aligned one's binary
     f.qk_norm_rope(**{**copy.deepcopy(kw), "positions": kw["positions"].to(torch.int32)})
-    assert len(f._compiled) == n + 2
+    assert len(d._compiled) == n + 2
 
 
 class _FakeCompiled:
@@ -132,8 +133,8 @@ def test_second_launch_takes_the_compiled_kernel_with_the_jits_arguments(device,
     fake = _FakeJit()
     monkeypatch.setattr(k, "_qk_norm_rope_kernel", fake)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(f, "_compiled", {})
-    monkeypatch.setattr(f, "_plans", {})
+    monkeypatch.setattr(d, "_compiled", {})
+    monkeypatch.setattr(d, "plans", {})
     f.qk_norm_rope(**copy.deepcopy(kw), checked=False)
     f.qk_norm_rope(**copy.deepcopy(kw), checked=False)
     assert len(fake.jit_calls) == 1 and len(fake.compiled.calls) == 1
@@ -141,7 +142,7 @@ def test_second_launch_takes_the_compiled_kernel_with_the_jits_arguments(device,
     g0, g1, g2, args = fake.compiled.calls[0]
     assert (g0, g1, g2) == tuple(grid) and len(grid) == 3
     jit_kw = {n: v for n, v in jit_kw.items() if n != "num_warps"}
-    want = [jit_kw.get(n, default) for n, default in f._ALL_ARGS.items()]
+    want = [jit_kw.get(n, default) for n, default in d.ALL_ARGS.items()]
     assert len(args) == len(want)
     def same_arg(name, a, b):  # each call deep-copies its inputs: equal tensors, not the same ones
         if not isinstance(a, torch.Tensor):
@@ -149,21 +150,21 @@ def test_second_launch_takes_the_compiled_kernel_with_the_jits_arguments(device,
         meta = (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
         return meta and (name in ("q_out_ptr", "kv_out_ptr", "ring_ptr") or torch.equal(a, b))  # fresh outputs
 
-    same = [same_arg(n, a, b) for n, a, b in zip(f._ALL_ARGS, args, want)]
-    assert all(same), [n for n, ok in zip(f._ALL_ARGS, same) if not ok]
+    same = [same_arg(n, a, b) for n, a, b in zip(d.ALL_ARGS, args, want)]
+    assert all(same), [n for n, ok in zip(d.ALL_ARGS, same) if not ok]
     # the second call went through the first one's plan, with its own tensors and fresh outputs
-    assert len(f._plans) == 1
+    assert len(d.plans) == 1
     kw2 = copy.deepcopy(kw)
     q_out, kv_out = f.qk_norm_rope(**kw2, checked=False)
-    got = dict(zip(f._ALL_ARGS, fake.compiled.calls[-1][3]))
+    got = dict(zip(d.ALL_ARGS, fake.compiled.calls[-1][3]))
     for param, name in (("q_ptr", "q"), ("kv_ptr", "kv"), ("kv_w_ptr", "kv_norm_weight"), ("cos_ptr", "cos"),
                         ("sin_ptr", "sin"), ("pos_ptr", "positions")):
         assert got[param] is kw2[name], param
     assert got["q_out_ptr"] is q_out and got["kv_out_ptr"] is kv_out
     assert q_out is not fake.compiled.calls[0][3][0]
     # the plan keeps no tensor of the call that made it alive
-    assert not [n for n, v in next(iter(f._plans.values())).template.items() if isinstance(v, torch.Tensor)]
-    monkeypatch.setenv(f.FAST_LAUNCH_ENV, "0")
+    assert not [n for n, v in next(iter(d.plans.values())).template.items() if isinstance(v, torch.Tensor)]
+    monkeypatch.setenv(d.FAST_LAUNCH_ENV, "0")
     f.qk_norm_rope(**copy.deepcopy(kw), checked=False)
     assert len(fake.jit_calls) == 2
 
@@ -181,7 +182,7 @@ class _VariantJit:
     def __getitem__(self, grid):
         def run(num_warps, **kw):
             binary = _Binary(self, _compiled_for(kw, num_warps))
-            binary[grid](*[kw.get(n, d) for n, d in f._ALL_ARGS.items()])
+            binary[grid](*[kw.get(n, d) for n, d in d.ALL_ARGS.items()])
             return binary
         return run
 
@@ -195,8 +196,8 @@ class _Binary:
 
 
 def _compiled_for(kw, num_warps):
-    ptrs = tuple(None if kw.get(n) is None else (kw[n].dtype, kw[n].data_ptr() % 16 == 0) for n in f._POINTERS)
-    return ptrs, tuple(kw[n] for n in f._SPECIALISED_INTS), tuple(kw.get(n) for n in f._CONSTEXPRS), num_warps
+    ptrs = tuple(None if kw.get(n) is None else (kw[n].dtype, kw[n].data_ptr() % 16 == 0) for n in d.POINTERS)
+    return ptrs, tuple(kw[n] for n in d.SPECIALISED_INTS), tuple(kw.get(n) for n in d.CONSTEXPRS), num_warps
 
 
 def _outcome(jit, call):
@@ -284,11 +285,11 @@ def test_a_plan_serves_only_the_metadata_it_checked(device, monkeypatch, variant
     served = []
     for mname, change in _mutations(kw).items():
         args = {**base, **change}
-        monkeypatch.setattr(f, "_plans", {})
-        monkeypatch.setattr(f, "_compiled", {})
-        monkeypatch.setenv(f.FAST_LAUNCH_ENV, "0")
+        monkeypatch.setattr(d, "plans", {})
+        monkeypatch.setattr(d, "_compiled", {})
+        monkeypatch.setenv(d.FAST_LAUNCH_ENV, "0")
         want = _outcome(jit, lambda: f.qk_norm_rope(**args))
-        monkeypatch.setenv(f.FAST_LAUNCH_ENV, "1")
+        monkeypatch.setenv(d.FAST_LAUNCH_ENV, "1")
         _outcome(jit, lambda: f.qk_norm_rope(**base))  # the valid call: its plan made
         _outcome(jit, lambda: f.qk_norm_rope(**base))  # and taken
         validated = len(checks)
