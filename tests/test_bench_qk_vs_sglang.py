@@ -72,12 +72,22 @@ def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):
 
 
 def test_before_brings_its_own_kernels():
-    """``--before`` times the other file with the kernels beside it (``fused/kernels/`` of that
-    tree), never ours; ours are back in place afterwards. Planted: loading the file alone (our
-    kernels under its wrapper) fails."""
+    """``--before`` times the other file with the kernels and the dispatch beside it (``fused/`` of
+    that tree), never ours: on a GPU its launches go through its dispatch, which launches the kernel
+    that dispatch imported. Ours are back in place afterwards. Planted: loading the file alone (our
+    kernels under its wrapper) fails; swapping the kernels but not the dispatch (ours launched under
+    its name on a GPU) fails."""
+    import sys
+
+    import fused
     import fused.kernels
+    from fused import qk_norm_rope_dispatch as our_dispatch
     from fused.kernels import qk_norm_rope as ours
 
     before = vs.load_module(b.__file__.replace("harness/bench/qk_norm_rope.py", "fused/qk_norm_rope.py"))
     assert before.kern is not ours and before.kern.__name__ == "qk_norm_rope_before_kernels"
-    assert fused.kernels.qk_norm_rope is ours and __import__("sys").modules["fused.kernels.qk_norm_rope"] is ours
+    assert before.dispatch is not our_dispatch and before.dispatch.__name__ == "qk_norm_rope_before_dispatch"
+    assert before.dispatch.kern is before.kern  # the kernel its compiled launches run
+    assert before.dispatch._compiled is not our_dispatch._compiled  # no CompiledKernel of ours under its key
+    assert fused.kernels.qk_norm_rope is ours and sys.modules["fused.kernels.qk_norm_rope"] is ours
+    assert fused.qk_norm_rope_dispatch is our_dispatch and sys.modules["fused.qk_norm_rope_dispatch"] is our_dispatch

@@ -187,11 +187,12 @@ def byte_differences(kw: dict, configs: list, before=None, sglang_mod=None) -> d
 
 def load_module(path):
     """A kernel module from a file (``--before``: e.g. an earlier commit's fused/qk_norm_rope.py) with
-    its own kernels: a ``kernels/qk_norm_rope.py`` beside the file stands in for
-    ``fused.kernels.qk_norm_rope`` while the file is imported (a file without one holds its kernels)."""
+    its own companions: a ``kernels/qk_norm_rope.py`` beside the file stands in for
+    ``fused.kernels.qk_norm_rope`` and a ``qk_norm_rope_dispatch.py`` for ``fused.qk_norm_rope_dispatch``
+    while the file is imported (the dispatch launches the kernel its own import found, so both must be
+    the file's tree's; a file without them holds its kernels). Ours are back in place afterwards."""
+    import importlib
     import importlib.util
-
-    import fused.kernels
 
     def load(name, file):
         spec = importlib.util.spec_from_file_location(name, file)
@@ -200,16 +201,26 @@ def load_module(path):
         spec.loader.exec_module(mod)
         return mod
 
-    kernels = Path(path).parent / "kernels" / Path(path).name
-    if not kernels.is_file():
-        return load("qk_norm_rope_before", path)
-    import fused.kernels.qk_norm_rope as ours
+    path = Path(path)
+    # (our module's name, the file's companion, its name loaded), in import order: the dispatch imports the kernels
+    companions = [c for c in (
+        (f"fused.kernels.{path.stem}", path.parent / "kernels" / path.name, f"{path.stem}_before_kernels"),
+        (f"fused.{path.stem}_dispatch", path.parent / f"{path.stem}_dispatch.py", f"{path.stem}_before_dispatch"))
+        if c[1].is_file()]
+    ours = {name: importlib.import_module(name) for name, _, _ in companions}
 
-    fused.kernels.qk_norm_rope = sys.modules[ours.__name__] = load("qk_norm_rope_before_kernels", kernels)
+    def put(name, mod):
+        package, _, attr = name.rpartition(".")
+        sys.modules[name] = mod
+        setattr(sys.modules[package], attr, mod)  # ``from fused import x`` reads the attribute first
+
     try:
-        return load("qk_norm_rope_before", path)
+        for name, file, loaded in companions:
+            put(name, load(loaded, file))
+        return load(f"{path.stem}_before", path)
     finally:
-        fused.kernels.qk_norm_rope = sys.modules[ours.__name__] = ours
+        for name, mod in ours.items():
+            put(name, mod)
 
 
 def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool, graph_timer, eager_timer,
