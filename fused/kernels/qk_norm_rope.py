@@ -85,8 +85,8 @@ def _paged_fp8_store(
     kv_r,  # [BLOCK_T, BLOCK_R] bf16 rotated rope dims (kv_out's)
     pool_ptr,  # uint8 pool, (num_pages, page_bytes)
     pool_fp8_ptr,  # the pool as float8_e4m3fn
-    loc_ptr,  # (T,) token slots; negative = padding
-    offs_t, offs_d, offs_r, mask_t,
+    loc,  # [BLOCK_T] int64 token slots (loaded by the caller); negative = padding
+    offs_d, offs_r, mask_t,
     stride_pool_p, page_size, n_slots, D, R,
     FP8_MAX: tl.constexpr,
     AMAX_FLOOR: tl.constexpr,
@@ -94,7 +94,6 @@ def _paged_fp8_store(
     """The non-unified store (reference.qk_norm_rope.SwaLayout): per 64-value nope tile a ue8m0
     exponent e = ceil(log2(max(|max|, 1e-8) / 448)) from the fp32 quotient's bits (no log2),
     codes fp8(clamp(x · 2**-e, ±448)), the rope dims' bf16 bytes; the pad byte is left alone."""
-    loc = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
     write = mask_t & (loc >= 0) & (loc < n_slots)  # a slot past the pool (unchecked input): skipped
     page = tl.where(write, loc, 0) // page_size
     in_page = tl.where(write, loc, 0) % page_size
@@ -236,6 +235,8 @@ def _qk_norm_rope_kernel(
         tl.store(q_out_ptr + dst[:, None] + offs_d[None, :], q_y.to(q_out_ptr.dtype.element_ty), mask=nope_mask)
         tl.store(q_out_ptr + dst_r[:, None] + offs_r[None, :], q_r.to(q_out_ptr.dtype.element_ty), mask=mask_r)
     else:
+        if HAS_STORE or PAGED_FP8_STORE:  # loaded first: its latency overlaps the row's (T 1 decode)
+            slot_in = tl.load(loc_ptr + offs_t, mask=mask_t, other=-1).to(tl.int64)
         src = tl.multiple_of(offs_t * stride_kv_t, VEC)
         dst = tl.multiple_of(offs_t * stride_kvo_t, VEC)
         src_r, dst_r = tl.multiple_of(src + (D - R), VEC), tl.multiple_of(dst + (D - R), VEC)
@@ -251,12 +252,11 @@ def _qk_norm_rope_kernel(
             keep = _check_values(flag_ptr, pos_in, pos_ok, loc_ptr, offs_t, mask_t, T, n_pos, n_slots,
                                  HAS_SLOTS=HAS_STORE or PAGED_FP8_STORE, BLOCK_S=BLOCK_S)
         if HAS_STORE:
-            slot = tl.load(loc_ptr + offs_t, mask=keep, other=-1).to(tl.int64)
-            slot = tl.where(slot < n_slots, slot, -1)  # past the ring (unchecked input): skipped
+            slot = tl.where(keep & (slot_in < n_slots), slot_in, -1)  # past the ring (unchecked input): skipped
             ring_row = tl.multiple_of(slot * stride_ring_s, VEC)  # padding rows (-1): masked off
             ring_r = tl.multiple_of(ring_row + (D - R), VEC)
             tl.store(ring_ptr + ring_row[:, None] + offs_d[None, :], kv_y, mask=nope_mask & (slot >= 0)[:, None])
             tl.store(ring_ptr + ring_r[:, None] + offs_r[None, :], kv_r, mask=mask_r & (slot >= 0)[:, None])
         if PAGED_FP8_STORE:
-            _paged_fp8_store(kv_y, kv_r, pool_ptr, pool_fp8_ptr, loc_ptr, offs_t, offs_d, offs_r, keep,
+            _paged_fp8_store(kv_y, kv_r, pool_ptr, pool_fp8_ptr, slot_in, offs_d, offs_r, keep,
                              stride_pool_p, page_size, n_slots, D, R, FP8_MAX=FP8_MAX, AMAX_FLOOR=AMAX_FLOOR)
