@@ -271,7 +271,7 @@ def test_verify_attention_peers_are_measured_beside_ours(device, fake_measuremen
 def test_no_peers_under_the_interpreter(device):
     if not device.interpreted:
         pytest.skip("the interpreter's rule")
-    assert verify_attention._peers({}, device) == {}
+    assert verify_attention._peers({}, device) == {} and qk_norm_rope._peers({}, device) == {}
 
 
 def test_verify_attention_shape_filter(capsys):
@@ -317,3 +317,30 @@ def test_wrapper_checks_stubs_the_validators_and_joins_a_baseline(device):
     base = [dict(dataclasses.asdict(row), wrapper_us=2 * row.wrapper_us, validate_us=row.validate_us / 2)]
     frame = wc.report([row], base)
     assert frame["wrapper_x_base"][0] == pytest.approx(0.5) and frame["validate_x_base"][0] == pytest.approx(2.0)
+
+
+def test_qk_norm_rope_peer_is_measured_beside_ours(device, fake_measurement, tmp_path, monkeypatch):
+    """SGLang's kernel (when installed, on a GPU) is timed in the same loop as ours, eager and replayed
+    from a graph: its own PerfRows, wide columns and table columns. Planted: the peer dropped from the
+    timing fails the rows and leaves its columns NaN; its graph timing left out fails the graph rows."""
+    from harness.suite import provenance
+
+    monkeypatch.setattr(qk_norm_rope, "_peers", lambda kw, dev: {"sglang-qk-norm-rope": lambda: None})
+    ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
+    rows = perf.run_shapes(qk_norm_rope, [qk_norm_rope.Shape(B=1, H=8)], ctx, tmp_path)
+    for mode in perf.MODES:
+        assert [r.impl for r in rows if r.mode == mode] == list(qk_norm_rope.IMPLS) + ["sglang-qk-norm-rope"]
+    wide = pd.read_csv(tmp_path / "qk_norm_rope_bench.csv")
+    assert wide["sglang_us"][0] == 2.0 and wide["sglang_graph_us"][0] == 4.0 and wide["fused_graph_us"][0] == 4.0
+    assert wide["sglang_over_fused_graph"][0] == 1.0
+    t = perf.table(pd.DataFrame([dataclasses.asdict(r) for r in rows]), {"qk_norm_rope": perf.ours(qk_norm_rope)})
+    assert t["x_sglang-qk-norm-rope"].tolist() == [1.0] and t["x_sglang-qk-norm-rope_eager"].tolist() == [1.0]
+
+
+def test_qk_norm_rope_without_peers_leaves_their_columns_nan(device, fake_measurement, tmp_path):
+    from harness.suite import provenance
+
+    ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
+    perf.run_shapes(qk_norm_rope, [qk_norm_rope.Shape(B=1, H=8)], ctx, tmp_path)
+    wide = pd.read_csv(tmp_path / "qk_norm_rope_bench.csv")
+    assert wide[["sglang_us", "sglang_graph_us", "sglang_over_fused_graph"]].isna().all(axis=None)

@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from harness import runners, suite
 from harness.adapters import sglang
@@ -139,3 +140,22 @@ def test_sglang_paged_fp8_store_is_the_reference_layout(registry, device, name):
     assert torch.equal(mine["swa_cache"].cpu(), theirs["swa_cache"].cpu())
     res, _ = _run(registry, device, "qk_norm_rope", IMPLS["sglang-qk-norm-rope"], name)
     assert not res.refused and all(r.passed for r in res.records), [r.check for r in res.records if not r.passed]
+
+
+def test_qk_bench_call_runs_sglangs_kernel_on_its_own_kv(device):
+    """The benchmark's SGLang call (``qk_bench_calls``, timed beside ours by ``python -m harness bench``):
+    the op's q_out and rotated kv, and the caller's kv untouched (SGLang normalises kv in place, on a copy of
+    the same strides). Planted: passing the caller's kv fails the untouched check; a call that declines
+    nothing (neox) fails the refusal."""
+    from cases import qk_norm_rope as c
+    from reference import qk_norm_rope as ref
+
+    kw = c.build_inputs(c.QkNormRopeCase(T=3, H=2, seed=7), device)
+    kv_before = kw["kv"].clone()
+    (name, call), = sglang.qk_bench_calls(kw).items()
+    assert name == "sglang-qk-norm-rope" and name in IMPLS
+    q_out = call()
+    assert torch.equal(kw["kv"], kv_before)
+    expect = ref.qk_norm_rope(**{k: v for k, v in kw.items() if k not in ("ring", "loc", "forward_mode", "q_out")})
+    torch.testing.assert_close(q_out.view_as(kw["q"]), expect[0])  # bf16: one rounding apart at most
+    assert sglang.qk_bench_calls({**kw, "rope_style": "neox"}) == {}

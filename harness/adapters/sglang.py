@@ -253,3 +253,24 @@ def bench_calls(kw: dict) -> dict:
         if mods[stem].can_handle(**_vendor_args({**kw, "custom_mask": None})):
             out[name] = functools.partial(getattr(mods[stem], entry), o_extend=o, **args)
     return out
+
+
+def qk_bench_calls(kw: dict) -> dict:
+    """{"sglang-qk-norm-rope": a zero-argument callable} running SGLang's ``fused_qk_norm_rope_swa_store``
+    in target-verify (no store) as its model calls it, on qk_norm_rope keyword arguments ``kw``, for
+    the benchmark (harness/bench/qk_norm_rope.py): q_out allocated per call, kv normalised in place on
+    its own copy (the same strides), so the other implementations' inputs stay untouched. {} when
+    sglang is not installed or its kernel declines the inputs (``_qk_can_handle``)."""
+    try:
+        mod = load()["fused_qk_norm_rope_store"]
+    except SGLangUnavailable:
+        return {}
+    if _qk_can_handle(None, None, {**kw, "forward_mode": "target_verify"}) is not True:
+        return {}
+    q, kv = kw["q"], kw["kv"]
+    T, H, D = q.shape
+    own_kv = torch.empty_strided(kv.shape, kv.stride(), dtype=kv.dtype, device=kv.device).copy_(kv)
+    args = (q.reshape(T, H * D), own_kv, kw["q_norm_weight"], kw["kv_norm_weight"], kw["eps"], kw["eps"],
+            kw["rope_dim"], kw["cos"], kw["sin"], kw["positions"])
+    return {"sglang-qk-norm-rope": functools.partial(mod.fused_qk_norm_rope_swa_store, *args, swa_cache=None,
+                                                     swa_loc=None, swa_page_size=1, dtype=q.dtype, bf16_store=True)}

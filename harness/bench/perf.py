@@ -13,8 +13,9 @@ rows) -> (its wide row, the progress line)`` with ``rows`` the shape's PerfRows 
 the file in ``out`` its wide rows go to (``run_shapes``, the loop over its shapes); optionally
 ``finish(out, ctx)``, called after that file is written; optionally ``GRAPH_REP_MS`` (each impl also
 timed replayed from a CUDA graph, ``profiling.graph_time_us``: its PerfRows come in pairs, ``mode``
-eager and graph) and ``OURS`` (the impls that are ours, default the ``EXPECTED_LAUNCHES`` ones: the
-rows of the summary table). ``main_for`` is each op's command line.
+eager and graph), ``PEERS`` (external impls measured beside IMPLS where they are installed, such as
+SGLang's kernels; the plan's estimate counts them as installed) and ``OURS`` (the impls that are ours,
+default the ``EXPECTED_LAUNCHES`` ones: the rows of the summary table). ``main_for`` is each op's command line.
 """
 from __future__ import annotations
 
@@ -65,12 +66,15 @@ DO_BENCH_OVERHEAD = 1.3
 GRAPH_CAPTURE_S = 0.3  # capturing ~rep_ms of calls into one graph (thousands of launches) and its warm-up
 # --quick must stay well under 3 min: start-up and slow calls get the rest. 130 = 120 + mla_fp8_prepare's
 # graph-replayed timings (4 shapes x 4 impls, modelled 8 s by graph_timing_s)
-QUICK_BUDGET_S = 130.0
-# the nightly's full set must stay under ~6 min: 310 = 300 + the shared-KV single-dot variant's 24 shapes x
+# + 15 for qk_norm_rope's graph-replayed timings and SGLang's kernel beside them (4 shapes x 4, modelled 13 s)
+QUICK_BUDGET_S = 145.0
+# the full set (the nightly runs --quick) must stay near 7 min: 310 = 300 + the shared-KV single-dot variant's 24 shapes x
 # (one timing + one profiler session), modelled 10 s (verify_attention's fused-shared-kv-bf16p, beside fused-shared-kv);
 # + 50 for verify_accept's 9 shapes x 3 implementations (modelled 48 s; 25 s on the H200 on 2026-12-01)
 # + 25 for mla_fp8_prepare's graph-replayed timings (12 shapes x 4 impls, modelled 25 s)
-FULL_BUDGET_S = 385.0
+# + 45 for qk_norm_rope's graph-replayed timings and SGLang's kernel (12 shapes x 4, modelled 32 s) and
+# verify_attention's two SGLang peers, now in the model (24 shapes x 2, modelled 21 s)
+FULL_BUDGET_S = 430.0
 
 
 @dataclass(frozen=True)
@@ -189,9 +193,9 @@ def main_for(mod, argv: list[str] | None, *, quick_help: str, options: Mapping[s
 def estimate_s(mod, shapes: list) -> float:
     """Modelled wall time of one op's run over ``shapes`` (see COMPILE_S)."""
     per_timing = DO_BENCH_OVERHEAD * (mod.WARMUP_MS + mod.REP_MS) / 1e3 + 0.05
-    graph = len(mod.IMPLS) * graph_timing_s(mod.GRAPH_REP_MS) if hasattr(mod, "GRAPH_REP_MS") else 0.0
-    return len(shapes) * (COMPILE_S + (len(mod.IMPLS) + mod.EXTRA_TIMINGS) * per_timing + len(mod.IMPLS) * PROFILER_S
-                          + graph)
+    timed = len(mod.IMPLS) + len(getattr(mod, "PEERS", ()))  # peers: modelled as installed
+    graph = timed * graph_timing_s(mod.GRAPH_REP_MS) if hasattr(mod, "GRAPH_REP_MS") else 0.0
+    return len(shapes) * (COMPILE_S + (timed + mod.EXTRA_TIMINGS) * per_timing + timed * PROFILER_S + graph)
 
 
 def graph_timing_s(rep_ms: int) -> float:

@@ -46,6 +46,9 @@ OP = "qk_norm_rope"
 IMPLS = ("fused", "reference", "compiled")
 EXPECTED_LAUNCHES = {"fused": 1}
 WARMUP_MS, REP_MS = 25, 100
+GRAPH_REP_MS = 20  # do_bench_cudagraph's rep per graph timing
+# measured beside IMPLS where installed (not in IMPLS): SGLang's own kernel (harness.adapters.sglang.qk_bench_calls)
+PEERS = ("sglang-qk-norm-rope",)
 EXTRA_TIMINGS = 0
 L = 4  # tokens per request in a verify batch: 3 drafts + 1 bonus (cases.qk_norm_rope's verify entries)
 D, R, ROPE_STYLE, EPS = 512, 64, "interleaved", 1e-6  # DeepSeek-V4
@@ -68,8 +71,10 @@ def bytes_moved(s: perf.VerifyShape) -> int:
 
 
 # max_abs_diff: fused vs reference chain, q_out and kv_out (bf16 rounding: ~1e-2 at most)
+# *_graph_us: replayed from a CUDA graph; sglang_*: SGLang's kernel (PEERS; NaN where not installed)
 BenchRow = perf.wide_row_type(__name__, (("B", int), ("L", int), ("T", int), ("H", int), ("D", int), ("bytes_moved", int)),
-                              (("max_abs_diff", float),))
+                              (("max_abs_diff", float), ("fused_graph_us", float), ("sglang_us", float),
+                               ("sglang_graph_us", float), ("sglang_over_fused_graph", float)))
 
 
 def _chain(q, kv, kv_norm_weight, cos, sin, positions):
@@ -97,6 +102,15 @@ def _implementations(kw: dict, compiled_chain) -> dict:
     return {"fused": fused, "reference": lambda: _chain(*args), "compiled": lambda: compiled_chain(*args)}
 
 
+def _peers(kw: dict, dev) -> dict:
+    """Peers' kernels on the same inputs (compiled devices only: the interpreter times nothing real)."""
+    if dev.interpreted:
+        return {}
+    from harness.adapters import sglang
+
+    return sglang.qk_bench_calls(kw)
+
+
 def _inputs(s: perf.VerifyShape, dev) -> dict:
     from cases import qk_norm_rope as c
 
@@ -115,16 +129,22 @@ def measurements(shape_list: list[perf.VerifyShape], ctx: perf.Context):
         impls = _implementations(kw, compiled_chain)
         (qa, ka), (qb, kb) = impls["fused"](), impls["reference"]()
         diff = max(float((qa.float() - qb.float()).abs().max()), float((ka.float() - kb.float()).abs().max()))
-        t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+        t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS, graph_rep_ms=GRAPH_REP_MS)
+        t.update(perf.measure(_peers(kw, ctx.dev), ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS,
+                              graph_rep_ms=GRAPH_REP_MS))
         del kw, impls, qa, ka, qb, kb
         yield perf.Measured(s, t, bytes_moved(s), {"max_abs_diff": diff})
 
 
 def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
-    s, diff = m.shape, m.extra["max_abs_diff"]
+    s, diff, t = m.shape, m.extra["max_abs_diff"], m.timings
+    peer = t.get(PEERS[0], perf.NOT_MEASURED)
+    fused_g, peer_g = t["fused"].graph_us, peer.graph_us
     row = BenchRow(B=s.B, L=L, T=s.T, H=s.H, D=D, bytes_moved=m.bytes_moved, **perf.fused_vs_chain(m, rows["fused"]),
-                   max_abs_diff=diff)
-    return row, f"{perf.fused_line(m, rows['fused'])} | max|Δ| {diff:.3g}"
+                   max_abs_diff=diff, fused_graph_us=fused_g, sglang_us=peer.p50_us,
+                   sglang_graph_us=peer_g, sglang_over_fused_graph=perf.ratio(peer_g, fused_g))
+    sglang = f" | graph fused {fused_g:6.2f} us, sglang {peer_g:6.2f} us (x{row.sglang_over_fused_graph:4.2f})"
+    return row, f"{perf.fused_line(m, rows['fused'])} | max|Δ| {diff:.3g}{sglang if PEERS[0] in t else ''}"
 
 
 def main(argv: list[str] | None = None) -> int:
