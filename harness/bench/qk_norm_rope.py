@@ -8,7 +8,9 @@ Shapes: DeepSeek-V4 MQA as ``cases.qk_norm_rope`` builds it (D 512, R 64 interle
 weight, kv a strided slice of qkv_a, positions in an 8192-row table): B requests × L = 4 tokens
 (3 drafts + the bonus token, T = B·L), local heads H 8..64.
 
-Per implementation: p20/p50/p80 (``harness.profiling.time_quantiles_us``), kernel launches of
+Per implementation, and SGLang's own kernel beside them where it is installed (``PEERS``,
+``harness.adapters.sglang.qk_bench_calls``): p20/p50/p80 (``harness.profiling.time_quantiles_us``), the
+median replayed from a CUDA graph (``graph_time_us``), kernel launches of
 one call (``count_launches``; the fused kernel must be exactly 1, else exit 1), bandwidth of
 the bytes the op must move (read q, kv, positions, cos/sin rows, weight; write q_out, kv_out)
 against the measured copy bandwidth. The fused call allocates its outputs, as the wrapper does,
