@@ -194,7 +194,6 @@ def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path, monk
 
     if hasattr(mod, "_peers"):  # installed peers (a GPU with sglang) have their own tests below
         monkeypatch.setattr(mod, "_peers", lambda kw, dev: {})
-
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
     rows = perf.run_shapes(mod, [shape], ctx, tmp_path)
     eager, graph = ([r for r in rows if r.mode == mode] for mode in perf.MODES)

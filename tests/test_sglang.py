@@ -144,9 +144,9 @@ def test_sglang_paged_fp8_store_is_the_reference_layout(registry, device, name):
 
 def test_qk_bench_call_runs_sglangs_kernel_on_its_own_kv(device):
     """The benchmark's SGLang call (``qk_bench_calls``, timed beside ours by ``python -m harness bench``):
-    the op's q_out and rotated kv, and the caller's kv untouched (SGLang normalises kv in place, on a copy of
-    the same strides). Planted: passing the caller's kv fails the untouched check; a call that declines
-    nothing (neox) fails the refusal."""
+    the op's q_out, and the caller's kv untouched (SGLang normalises kv in place: it gets a copy with the
+    same strides). Planted: passing the caller's kv fails the untouched check; accepting neox, which the
+    kernel does not rotate, fails the refusal."""
     from cases import qk_norm_rope as c
     from reference import qk_norm_rope as ref
 
