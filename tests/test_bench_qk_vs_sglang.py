@@ -7,6 +7,7 @@ import math
 import pandas as pd
 import pytest
 
+from harness.bench import before as before_module
 from harness.bench import qk_norm_rope as b
 from harness.bench import qk_norm_rope_vs_sglang as vs
 
@@ -84,7 +85,7 @@ def test_before_brings_its_own_kernels():
     from fused import qk_norm_rope_dispatch as our_dispatch
     from fused.kernels import qk_norm_rope as ours
 
-    before = vs.load_module(b.__file__.replace("harness/bench/qk_norm_rope.py", "fused/qk_norm_rope.py"))
+    before = before_module.load_module(b.__file__.replace("harness/bench/qk_norm_rope.py", "fused/qk_norm_rope.py"))
     assert before.kern is not ours and before.kern.__name__ == "qk_norm_rope_before_kernels"
     assert before.dispatch is not our_dispatch and before.dispatch.__name__ == "qk_norm_rope_before_dispatch"
     assert before.dispatch.kern is before.kern  # the kernel its compiled launches run

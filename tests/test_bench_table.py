@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from harness import devices, profiling
-from harness.bench import mla_fp8_prepare, perf, qk_norm_rope
+from harness.bench import mla_fp8_prepare, perf, qk_norm_rope, verify_accept
 from reports import diff, frames
 from reports.rows import PerfRow, Provenance, TimelineRow, columns, write_csv
 
@@ -137,20 +137,20 @@ def fake_gpu_run(device, monkeypatch):
 
 
 def test_run_ops_prints_and_writes_the_table(fake_gpu_run, tmp_path, capsys):
-    """One run of two ops (mla_fp8_prepare graph + eager, qk_norm_rope eager): perf.csv has both
+    """One run of two ops (mla_fp8_prepare graph + eager, verify_accept eager): perf.csv has both
     modes, table.csv and the printed table carry graph and eager, a graph timing that failed is
     'missing' (the reference chain's), never 0."""
-    shapes = {"mla_fp8_prepare": [mla_fp8_prepare.Shape(1, 8)], "qk_norm_rope": [qk_norm_rope.Shape(1, 8)]}
-    assert perf.run_ops([mla_fp8_prepare, qk_norm_rope], out=tmp_path, quick=True, nested=True, shapes=shapes) == 0
+    shapes = {"mla_fp8_prepare": [mla_fp8_prepare.Shape(1, 8)], "verify_accept": [verify_accept.Shape(1, 64)]}
+    assert perf.run_ops([mla_fp8_prepare, verify_accept], out=tmp_path, quick=True, nested=True, shapes=shapes) == 0
     text = capsys.readouterr().out
     assert "reference: no graph timing (RuntimeError: operation not permitted" in text
     rows = frames.read([tmp_path / "perf.csv"], PerfRow)
     mla = rows[rows["op"] == "mla_fp8_prepare"]
     assert (mla.groupby("mode").size() == len(mla_fp8_prepare.IMPLS)).all()
     assert mla[(mla["mode"] == "graph") & (mla["impl"] == "reference")]["p50_us"].isna().all()
-    assert set(rows[rows["op"] == "qk_norm_rope"]["mode"]) == {"eager"}
+    assert set(rows[rows["op"] == "verify_accept"]["mode"]) == {"eager"}
     t = pd.read_csv(tmp_path / "table.csv")
-    assert t[["op", "impl"]].values.tolist() == [["mla_fp8_prepare", "fused"], ["qk_norm_rope", "fused"]]
+    assert t[["op", "impl"]].values.tolist() == [["mla_fp8_prepare", "fused"], ["verify_accept", "fused"]]
     m, q = t.iloc[0], t.iloc[1]
     assert (m["graph_us"], m["eager_us"], m["x_compiled"], m["x_aten5_eager"]) == (4.0, 2.0, 1.0, 1.0)
     assert math.isnan(m["x_reference"]) and m["x_reference_eager"] == 1.0  # the chain was not captured
@@ -159,7 +159,7 @@ def test_run_ops_prints_and_writes_the_table(fake_gpu_run, tmp_path, capsys):
     lines = [line.split() for line in table_text.splitlines()[1:4]]
     assert lines[0][:5] == ["op", "case", "impl", "graph_us", "eager_us"]
     assert lines[1][:6] == ["mla_fp8_prepare", "B=1,L=4,H=8", "fused", "4", "2", "missing"]  # x_reference (graph)
-    assert lines[2][:5] == ["qk_norm_rope", "B=1,L=4,H=8,D=512", "fused", "missing", "2"]
+    assert lines[2][:5] == ["verify_accept", verify_accept.Shape(1, 64).case, "fused", "missing", "2"]
     wide = pd.read_csv(tmp_path / "mla_fp8_prepare" / "bench.csv")
     assert wide["reference_graph_us"].isna().all() and math.isnan(wide["reference_over_fused_graph"][0])
 

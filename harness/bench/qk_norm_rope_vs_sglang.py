@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.bench import before as before_module
 from harness.bench.qk_norm_rope import D, EPS, R, ROPE_STYLE, _chain
 
 VS_T = (1, 5, 16, 64, 320, 1280, 4096)
@@ -185,44 +185,6 @@ def byte_differences(kw: dict, configs: list, before=None, sglang_mod=None) -> d
     return {name: sum(int((a != b).sum()) for a, b in zip(ref, run(fn))) for name, fn in others.items()}
 
 
-def load_module(path):
-    """A kernel module from a file (``--before``: e.g. an earlier commit's fused/qk_norm_rope.py) with
-    its own companions: a ``kernels/qk_norm_rope.py`` beside the file stands in for
-    ``fused.kernels.qk_norm_rope`` and a ``qk_norm_rope_dispatch.py`` for ``fused.qk_norm_rope_dispatch``
-    while the file is imported (the dispatch launches the kernel its own import found, so both must be
-    the file's tree's; a file without them holds its kernels). Ours are back in place afterwards."""
-    import importlib
-    import importlib.util
-
-    def load(name, file):
-        spec = importlib.util.spec_from_file_location(name, file)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod  # its dataclasses look their module up
-        spec.loader.exec_module(mod)
-        return mod
-
-    path = Path(path)
-    # (our module's name, the file's companion, its name loaded), in import order: the dispatch imports the kernels
-    companions = [c for c in (
-        (f"fused.kernels.{path.stem}", path.parent / "kernels" / path.name, f"{path.stem}_before_kernels"),
-        (f"fused.{path.stem}_dispatch", path.parent / f"{path.stem}_dispatch.py", f"{path.stem}_before_dispatch"))
-        if c[1].is_file()]
-    ours = {name: importlib.import_module(name) for name, _, _ in companions}
-
-    def put(name, mod):
-        package, _, attr = name.rpartition(".")
-        sys.modules[name] = mod
-        setattr(sys.modules[package], attr, mod)  # ``from fused import x`` reads the attribute first
-
-    try:
-        for name, file, loaded in companions:
-            put(name, load(loaded, file))
-        return load(f"{path.stem}_before", path)
-    finally:
-        for name, mod in ours.items():
-            put(name, mod)
-
-
 def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool, graph_timer, eager_timer,
                copy_gbps: float, device: torch.device, progress=print, before=None, on_row=None) -> list[VsRow]:
     """Every (mode, T, H): each graph callable through ``graph_timer``, the eager ones through
@@ -333,7 +295,7 @@ def vs_main(args) -> int:
     rows = vs_measure(args.modes, Ts, Hs, configs, with_sglang=not args.no_sglang, with_compiled=gpu and not
                       args.no_compiled, graph_timer=graph_timer, eager_timer=eager_timer, copy_gbps=copy,
                       device=dev.torch_device, progress=lambda s: print(s, flush=True),
-                      before=load_module(args.before) if args.before else None,
+                      before=before_module.load_module(args.before) if args.before else None,
                       on_row=lambda rows: vs_frame(rows).to_csv(path, index=False))
     print(f"{len(rows)} rows -> {path} ({__import__('time').monotonic() - t0:.0f} s)")
     return 0
