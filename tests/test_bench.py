@@ -76,6 +76,9 @@ def test_launch_failures_flag_only_expected_impls():
     bad = perf.launch_failures(rows, {m.OP: m.EXPECTED_LAUNCHES for m in MODULES})
     assert bad == ["qk_norm_rope fused B=1: 2 kernel launches, expected 1",
                    "verify_attention fused-split-kv gqa: -1 kernel launches, expected 2 (not measured)"]
+    # timed both ways: still one line per (op, impl, shape); planted: graph rows counted too doubles it
+    both = perf.perf_rows("qk_norm_rope", "B=1", timings, bytes_moved=1, copy_gbps=1.0, prov=PROV, graph=True)
+    assert len(both) == 4 and perf.launch_failures(both, {"qk_norm_rope": {"fused": 1}}) == bad[:1]
     ok = perf.perf_rows("qk_norm_rope", "B=1", {"fused": _t(1.0, 1)}, bytes_moved=1, copy_gbps=1.0, prov=PROV)
     assert perf.launch_failures(ok, {"qk_norm_rope": {"fused": 1}}) == []
 

@@ -61,10 +61,12 @@ def perf_rows(op: str, case: str, timings: dict[str, Timing], *, bytes_moved: in
 
 
 def launch_failures(rows: list[PerfRow], expected: dict[str, dict[str, int]]) -> list[str]:
-    """``expected``: op -> {impl: launches}. One line per row that launched another count."""
+    """``expected``: op -> {impl: launches}. One line per (op, impl, shape) that launched another count
+    (its eager row: a graph row carries the same count, counted once per call)."""
     return [f"{r.op} {r.impl} {r.case}: {r.launches} kernel launches, expected {expected[r.op][r.impl]}"
             + (" (not measured)" if r.launches < 0 else "")
-            for r in rows if r.impl in expected.get(r.op, {}) and r.launches != expected[r.op][r.impl]]
+            for r in rows if r.mode == "eager" and r.impl in expected.get(r.op, {})
+            and r.launches != expected[r.op][r.impl]]
 
 
 def _geomean(x: pd.Series) -> float:
