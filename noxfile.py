@@ -80,11 +80,11 @@ def sglang(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def fuzz(session: nox.Session) -> None:
-    """The bad-input fuzzer (cases/bad_inputs/) deeper than the tests: 8 drawn inputs per class, op and argument
+    """The bad-input fuzzer (harness/fuzz/) deeper than the tests: 8 drawn inputs per class, op and argument
     instead of 1, every call in a worker subprocess; fails on any crash, segfault, hang, wrong answer, partial write,
     refusal of a legal input or error not naming the argument. `-- --classes stride device` for a slice."""
     _install(session)
-    session.run("python", "-m", "cases.bad_inputs", "--device", DEVICE, "--examples", "8", "--jobs", _jobs(),
+    session.run("python", "-m", "harness.fuzz", "--device", DEVICE, "--examples", "8", "--jobs", _jobs(),
                 *session.posargs, env={"VP_DEVICE": DEVICE})
 
 

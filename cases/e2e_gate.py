@@ -39,7 +39,7 @@ class GateProfile:
     thresholds: Thresholds = Thresholds()
     num_kv_splits: int | None = None  # every attention launch's split count (None: the layout family's)
     # op-level mutants ("op/name" registry keys) plugged into the clean fused path of every layout
-    # whose path runs that op: the kill matrix's e2e column (``harness.killmatrix.e2e_column``)
+    # whose path runs that op: the kill matrix's e2e column (``harness.mutants.killmatrix.e2e_column``)
     impl_mutants: tuple[str, ...] = ()
     # problems (the first N of the same list) decoded by the runs that launch Triton kernels (a path whose
     # prepare or attention is not the reference chain); such a row is judged on exactly those problems and

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable
 import cases
@@ -23,14 +24,14 @@ MIN_FRACTION = 0.2
 
 
 def _ops() -> dict[str, tuple[Callable, Callable, dict]]:
-    """op -> (strategy, facts, regions) for every case module ``cases/<op>.py`` that declares its
+    """op -> (strategy, facts, regions) for every case module ``cases/<op>/catalog.py`` that declares its
     regions: ``REACH`` (region name -> predicate over the case and its facts), ``cases`` (the
     strategy) and optionally ``reach_facts(case) -> dict`` (what the case alone does not say)."""
     out = {}
     for m in sorted(pkgutil.iter_modules(cases.__path__), key=lambda m: m.name):
-        if m.ispkg:
+        if not m.ispkg or importlib.util.find_spec(f"cases.{m.name}.catalog") is None:
             continue
-        mod = importlib.import_module(f"cases.{m.name}")
+        mod = importlib.import_module(f"cases.{m.name}.catalog")
         if isinstance(getattr(mod, "REACH", None), dict):
             out[m.name] = (mod.cases, getattr(mod, "reach_facts", lambda c: {}), mod.REACH)
     return out

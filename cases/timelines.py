@@ -27,7 +27,7 @@ MODES = {"P": "extend", "D": "decode", "V": "target_verify"}
 # every family: first those of a fused prepare step, declared by their op (``TIMELINE_FAMILIES`` of
 # cases/<op>.py, in harness.ops.BUILTIN order), then those with plain q/k/v projections
 FAMILIES: dict[str, Family] = {f.name: f for op in BUILTIN
-                               for f in getattr(importlib.import_module(f"cases.{op}"), "TIMELINE_FAMILIES", ())}
+                               for f in getattr(importlib.import_module(f"cases.{op}.catalog"), "TIMELINE_FAMILIES", ())}
 FAMILIES |= {
     # Qwen3.5 GQA, one local KV head: shared-KV kernel (seed 002), post-attention store. The
     # nightly's lightest family (one layer, no prepare kernel; 128-136 s for 505 runs on two workers

@@ -1,4 +1,4 @@
-"""Value checks on the device: ``checked="device"`` of a fused wrapper (``fused.qk_norm_rope``).
+"""Value checks on the device: ``checked="device"`` of a fused wrapper (``fused.qk_norm_rope.wrapper``).
 
 The host checks (``checked=True``, the default) read the index tensors' values before anything is
 written, in one host sync per call. On the hot path that sync is most of a call's cost, and under

@@ -1,6 +1,6 @@
 """The serving backend around the kernels of the target-verify path: every decision a server makes
 between two kernel launches, as one object (``Backend``) that the store-timing timelines
-(``harness.timeline``) and the end-to-end engine (``harness.e2e.engine``) run through. A user's
+(``harness.timelines.runner``) and the end-to-end engine (``harness.e2e.engine``) run through. A user's
 backend plugs in like an ``Impl``: ``--backend module:attr`` (``load``), a subclass overriding the
 decisions it makes differently (docs/plugins.md, "Checking your own backend").
 
@@ -19,7 +19,7 @@ Decisions (each one method, so that a wrong one is one override):
                  store, kv handed back), non-unified (DeepSeek-V4's paged fp8 SWA store in every mode).
 
 What the backend decides is checked against the logical request (``truth_branch`` and the
-checks of ``harness.timeline``); nothing here is a truth.
+checks of ``harness.timelines.runner``); nothing here is a truth.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from cases import timelines as tl
-from harness.prepares.base import prepare_of
+from harness.timelines.prepare import prepare_of
 
 VERIFY_STORES = ("pre", "post", "as-history", "none")
 BRANCHES = ("unified-extend", "unified-decode", "unified-verify", "non-unified")

@@ -39,7 +39,7 @@ class Effect:
 
 @dataclass(frozen=True)
 class KillPlan:
-    """The op's row set in the mutant kill matrix (``harness.killmatrix``)."""
+    """The op's row set in the mutant kill matrix (``harness.mutants.killmatrix``)."""
     clean: tuple[str, ...]  # implementations that must pass every family (clean rows)
     cases: tuple[str, ...]  # catalog names: the fixed targeted parity subset, the same for every implementation
     timelines: tuple[str, ...] = ()  # ``family/name`` timelines of cases.timelines: the families that use the op
@@ -47,7 +47,7 @@ class KillPlan:
 
 @dataclass(frozen=True)
 class GpuPlan:
-    """What ``harness.gpu_checks`` runs of the op and expects (``harness.gpu_runners`` docstring)."""
+    """What ``harness.gpu.checks`` runs of the op and expects (``harness.gpu.runners`` docstring)."""
     cases: tuple[str, ...]  # catalog names for launches and graph: realistic verify batches
     full: str  # catalog name for the determinism rerun: the largest real shape of the catalog
     fused_launches: int  # device kernels of one fused call, by design
@@ -58,7 +58,7 @@ class GpuPlan:
     step: str  # the function of fused/<op>.py that takes ``gate_fn``
     reference_not_capturable: str = ""  # why the reference chain cannot be captured ("": it can)
     # inputs -> [(module, attribute, value)] patched while a call runs as a CUDA graph runs it, beyond
-    # the generic ones (``harness.gpu_runners.capture_safe``); called outside capture
+    # the generic ones (``harness.gpu.runners.capture_safe``); called outside capture
     capture_patches: Callable[[dict], list] = lambda inputs: []
 
 
@@ -100,14 +100,14 @@ class OpSpec:
     gpu: GpuPlan | None = None  # its GPU-only checks (None: none)
     nightly: bool = True  # the nightly runs its parity step
     # nightly parity workers relative to the other ops (their cost per case: implementations, checks);
-    # < 1 for an op cheaper per case (harness.nightly.parity_jobs)
+    # < 1 for an op cheaper per case (harness.nightly.run.parity_jobs)
     parity_weight: float = 1
     # relative cost of running one case (any unit, e.g. the elements it reads), for scheduling only:
     # the suite hands the costliest cases to its workers first, so that a long case does not start last
     # and leave the others idle; None: plan order (``cases/<op>.py::case_cost`` when it has one)
     case_cost: Callable[[Any], float] | None = None
     bench: str = ""  # module of its benchmark (harness.bench.perf's per-op API); "": none
-    # role "prepare": zero-argument factory of its harness.timeline.Prepare adapter (harness/prepares/<op>.py)
+    # role "prepare": zero-argument factory of its harness.timelines.runner.Prepare adapter (harness/prepares/<op>.py)
     timeline: Callable[[], Any] | None = None
 
     def tolerance(self, output: str, dtype) -> tolerance.Tolerance:

@@ -18,7 +18,7 @@ partials, q cast to the fp8 KV dtype) and the exact-fp32 chain cannot show how m
 An implementation declares the roundings of its design (``Impl.precision``, "+"-joined names of
 ``PRECISION_CLASSES``); its op defines how the reference chain emulates each one
 (``OpSpec.roundings``: name -> keyword arguments of the chain), and ``e_ref`` becomes the error
-of the chain run with exactly those roundings (``harness.runners.CaseSetup``). The allowance is
+of the chain run with exactly those roundings (``harness.parity.runners.CaseSetup``). The allowance is
 derived, never widened by hand, and a class that understates the kernel's rounding still fails.
 Undeclared means ``exact-fp32``: no rounding, the standard above.
 """

@@ -99,7 +99,7 @@ def finite_float(low: float, *, strict: bool = False) -> Callable[[str], float]:
 
 
 def shard(text: str) -> str:
-    """``i/n`` with 1 <= i <= n (``harness.suite.shard``: the i-th of n slices, 1-based), as "i/n"."""
+    """``i/n`` with 1 <= i <= n (``harness.parity.suite.shard``: the i-th of n slices, 1-based), as "i/n"."""
     parts = text.split("/")
     try:
         i, n = (int(x) for x in parts) if len(parts) == 2 else (None, None)

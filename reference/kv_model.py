@@ -10,7 +10,7 @@ Layouts (page size 1):
   ``paged``  slots come from a free list (LIFO, so freed slots are reused at once); the slot
              table maps position -> logical slot; rollback frees the rejected drafts' slots.
 ``slot_map`` (S_logical,) translates a logical slot into the physical row attention reads
-(seed 001's pool: ``reference.mla_fp8_prepare.KVPool.physical`` is the one translation).
+(seed 001's pool: ``reference.mla_fp8_prepare.chain.KVPool.physical`` is the one translation).
 
 Window semantics: a chunk of c tokens at positions [n, n + c) attends to the committed history
 [max(0, n − W), n) (one history per request and step, as ``verify_attention`` takes one prefix
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.mla_fp8_prepare import KVPool
+from reference.mla_fp8_prepare.chain import KVPool
 
 LAYOUTS = ("ring", "paged")
 

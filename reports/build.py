@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness import timeline_rows
+from reports import timeline_rows
 from reports import diff as diffs
 from reports import frames, html, junit
 from reports.rows import GateRow, ParityRow, PerfRow, TimelineRow, failing
 
-# harness.killmatrix.KillRow's columns that the report shows
+# harness.mutants.killmatrix.KillRow's columns that the report shows
 KILL_MATRIX_COLUMNS = ["subject", "kind", "parity", "timeline", "gate", "first_failure", "seconds"]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from harness import timeline_rows
+from reports import timeline_rows
 from reports import plots
 from reports.junit import CASE_KEY, PROVENANCE, failure_line, worst_failure
 from reports.rows import failing
@@ -62,7 +62,7 @@ KM_COLS = ["subject", "kind", "parity", "timeline", "gate", "e2e", "first_failur
 
 
 def _targeted(km: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The targeted kill matrix (``harness.killmatrix`` CSV); an older CSV without the e2e column reads 'not run'."""
+    """The targeted kill matrix (``harness.mutants.killmatrix`` CSV); an older CSV without the e2e column reads 'not run'."""
     if km is None or km.empty:
         return None
     km = km.assign(e2e=km["e2e"] if "e2e" in km else "not run")
@@ -84,7 +84,7 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
            gate: pd.DataFrame | None = None, diff: pd.DataFrame | None = None, baseline: str = "",
            threshold: float = 0.10, killmatrix: pd.DataFrame | None = None,
            timelines: pd.DataFrame | None = None) -> str:
-    from harness.summary import summary
+    from reports.summary import summary
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined)

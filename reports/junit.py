@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.timeline_rows import RUN_KEY, fail_line
+from reports.timeline_rows import RUN_KEY, fail_line
 from reports.rows import failing
 
 CASE_KEY = ["op", "impl", "case"]

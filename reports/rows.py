@@ -148,7 +148,7 @@ class GateRow:
 @with_provenance
 @dataclass(frozen=True)
 class TimelineRow:
-    """One check of one store-timing timeline run (``harness.timeline``): a timeline through one
+    """One check of one store-timing timeline run (``harness.timelines.runner``): a timeline through one
     path, compared with the logical truth after every layer call."""
     path: str  # "<model family>:<prepare>+<attn>" or "<model family>:<path mutant>"
     timeline: str  # catalog name, or the encoded id of a generated timeline
@@ -162,7 +162,7 @@ class TimelineRow:
     err: float
     allowed: float
     detail: str
-    repro: str  # the run's one-line repro (harness.timeline_rows.repro_line)
+    repro: str  # the run's one-line repro (reports.timeline_rows.repro_line)
 
 
 # The values the harness writes in each row type's verdict columns; ``reports.frames.read``

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import runners
+from harness.parity import runners
 
 ROOT = Path(__file__).resolve().parents[1]
 

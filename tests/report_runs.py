@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from cases import profiles
-from harness import suite
+from harness.parity import suite
 from harness.registry import Registry, default_registry
 from reports.rows import to_frame
 from tests.helpers import ROOT, subprocess_env

@@ -102,7 +102,7 @@ def test_a_backend_that_does_not_load_is_one_usage_line(spec, message):
 
 
 def test_backend_specs_are_checked_before_any_work():
-    from harness import timeline_suite
+    from harness.timelines import suite as timeline_suite
     from harness.usage import UsageError
 
     with pytest.raises(backend_mod.BackendLoadError, match="expected module:attr"):
@@ -159,7 +159,7 @@ def test_the_docs_backend_runs_as_written_and_its_table_lists_every_decision(reg
     import inspect
 
     from cases import timelines as tl
-    from harness import timeline
+    from harness.timelines import runner as timeline
 
     doc = (ROOT / "docs" / "plugins.md").read_text().split("## Checking your own backend", 1)[1]
     doc = doc.split("\n## ", 1)[0]
@@ -179,7 +179,7 @@ def test_a_q_weight_bug_shows_only_in_the_q_weighted_family(registry, device):
     """A qk prepare that drops the q norm weight: right on dsv4-mqa-ring (no q weight), caught by
     prepare:q_out on its q-weighted twin."""
     from cases import timelines as tl
-    from harness import timeline
+    from harness.timelines import runner as timeline
     from tests.plugins import backends_buggy
 
     cat = {x.name: x for x in tl.catalog()}

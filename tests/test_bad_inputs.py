@@ -1,4 +1,4 @@
-"""The bad-input fuzzer (``cases/bad_inputs/``).
+"""The bad-input fuzzer (``harness/fuzz/``).
 
 The sweep: every class over every op and argument, one drawn input each, on the test device;
 no call may have a bad outcome. Then the fuzzer bites: wrappers planted in place of a fused entry point
@@ -17,11 +17,11 @@ import time
 import pytest
 import torch
 
-from cases import bad_inputs as bi
+from harness import fuzz as bi
 from reference import checks
 from tests.helpers import ROOT, subprocess_env
 
-QK_FUSED_STEP = "fused.qk_norm_rope:qk_norm_rope_step"
+QK_FUSED_STEP = "fused.qk_norm_rope.wrapper:qk_norm_rope_step"
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +84,10 @@ def test_changed_sees_writes_outside_a_writable_view_only():
 
 
 # ----------------------------------------------------------------------------- plants
-# Each is called like fused.qk_norm_rope:qk_norm_rope_step (``--target tests.test_bad_inputs:NAME@...``).
+# Each is called like fused.qk_norm_rope.wrapper:qk_norm_rope_step (``--target tests.test_bad_inputs:NAME@...``).
 
 def _fused_step(**kw):
-    from fused import qk_norm_rope as f
+    from fused.qk_norm_rope import wrapper as f
 
     return f.qk_norm_rope_step(**kw)
 
@@ -193,7 +193,7 @@ def planted(device):
 def test_plant_is_reported_as_its_bad_outcome(planted, plant):
     res = planted[plant]
     assert res.outcome == PLANTS[plant][2], f"{plant}: {res.outcome}: {res.detail}"
-    assert res.bad and res.repro.startswith("python -m cases.bad_inputs ")
+    assert res.bad and res.repro.startswith("python -m harness.fuzz ")
     if "writes" in plant:
         assert res.detail.startswith("wrote into ['"), res.detail
 

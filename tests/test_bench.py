@@ -10,8 +10,12 @@ import pandas as pd
 import torch
 import pytest
 
-from harness import devices, profiling
-from harness.bench import mla_fp8_prepare, perf, qk_norm_rope, verify_attention
+from harness import devices
+from harness.gpu import profiling
+from harness.bench import perf
+from cases.mla_fp8_prepare import bench as mla_fp8_prepare
+from cases.qk_norm_rope import bench as qk_norm_rope
+from cases.verify_attention import bench as verify_attention
 from harness.bench import __main__ as bench_main
 from reports import frames
 from reports.rows import PerfRow, Provenance, columns, write_csv
@@ -193,7 +197,7 @@ def fake_measurement(monkeypatch):
     (verify_attention, verify_attention.Shape("gqa", B=1, prefix=40, H=4), "verify_attention_bench.csv"),
 ], ids=lambda x: getattr(x, "OP", None))
 def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path, monkeypatch):
-    from harness.suite import provenance
+    from harness.parity.suite import provenance
 
     if hasattr(mod, "_peers"):  # installed peers (a GPU with sglang) have their own tests below
         monkeypatch.setattr(mod, "_peers", lambda kw, dev: {})
@@ -236,7 +240,7 @@ def test_block_config_sweep_candidates_and_no_gpu_path(tmp_path, capsys, monkeyp
 
 def test_bench_splits_keep_two_programs_per_sm_at_most():
     """Planted: the old rounding up (5 splits, 320 programs at B 64 prefix 16K) fails."""
-    from harness.bench import verify_attention as vb
+    from cases.verify_attention import bench as vb
 
     assert vb._splits(64, 16384, 1, 132) == 4  # 256 programs, not 320 (5 splits: a partial third wave)
     assert vb._splits(64, 4096, 2, 132) == 2
@@ -262,7 +266,7 @@ def test_verify_attention_peers_are_measured_beside_ours(device, fake_measuremen
     """SGLang's kernels (when installed, on a GPU) are timed in the same loop: their own PerfRows and wide
     columns, and the ratio against our kernel of the same class. Planted: peers dropped from the timing
     fails the rows and leaves the column NaN."""
-    from harness.suite import provenance
+    from harness.parity.suite import provenance
 
     monkeypatch.setattr(verify_attention, "_peers", lambda kw, dev: {"sglang-shared-kv": lambda: None})
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
@@ -295,11 +299,11 @@ def test_wrapper_checks_stubs_the_validators_and_joins_a_baseline(device):
     real one is back afterwards), one row is measured, and the baseline ratios are this / base."""
     from harness.bench import wrapper_checks as wc
     from reference import checks
-    from reference import qk_norm_rope as rq
+    from reference.qk_norm_rope import chain as rq
 
     es = wc.entries(device, small=True)
-    assert {e.wrapper for e in es} == {"fused.qk_norm_rope", "fused.mla_fp8_prepare", "fused.mla_fp8_prepare_step",
-                                       "fused.verify_split_kv", "fused.verify_shared_kv", "fused.verify_attention"}
+    assert {e.wrapper for e in es} == {"fused.qk_norm_rope.wrapper", "fused.mla_fp8_prepare.wrapper", "fused.mla_fp8_prepare_step",
+                                       "fused.verify_split_kv", "fused.verify_shared_kv", "fused.verify_attention.wrapper"}
     for e in es:
         kw = e.build()
         for mod, name, args in e.validators:
@@ -328,7 +332,7 @@ def test_qk_norm_rope_peer_is_measured_beside_ours(device, fake_measurement, tmp
     """SGLang's kernel (when installed, on a GPU) is timed in the same loop as ours, eager and replayed
     from a graph: its own PerfRows, wide columns and table columns. Planted: the peer dropped from the
     timing fails the rows and leaves its columns NaN; its graph timing left out fails the graph rows."""
-    from harness.suite import provenance
+    from harness.parity.suite import provenance
 
     monkeypatch.setattr(qk_norm_rope, "_peers", lambda kw, dev: {"sglang-qk-norm-rope": lambda: None})
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
@@ -345,7 +349,7 @@ def test_qk_norm_rope_peer_is_measured_beside_ours(device, fake_measurement, tmp
 def test_qk_norm_rope_without_peers_leaves_their_columns_nan(device, fake_measurement, tmp_path, monkeypatch):
     """SGLang not installed (or the interpreter): NaN, never a made-up number. Planted: 0 for a peer not
     measured fails."""
-    from harness.suite import provenance
+    from harness.parity.suite import provenance
 
     monkeypatch.setattr(qk_norm_rope, "_peers", lambda kw, dev: {})
 

@@ -1,4 +1,4 @@
-"""``python -m harness.bench.qk_norm_rope --vs-sglang`` on the CPU: the whole path at a tiny size
+"""``python -m cases.qk_norm_rope.bench --vs-sglang`` on the CPU: the whole path at a tiny size
 (the interpreter's times mean nothing), and the table's pure parts."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from harness.bench import before as before_module
-from harness.bench import qk_norm_rope as b
-from harness.bench import qk_norm_rope_vs_sglang as vs
+from cases.qk_norm_rope import bench as b
+from cases.qk_norm_rope import bench_vs_sglang as vs
 
 
 def test_parse_configs():
@@ -43,7 +43,8 @@ def test_eager_loops_are_interleaved():
     """Each repeat times one loop of every callable, the order rotated per repeat: a slower host
     during part of the run slows every callable alike. Planted: the callables timed one after the
     other (all loops of the first, then the second) fails, and so does a fixed order."""
-    from harness import devices, profiling
+    from harness import devices
+    from harness.gpu import profiling
 
     order = []
     fns = {n: (lambda n=n: order.append(n)) for n in "abc"}
@@ -60,7 +61,7 @@ def test_decode_moves_the_ring_rows_too():
 def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("harness.devices.gpu_present", lambda: False)
     rc = b.main(["--vs-sglang", "--out", str(tmp_path), "--T", "1", "--H", "1", "--configs", "default,1x1",
-                 "--before", b.__file__.replace("harness/bench/qk_norm_rope.py", "fused/qk_norm_rope.py")])
+                 "--before", b.__file__.replace("cases/qk_norm_rope/bench.py", "fused/qk_norm_rope/wrapper.py")])
     assert rc == 0
     out = capsys.readouterr().out
     frame = pd.read_csv(tmp_path / "qk_norm_rope_vs_sglang.csv")
@@ -82,13 +83,13 @@ def test_before_brings_its_own_kernels():
 
     import fused
     import fused.kernels
-    from fused import qk_norm_rope_dispatch as our_dispatch
-    from fused.kernels import qk_norm_rope as ours
+    from fused.qk_norm_rope import dispatch as our_dispatch
+    from fused.qk_norm_rope import kernels as ours
 
-    before = before_module.load_module(b.__file__.replace("harness/bench/qk_norm_rope.py", "fused/qk_norm_rope.py"))
+    before = before_module.load_module(b.__file__.replace("cases/qk_norm_rope/bench.py", "fused/qk_norm_rope/wrapper.py"))
     assert before.kern is not ours and before.kern.__name__ == "qk_norm_rope_before_kernels"
     assert before.dispatch is not our_dispatch and before.dispatch.__name__ == "qk_norm_rope_before_dispatch"
     assert before.dispatch.kern is before.kern  # the kernel its compiled launches run
     assert before.dispatch._compiled is not our_dispatch._compiled  # no CompiledKernel of ours under its key
-    assert fused.kernels.qk_norm_rope is ours and sys.modules["fused.kernels.qk_norm_rope"] is ours
-    assert fused.qk_norm_rope_dispatch is our_dispatch and sys.modules["fused.qk_norm_rope_dispatch"] is our_dispatch
+    assert fused.qk_norm_rope.kernels is ours and sys.modules["fused.qk_norm_rope.kernels"] is ours
+    assert fused.qk_norm_rope.dispatch is our_dispatch and sys.modules["fused.qk_norm_rope.dispatch"] is our_dispatch

@@ -9,8 +9,12 @@ import math
 import pandas as pd
 import pytest
 
-from harness import devices, profiling
-from harness.bench import mla_fp8_prepare, perf, qk_norm_rope, verify_accept
+from harness import devices
+from harness.gpu import profiling
+from harness.bench import perf
+from cases.mla_fp8_prepare import bench as mla_fp8_prepare
+from cases.qk_norm_rope import bench as qk_norm_rope
+from cases.verify_accept import bench as verify_accept
 from reports import diff, frames
 from reports.rows import PerfRow, Provenance, TimelineRow, columns, write_csv
 
@@ -119,7 +123,7 @@ def test_perf_diff_is_per_mode_and_sees_a_slower_graph_median():
 def fake_gpu_run(device, monkeypatch):
     """``run_ops`` as on a GPU, on this machine's device: eager p50 2 us, graph 4 us, 1 launch; the
     reference chain cannot be captured (its graph timing raises)."""
-    from harness.suite import provenance
+    from harness.parity.suite import provenance
 
     def graph_us(fn, rep=40):
         if fn.__name__ == "reference":
@@ -166,11 +170,11 @@ def test_run_ops_prints_and_writes_the_table(fake_gpu_run, tmp_path, capsys):
 
 def test_mla_bench_chain_writes_what_the_reference_writes():
     """The benchmark's reference chain (capturable: no ``loc >= 0`` mask) returns and writes the bytes of
-    ``reference.mla_fp8_prepare`` on the benchmark's inputs. Planted: the k casts without the descale
+    ``reference.mla_fp8_prepare.chain`` on the benchmark's inputs. Planted: the k casts without the descale
     fail (the KV rows differ)."""
     import torch
 
-    from reference import mla_fp8_prepare as r
+    from reference.mla_fp8_prepare import chain as r
 
     kw = mla_fp8_prepare._inputs(8, 4, torch.device("cpu"))
     ours_buf = kw.pop("kv_buffer")

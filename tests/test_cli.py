@@ -65,7 +65,7 @@ def test_repro_catalog_name_passes():
 
 
 def test_shard_slices_are_a_partition(tmp_path):
-    from harness.suite import shard
+    from harness.parity.suite import shard
 
     items = list(range(10))
     parts = [shard(items, f"{i}/3") for i in (1, 2, 3)]
@@ -157,7 +157,8 @@ def test_mutants_kill_matrix_writes_the_op_mutants_parity_rows_to_csv(tmp_path):
     import signal
     from unittest import mock
 
-    from harness import cli, killmatrix
+    from harness.cli import main as cli
+    from harness.mutants import killmatrix
     from reports import frames, html
 
     subject = "qk_norm_rope/mutant-eps-outside-sqrt"

@@ -3,7 +3,7 @@ one line on stderr that names the argument (or the file and row), never a traceb
 ``report`` is not green on input it cannot trust: no rows, an unknown status, a truncated,
 binary or unreadable file.
 
-Each command line runs in-process through ``harness.cli.main`` with the entry points of the
+Each command line runs in-process through ``harness.cli.main.main`` with the entry points of the
 real work (a parity run, the kill matrix, timelines, the gate, the server, the compile check,
 the GPU checks, the benchmarks, the nightly's steps) replaced by a tripwire: a bad argument
 that gets as far as the work fails the test, and none of these runs costs more than parsing.
@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import cli
+from harness.cli import main as cli
 from reports.rows import GateRow, ParityRow, PerfRow, TimelineRow, columns
 
 PROV = dict(git_sha="abc", device="cpu:cpu", arch="interpreter", fp8_format="e4m3fn", torch="t", triton="t",
@@ -39,10 +39,10 @@ def _tripwire(*_a, **_k):
     raise Reached("the command started its work")
 
 
-WORK = [("harness.suite", "run"), ("harness.suite", "spawn_map"), ("harness.killmatrix", "build"),
-        ("harness.timeline", "run_timeline"), ("harness.e2e.gate", "run"), ("harness.e2e.client", "ab"),
-        ("harness.e2e.server", "main"), ("harness.compile_check", "run"), ("harness.gpu_checks", "run"),
-        ("harness.bench.perf", "run_ops"), ("harness.nightly", "run_steps")]
+WORK = [("harness.parity.suite", "run"), ("harness.parity.suite", "spawn_map"), ("harness.mutants.killmatrix", "build"),
+        ("harness.timelines.runner", "run_timeline"), ("harness.e2e.gate", "run"), ("harness.e2e.client", "ab"),
+        ("harness.e2e.server", "main"), ("harness.gpu.compile", "run"), ("harness.gpu.checks", "run"),
+        ("harness.bench.perf", "run_ops"), ("harness.nightly.run", "run_steps")]
 
 
 @contextlib.contextmanager
@@ -62,7 +62,7 @@ def _guarded(env: dict | None = None):
 
 
 def call(argv: list[str], env: dict | None = None) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of ``harness.cli.main(argv)`` with the work tripwired."""
+    """(exit status, stdout, stderr) of ``harness.cli.main.main(argv)`` with the work tripwired."""
     out, err = io.StringIO(), io.StringIO()
     with _guarded(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -172,7 +172,7 @@ BAD = [
     ("run-impl-name", "run --impl nope", {}, ("--impl", "nope")),
     ("run-impl-module", "run --impl no_such_module_xyz:IMPLS", {}, ("--impl", "no_such_module_xyz")),
     ("run-impl-attr", "run --impl harness.registry:NO_SUCH_ATTR", {}, ("--impl", "NO_SUCH_ATTR")),
-    ("run-impl-selection", "run --impl cases.mutants.qk_norm_rope:MUTANTS[nope]", {}, ("--impl", "nope")),
+    ("run-impl-selection", "run --impl cases.qk_norm_rope.mutants:MUTANTS[nope]", {}, ("--impl", "nope")),
     ("run-impl-wrong-op", "run --op qk_norm_rope --impl sdpa", {}, ("--impl", "sdpa")),
     ("run-csv-directory", "run --csv {dir}", {}, ("--csv", "adir")),
     ("run-csv-under-a-file", "run --csv {file}/rows.csv", {}, ("--csv", "afile.txt")),
@@ -320,17 +320,17 @@ def test_typed_flags_take_what_they_mean_and_refuse_the_rest(flag, value):
 
 
 def test_shard_is_passed_on_as_the_suite_reads_it():
-    """``--shard 2/3`` reaches the suite as "2/3", which ``harness.suite.shard`` slices 1-based."""
+    """``--shard 2/3`` reaches the suite as "2/3", which ``harness.parity.suite.shard`` slices 1-based."""
     seen = {}
 
     def run(*_a, **kw):
         seen.update(kw)
         raise Reached
 
-    with mock.patch("harness.suite.run", run), pytest.raises(Reached):
+    with mock.patch("harness.parity.suite.run", run), pytest.raises(Reached):
         cli.main(["run", "--op", "qk_norm_rope", "--impl", "fused", "--csv", os.devnull, "--shard", " 2/3",
                   "--quiet"])
-    from harness.suite import shard
+    from harness.parity.suite import shard
 
     assert seen["shard_spec"] == "2/3" and shard(list(range(6)), seen["shard_spec"]) == [1, 4]
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from reference import checks
 
 def _inputs(device, *, unified=True, T=6, H=2, mode="decode", seed=3):
-    from cases import qk_norm_rope as c
+    from cases.qk_norm_rope import catalog as c
 
     case = (c.QkNormRopeCase(T=T, H=H, D=64, R=32, mode=mode, seed=seed) if unified else
             c.QkNormRopeCase(T=T, H=H, D=128, R=64, unified=False, page_size=2, mode=mode, seed=seed))
@@ -30,7 +30,7 @@ def _store(kw):
 
 
 def _call(kw, checked):
-    from fused import qk_norm_rope as f
+    from fused.qk_norm_rope import wrapper as f
 
     kw = copy.deepcopy(kw)
     q, k = f.qk_norm_rope(**kw, checked=checked)
@@ -119,7 +119,7 @@ def _check_faults(device, unified, faults):
 
 def test_raise_pending_raises_the_host_checks_error(device):
     from fused import device_checks as dc
-    from fused import qk_norm_rope as f
+    from fused.qk_norm_rope import wrapper as f
 
     kw = _inputs(device)
     kw["positions"][0] = kw["cos"].shape[0]
@@ -135,7 +135,7 @@ def test_raise_pending_raises_the_host_checks_error(device):
 
 
 def test_shapes_stay_checked_on_the_host(device):
-    from fused import qk_norm_rope as f
+    from fused.qk_norm_rope import wrapper as f
 
     kw = _inputs(device)
     with pytest.raises(checks.ShapeError, match="positions"):
@@ -165,7 +165,7 @@ def test_pending_reads_nothing_during_a_graph_capture(device, monkeypatch):
     errors wait for the next call outside the capture. A record first allocated inside a capture would
     be zeroed by every replay: refused, naming checked."""
     from fused import device_checks as dc
-    from fused import qk_norm_rope as f
+    from fused.qk_norm_rope import wrapper as f
 
     kw = _inputs(device)
     kw["positions"][0] = kw["cos"].shape[0]

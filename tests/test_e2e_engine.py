@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from cases import gsm8k_synth as g
-from harness import devices, timeline
+from harness import devices
+from harness.timelines import runner as timeline
 from harness.e2e import drafters as D
 from harness.e2e import engine as E
 from harness.e2e import model as M

@@ -84,7 +84,7 @@ def test_tie_divergences_counts_only_small_margins(registry):
     prefills judge each problem by its own last row: with a margin between two problems' own
     margins (each measured by a prefill of that problem alone) exactly one counts, whatever the
     batch (a wrong row per prompt, e.g. the batch's last row for all, fails this)."""
-    from harness import timeline
+    from harness.timelines import runner as timeline
     from harness.e2e import engine as E
     from harness.e2e import model as M
     from harness.e2e import tokenizer as tok

@@ -1,9 +1,9 @@
-"""The qk_norm_rope wrapper's eager dispatch (``fused.qk_norm_rope_dispatch.compiled_launch``): a variant's
+"""The qk_norm_rope wrapper's eager dispatch (``fused.qk_norm_rope.dispatch.compiled_launch``): a variant's
 second launch goes through the CompiledKernel its first one returned, keyed on everything Triton
 specialises the kernel on. A key that missed one of those would launch a binary compiled for other
 arguments (alignment, dtype, a constexpr): the GPU test compares every variant's bytes with the
 JIT's own launch, aligned and not. A call whose arguments' metadata equals an earlier one's takes
-that call's plan (``fused.qk_norm_rope_dispatch.Plan``: its checks and launch): every call differing in one
+that call's plan (``fused.qk_norm_rope.dispatch.Plan``: its checks and launch): every call differing in one
 property must do what it would do without plans."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from fused import qk_norm_rope as f
-from fused import qk_norm_rope_dispatch as d
+from fused.qk_norm_rope import wrapper as f
+from fused.qk_norm_rope import dispatch as d
 
 
 def test_specialised_ints_are_the_kernels():
@@ -24,7 +24,7 @@ def test_specialised_ints_are_the_kernels():
 
     from triton.runtime.jit import JITFunction
 
-    from fused.kernels import qk_norm_rope as k
+    from fused.qk_norm_rope import kernels as k
 
     kernel = k._qk_norm_rope_kernel
     dns = getattr(kernel, "do_not_specialize", None) or kernel.kwargs["do_not_specialize"]  # JIT / interpreter
@@ -36,7 +36,7 @@ def test_specialised_ints_are_the_kernels():
 
 
 def _variants(device):
-    from cases import qk_norm_rope as c
+    from cases.qk_norm_rope import catalog as c
 
     for T, H in ((1, 4), (5, 16), (300, 8)):
         for unified, mode in ((True, "target_verify"), (True, "decode"), (False, "decode")):
@@ -127,7 +127,7 @@ def test_second_launch_takes_the_compiled_kernel_with_the_jits_arguments(device,
     """The dispatch's glue, on any machine: the first launch of a variant goes through the JIT, the
     second through what it returned, with every kernel parameter in signature order (the JIT's own
     arguments plus the defaults) and a three-axis grid; VP_FAST_LAUNCH=0 always takes the JIT."""
-    from fused.kernels import qk_norm_rope as k
+    from fused.qk_norm_rope import kernels as k
 
     name, kw = next(_variants(device))
     fake = _FakeJit()
@@ -272,7 +272,7 @@ def test_a_plan_serves_only_the_metadata_it_checked(device, monkeypatch, variant
     a device, an alignment, a layout, a scalar, the check mode) does exactly what it does without plans:
     the same error, or the same launch through a binary compiled for its own arguments. A key that
     missed a property would reuse the valid call's checks and binary: the outcomes differ."""
-    from fused.kernels import qk_norm_rope as k
+    from fused.qk_norm_rope import kernels as k
 
     name, kw = list(_variants(device))[variant]
     jit = _VariantJit()

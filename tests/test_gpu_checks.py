@@ -1,4 +1,4 @@
-"""``harness.gpu_checks`` / ``harness.gpu_runners`` and the GPU-only mutants, on any machine.
+"""``harness.gpu.checks`` / ``harness.gpu.runners`` and the GPU-only mutants, on any machine.
 
 The CPU cannot count device kernels or capture a CUDA graph, so the checks run here with two
 stand-ins passed through their hooks: an interpreter launch counter (every Triton kernel launch
@@ -14,12 +14,12 @@ import importlib
 import pytest
 import torch
 
-from cases.mutants import gpu as gpu_mutants
-from cases.mutants.gpu import qk_norm_rope as qk_gpu_mutants
-from cases.mutants.gpu import verify_attention as va_gpu_mutants
-from harness import gpu_checks as gc
-from harness import gpu_runners as gr
-from harness import runners
+from harness.gpu import mutants as gpu_mutants
+from cases.qk_norm_rope import gpu_mutants as qk_gpu_mutants
+from cases.verify_attention import gpu_mutants as va_gpu_mutants
+from harness.gpu import checks as gc
+from harness.gpu import runners as gr
+from harness.parity import runners
 from harness.registry import Impl
 from reports.rows import Provenance, columns
 
@@ -74,7 +74,7 @@ def _baked_capture(op):
     """Stand-in for ``cuda_graph_capture``: 'replay' reruns the call with the gate decisions
     recorded at capture forced (a graph never calls the gate again) and writes the results into
     the captured outputs' buffers."""
-    f = importlib.import_module(f"fused.{op}")
+    f = importlib.import_module(f"fused.{op}.wrapper")
     step = gr.PLANS[op].step
 
     def capture(fn, before_capture):
@@ -149,7 +149,7 @@ def test_gpu_mutants_stay_out_of_the_cpu_registry(registry):
 
 
 def test_cpu_kill_matrix_says_it_skips_them(registry, device):
-    from harness import killmatrix
+    from harness.mutants import killmatrix
 
     class Stop(Exception):
         pass
@@ -210,7 +210,7 @@ def test_launch_check_passes_fused_and_flags_the_mutant(reg, device, op, mutant,
 def test_reference_chain_launches_counted_as_designed(reg, device, op, name, want):
     """The chain's launches: per request in the loop form (a batch too large for the batched form:
     here forced by a zero size bound), once over the batch in the batched form."""
-    from reference import verify_attention_batched as va_batched
+    from reference.verify_attention import batched as va_batched
 
     loop = name.endswith("-loop")
     case, impl = _case(reg, op, name.removesuffix("-loop")), reg.impls[f"{op}/reference"]
@@ -268,7 +268,7 @@ def test_copy_into_refuses_a_replay_input_of_another_shape():
 
 def test_capture_safe_keeps_the_bytes_and_restores_the_validators(reg, device):
     from reference import checks
-    from reference import mla_fp8_prepare as r
+    from reference.mla_fp8_prepare import chain as r
 
     op = "mla_fp8_prepare"
     spec, impl, case = reg.ops[op], reg.impls[f"{op}/fused"], _case(reg, op)
@@ -320,7 +320,7 @@ def test_run_writes_schema_rows_and_a_crash_is_a_failure(reg, device, monkeypatc
     """``run`` on the CPU with the plans shrunk: determinism really runs; the launch count
     raises (no GPU) and must come back as a failing row with the reason, never a pass."""
     from cases import profiles
-    from harness.suite import provenance
+    from harness.parity.suite import provenance
 
     plan = gr.PLANS["qk_norm_rope"]
     monkeypatch.setitem(gr.PLANS, "qk_norm_rope", dataclasses.replace(plan, cases=(SMALL["qk_norm_rope"],),
@@ -333,7 +333,7 @@ def test_run_writes_schema_rows_and_a_crash_is_a_failure(reg, device, monkeypatc
     assert by[("fused", "gpu:determinism")].passed is True
     crash = by[("fused", "gpu:launches")]
     assert crash.passed is False and "needs a GPU" in crash.detail and crash.got == "raised"
-    assert crash.repro == "python -m harness.gpu_checks --op qk_norm_rope --impl fused --check launches"
+    assert crash.repro == "python -m harness.gpu.checks --op qk_norm_rope --impl fused --check launches"
     assert all(dataclasses.astuple(r)[11:] == dataclasses.astuple(prov) for r in rows)
     assert "FAIL" in gc.summary(rows) and gc.exit_code(gc.verdict(rows, impls)) == 1
 

@@ -14,18 +14,18 @@ import numpy as np
 import pytest
 import torch
 
-from cases import mla_fp8_prepare as cm
-from cases import qk_norm_rope as cq
-from cases import verify_attention as cv
-from fused import mla_fp8_prepare as fm
-from fused import qk_norm_rope as fq
-from fused import verify_attention as fv
+from cases.mla_fp8_prepare import catalog as cm
+from cases.qk_norm_rope import catalog as cq
+from cases.verify_attention import catalog as cv
+from fused.mla_fp8_prepare import wrapper as fm
+from fused.qk_norm_rope import wrapper as fq
+from fused.verify_attention import wrapper as fv
 from reference import checks
-from reference import mla_fp8_prepare as rm
-from reference import qk_norm_rope as rq
-from reference import verify_attention as rv
-from reference import verify_attention_batched as rvb
-from reference import verify_attention_sdpa as rvs
+from reference.mla_fp8_prepare import chain as rm
+from reference.qk_norm_rope import chain as rq
+from reference.verify_attention import chain as rv
+from reference.verify_attention import batched as rvb
+from reference.verify_attention import sdpa as rvs
 
 # ----------------------------------------------------------------------------- inputs
 
@@ -64,16 +64,16 @@ def va_kw(device, **over):
     return {**kw, **over}
 
 
-QK_FNS = {"ref.qk_norm_rope": (rq.qk_norm_rope, qk_kw), "fused.qk_norm_rope": (fq.qk_norm_rope, qk_kw),
+QK_FNS = {"ref.qk_norm_rope": (rq.qk_norm_rope, qk_kw), "fused.qk_norm_rope.wrapper": (fq.qk_norm_rope, qk_kw),
           "ref.qk_norm_rope_step": (rq.qk_norm_rope_step, qk_step_kw),
           "fused.qk_norm_rope_step": (fq.qk_norm_rope_step, qk_step_kw)}
-MLA_FNS = {"ref.mla_fp8_prepare": (rm.mla_fp8_prepare, mla_kw), "fused.mla_fp8_prepare": (fm.mla_fp8_prepare, mla_kw),
+MLA_FNS = {"ref.mla_fp8_prepare": (rm.mla_fp8_prepare, mla_kw), "fused.mla_fp8_prepare.wrapper": (fm.mla_fp8_prepare, mla_kw),
            "ref.mla_fp8_prepare_step": (rm.mla_fp8_prepare_step, mla_step_kw),
            "fused.mla_fp8_prepare_step": (fm.mla_fp8_prepare_step, mla_step_kw)}
 VA_FNS = {"ref.verify_attention": (rv.verify_attention, va_kw),
           "ref.verify_attention_sdpa": (rvs.verify_attention_sdpa, va_kw),
           "fused.verify_split_kv": (fv.verify_split_kv, va_kw), "fused.verify_shared_kv": (fv.verify_shared_kv, va_kw),
-          "fused.verify_attention": (fv.verify_attention, va_kw)}
+          "fused.verify_attention.wrapper": (fv.verify_attention, va_kw)}
 ALL_FNS = {**QK_FNS, **MLA_FNS, **VA_FNS}
 
 

@@ -90,10 +90,10 @@ def test_no_op_name_outside_its_stem_files(registry):
 
 
 def test_op_literal_scan_sees_plain_and_fstring_names():
-    tree = "x = 'qk_norm_rope'\ny = f'qk_norm_rope/{n}'\nz = 'fused.qk_norm_rope'\nw = 'qk_norm_rope is an op'\n"
+    tree = "x = 'qk_norm_rope'\ny = f'qk_norm_rope/{n}'\nz = 'fused.qk_norm_rope.wrapper'\nw = 'qk_norm_rope is an op'\n"
     hits = [n.value for n in ast.walk(ast.parse(tree)) if isinstance(n, ast.Constant) and isinstance(n.value, str)
             and _names_op(n.value, "qk_norm_rope")]
-    assert sorted(hits) == ["fused.qk_norm_rope", "qk_norm_rope", "qk_norm_rope/"]
+    assert sorted(hits) == ["fused.qk_norm_rope.wrapper", "qk_norm_rope", "qk_norm_rope/"]
 
 
 # ----------------------------------------------------------------------------- module size

@@ -9,8 +9,8 @@ import itertools
 import pytest
 import torch
 
-from cases import mla_fp8_prepare as mc
-from harness import runners
+from cases.mla_fp8_prepare import catalog as mc
+from harness.parity import runners
 from harness.registry import Impl
 from tests.helpers import failed_checks
 
@@ -19,7 +19,7 @@ CATALOG = {c.name: c for c in mc.catalog()}
 
 
 def _fused(**kw):
-    from fused import mla_fp8_prepare as f
+    from fused.mla_fp8_prepare import wrapper as f
 
     return f.mla_fp8_prepare_step(**kw)
 
@@ -95,7 +95,7 @@ def test_rerun_record_reused_only_when_the_pool_is_the_same(registry, device):
 
 
 def test_observed_writes_keeps_a_malformed_count_for_the_check_to_name():
-    from harness.ops.mla_fp8_prepare import _observed_writes
+    from cases.mla_fp8_prepare.spec import _observed_writes
 
     buf = torch.zeros(4, 3, dtype=torch.uint8)
     after = buf.clone()

@@ -9,10 +9,13 @@ import textwrap
 import pandas as pd
 import pytest
 
-from harness import ledger, runners, suite, summary
+from harness import ledger
+from harness.parity import runners
+from harness.parity import suite
+from reports import summary
 from harness.ledger import KnownFailure
 from harness.registry import Impl
-from reference import qk_norm_rope as r
+from reference.qk_norm_rope import chain as r
 from tests.helpers import ROOT, subprocess_env
 
 OP = "qk_norm_rope"

@@ -1,4 +1,4 @@
-"""harness.mps: the nightly's private MPS daemon, with a stand-in control binary on PATH that records
+"""harness.nightly.mps: the nightly's private MPS daemon, with a stand-in control binary on PATH that records
 how it was called (the real one needs an NVIDIA GPU)."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import mps, nightly
+from harness.nightly import mps
+from harness.nightly import run as nightly
 
 FAKE = """#!/bin/sh
 # records: args, the pipe directory it was given, and stdin (the quit command)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from harness import nightly
+from harness.nightly import run as nightly
 
 
 def _step(name, code, budget_s=60.0, phase=0):
@@ -184,7 +184,8 @@ def test_spawned_workers_and_nightly_steps_run_one_intra_op_thread(tmp_path, mon
     nightly step's ``OMP_NUM_THREADS`` default, fails."""
     import torch
 
-    from harness import devices, suite
+    from harness import devices
+    from harness.parity import suite
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     if torch.get_num_threads() == 1:
@@ -201,7 +202,7 @@ def test_warmup_compiles_the_parity_plan_first_and_every_case_has_a_limit(tmp_pa
     launch Triton) with at most ``WARMUP_GENERATED`` generated cases per op; parity and timeline steps run under a per-case limit and print their
     stage times. On the CPU there is no warmup (the interpreter compiles nothing) and the limit is
     the interpreter's."""
-    from harness import suite
+    from harness.parity import suite
 
     steps = nightly.plan(tmp_path, profile="nightly", device="cuda", budget_s=520, jobs=2, layouts=None,
                          families=None, bench=True, gate=True, generated=1700, cores=16)
@@ -234,7 +235,8 @@ def test_warmup_compiles_the_parity_plan_first_and_every_case_has_a_limit(tmp_pa
 
 
 def test_step_table_reports_compile_time_apart_and_a_warmup_out_of_time_is_not_fatal(tmp_path):
-    from harness import stages, warmup
+    from harness.parity import stages
+    from harness.gpu import warmup
 
     warm = _step("warmup", f"print('{warmup.LINE} 12/12 kernel variants in 41.5 s wall (300.0 s summed over "
                            f"processes); collect 9.0 s; cache /x')", phase=-1)

@@ -21,9 +21,10 @@ import pandas as pd
 import pytest
 import torch
 
-from harness import compare, runners
+from harness import compare
+from harness.parity import runners
 from harness.registry import ENTRY_POINT_GROUP, Impl, Registry, can_handle_takes_inputs, default_registry
-from harness.suite import Planned, repro_line
+from harness.parity.suite import Planned, repro_line
 from tests.helpers import ROOT, subprocess_env
 
 
@@ -347,8 +348,8 @@ def test_can_handle_that_raises_is_a_failure_of_that_impl(registry, device):
         assert [(r.check, r.passed) for r in res[0].records] == [("can_handle", False)]
         assert words in res[0].records[0].detail
         assert res[1].records and all(r.passed for r in res[1].records)
-    from harness.gpu_checks import _refused
-    from harness.gpu_runners import Inputs
+    from harness.gpu.checks import _refused
+    from harness.gpu.runners import Inputs
 
     outs = _refused(replace(ref, can_handle=raises), case, device, Inputs(spec, device), ("launches",))
     assert [(o.check, o.passed) for o in outs] == [("launches", False)] and "unsupported stride" in outs[0].detail

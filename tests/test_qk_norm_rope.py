@@ -8,12 +8,12 @@ import pytest
 import torch
 from hypothesis import given
 
-from cases import qk_norm_rope as cases
-from fused import qk_norm_rope as fused
-from harness import runners
+from cases.qk_norm_rope import catalog as cases
+from fused.qk_norm_rope import wrapper as fused
+from harness.parity import runners
 from harness.registry import Impl
 from reference import checks
-from reference import qk_norm_rope as ref
+from reference.qk_norm_rope import chain as ref
 from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "qk_norm_rope"
@@ -128,7 +128,7 @@ BAD = [
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 @bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
-    fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope
+    fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope.wrapper
     assert_bad_input_named(fn, _kw(device), arg, make, err, kept="ring")
 
 
@@ -163,7 +163,7 @@ BAD_PAGED = [
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 @bad_inputs(BAD_PAGED)
 def test_bad_paged_store_input_is_a_typed_error(device, impl, arg, make, err):
-    fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope
+    fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope.wrapper
     assert_bad_input_named(fn, _paged_kw(device), arg, make, err, kept="swa_cache")
 
 
@@ -171,14 +171,14 @@ def test_ring_and_paged_cache_together_are_rejected(device):
     kw = _paged_kw(device)
     kw["ring"] = torch.zeros(9, 128, dtype=torch.bfloat16, device=kw["q"].device)
     with pytest.raises(checks.VerifyParityInputError) as info:
-        fused.qk_norm_rope(**kw)
+        fused.qk_norm_rope.wrapper(**kw)
     assert info.value.arg == "swa_cache"
 
 
 def test_ring_without_loc_is_rejected(device):
     kw = _kw(device, loc=None)
     with pytest.raises(checks.VerifyParityInputError) as info:
-        fused.qk_norm_rope(**kw)
+        fused.qk_norm_rope.wrapper(**kw)
     assert info.value.arg == "loc"
 
 
@@ -267,7 +267,7 @@ def test_fused_paged_store_is_an_exact_function_of_its_kv_row(device, D, R, P, p
     kw = cases.build_inputs(c, device)
     kw.pop("forward_mode"), kw.pop("ring")
     pool = kw["swa_cache"].clone()
-    _, kv_out = fused.qk_norm_rope(**kw)
+    _, kv_out = fused.qk_norm_rope.wrapper(**kw)
     ref.swa_paged_store(kv_out, pool, kw["loc"], ref.SwaLayout(D, R, P))
     assert torch.equal(kw["swa_cache"].cpu(), pool.cpu())
 
@@ -289,8 +289,8 @@ def test_nonunified_switch_off_takes_the_chain_and_the_backend_store(spec, regis
 def _truncating_fp8_store(**kw):
     """The chain, its paged store rounding each fp8 code toward zero (one code down in magnitude
     wherever RNE rounded away from zero)."""
-    from cases.mutants import qk_norm_rope as m
-    from reference import qk_norm_rope_swa as swa  # the store's quantisation calls its cast_fp8
+    from cases.qk_norm_rope import mutants as m
+    from reference.qk_norm_rope import swa
 
     def store(kv_out, swa_cache, loc, lay):
         orig = swa.cast_fp8

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 
 from cases import base, reach
-from cases import mla_fp8_prepare as mc
-from cases import qk_norm_rope as qc
-from cases import verify_attention as vc
+from cases.mla_fp8_prepare import catalog as mc
+from cases.qk_norm_rope import catalog as qc
+from cases.verify_attention import catalog as vc
 from cases.profiles import PROFILES
 from tests.helpers import ROOT, subprocess_env
 
@@ -37,9 +37,9 @@ def test_interpreter_cases_reach_every_region(op):
 
 def test_tile_sizes_are_the_kernels():
     """The strategies aim at the compiled kernels' tile edges: the sizes they assume are the kernels'."""
-    from fused import mla_fp8_prepare as fm
-    from fused import qk_norm_rope as fq
-    from fused import verify_attention as fv
+    from fused.mla_fp8_prepare import wrapper as fm
+    from fused.qk_norm_rope import wrapper as fq
+    from fused.verify_attention import wrapper as fv
 
     for d in (16, 64, 100, 128, 256, 512, 1024):
         assert qc.compiled_block_t(d) == fq.block_config(d, interpreted=False)[0], d
@@ -68,7 +68,7 @@ def _fails(registry, device, op, impl, check):
     spec, mutant = registry.ops[op], registry.impls[f"{op}/{impl}"]
 
     def pred(case):
-        from harness import runners
+        from harness.parity import runners
 
         res = runners.run_case(spec, mutant, case, device, determinism=False, poisoned=False, poisoned_alloc=False)
         return any(r.check == check and not r.passed for r in res.records)
@@ -143,8 +143,8 @@ def test_a_seed_draws_one_case_list_whatever_was_imported_first():
     """Two fresh processes draw the ci profile's cases, one after importing the CLI, the kernels and
     every case module, one after nothing else: the ids are the same (hypothesis's engine took
     constants from the source of the local modules loaded, so they were not)."""
-    bare, loaded = _ids_after((), ("harness.cli", "fused.verify_attention", "cases.timelines", "cases.gsm8k_synth",
-                                   "cases.bad_inputs.strategies", "cases.reach"))
+    bare, loaded = _ids_after((), ("harness.cli.main", "fused.verify_attention.wrapper", "cases.timelines", "cases.gsm8k_synth",
+                                   "harness.fuzz.strategies", "cases.reach"))
     assert bare == loaded
     from harness.ops import BUILTIN
 

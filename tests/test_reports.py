@@ -189,7 +189,7 @@ def test_cli_run_writes_junit_beside_the_csv(tmp_path):
 
 def test_summary_and_html_show_each_implementations_fp8_policy(runs):
     """The report states the fp8 overflow policy per implementation, as its rows say."""
-    from harness.summary import summary
+    from reports.summary import summary
 
     _, clean, _ = runs
     f = clean.assign(fp8_policy=clean["impl"].map({"reference": "case (saturate|nan)", "fused": "saturate"}))
@@ -204,7 +204,7 @@ def test_summary_and_html_show_each_implementations_precision(runs):
     """The declared precision class per implementation, beside its fp8_policy, as its rows say
     (harness.tolerance): the summary column and the HTML summary table. Planted: a summary
     without the column fails."""
-    from harness.summary import summary
+    from reports.summary import summary
 
     _, clean, _ = runs
     f = clean.assign(fp8_policy="", precision=clean["impl"].map({"reference": "exact-fp32", "fused": "bf16-p"}))
@@ -218,7 +218,7 @@ def test_summary_and_html_show_each_implementations_precision(runs):
 
 
 def test_html_shows_the_targeted_kill_matrix_with_survivors_marked(runs):
-    from harness import killmatrix
+    from harness.mutants import killmatrix
 
     _, clean, _ = runs
     rows = [killmatrix.KillRow("qk_norm_rope/fused", "clean", "passed", "passed", "passed", "", "", "", "", 1.0, ""),

@@ -10,9 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from cases import mla_fp8_prepare as mla_cases
-from cases import verify_attention as va_cases
-from harness import run_records, runners
+from cases.mla_fp8_prepare import catalog as mla_cases
+from cases.verify_attention import catalog as va_cases
+from harness.parity import records as run_records
+from harness.parity import runners
 from harness.registry import Impl, OpSpec, OutputSpec
 
 
@@ -61,7 +62,7 @@ def test_impls_of_a_case_together_equal_separate_runs(registry, device, op, case
 
 def _one_nan(**kw):
     """The reference chain with one planted NaN at o[1, 2, 3]."""
-    from reference import verify_attention as r
+    from reference.verify_attention import chain as r
 
     o = r.verify_attention(**kw)["o"].clone()
     o[1, 2, 3] = float("nan")
@@ -227,7 +228,7 @@ def test_reused_records_equal_a_full_comparison(registry, device, monkeypatch, o
     """Every field of every record (names, verdicts, errors, worst elements) is what comparing
     the rerun and the poisoned run in full gives (``run_records._same`` forced False), for ops with
     effect rows (the ring, the KV pool) and a caller-provided output."""
-    from cases import qk_norm_rope as qk_cases
+    from cases.qk_norm_rope import catalog as qk_cases
 
     spec = registry.ops[op]
     case = mla_cases.catalog()[0] if name is None else {c.name: c for c in qk_cases.catalog()}[name]

@@ -1,4 +1,4 @@
-"""The suite starts the costliest cases first (``harness.suite.schedule``, ``OpSpec.case_cost``) and
+"""The suite starts the costliest cases first (``harness.parity.suite.schedule``, ``OpSpec.case_cost``) and
 returns the rows in plan order all the same. On the H200 the compiled step's 200K-prefix cases (104-105 s
 each) started after the cheap ones and held the step past its limit."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from cases import profiles
-from harness import suite
+from harness.parity import suite
 
 
 def _groups(*costs):

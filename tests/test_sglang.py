@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from harness import runners, suite
+from harness.parity import runners
+from harness.parity import suite
 from harness.adapters import sglang
 
 try:
@@ -88,7 +89,7 @@ def test_stale_split_scratch_is_flagged_by_the_poisoned_allocator_and_known(regi
 def test_the_ledger_predicates_follow_sglangs_partition(registry):
     """40 keys leave splits empty (4 x 32); 100 keys do not (last split starts at 96); an empty prefix is the
     other entry."""
-    from cases import verify_attention as va
+    from cases.verify_attention import catalog as va
     from cases.ledgers import sglang as ledger
 
     stale, empty = ledger.LEDGER
@@ -128,8 +129,8 @@ def test_sglang_paged_fp8_store_is_the_reference_layout(registry, device, name):
 
     import torch
 
-    from cases import qk_norm_rope as c
-    from reference import qk_norm_rope as ref
+    from cases.qk_norm_rope import catalog as c
+    from reference.qk_norm_rope import chain as ref
 
     case = _case(registry, "qk_norm_rope", name)
     kw = c.build_inputs(case, device)
@@ -147,8 +148,8 @@ def test_qk_bench_call_runs_sglangs_kernel_on_its_own_kv(device):
     the op's q_out, and the caller's kv untouched (SGLang normalises kv in place: it gets a copy with the
     same strides). Planted: passing the caller's kv fails the untouched check; accepting neox, which the
     kernel does not rotate, fails the refusal."""
-    from cases import qk_norm_rope as c
-    from reference import qk_norm_rope as ref
+    from cases.qk_norm_rope import catalog as c
+    from reference.qk_norm_rope import chain as ref
 
     kw = c.build_inputs(c.QkNormRopeCase(T=3, H=2, seed=7), device)
     kv_before = kw["kv"].clone()

@@ -1,4 +1,4 @@
-"""Per-stage wall time of a parity run (``harness.stages``): every stage of a run is timed, the
+"""Per-stage wall time of a parity run (``harness.parity.stages``): every stage of a run is timed, the
 ``impl`` stage is exactly the first call's time the rows report, and ``run --stage-times``
 prints the table."""
 from __future__ import annotations
@@ -9,7 +9,8 @@ import sys
 import pandas as pd
 
 from cases import profiles
-from harness import stages, suite
+from harness.parity import stages
+from harness.parity import suite
 from tests.helpers import ROOT, subprocess_env
 
 

@@ -7,7 +7,7 @@ import dataclasses
 from hypothesis import find, given, settings
 
 from cases import base
-from cases import qk_norm_rope as qc
+from cases.qk_norm_rope import catalog as qc
 
 
 def _find(pred):

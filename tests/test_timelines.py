@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from cases import base
 from cases import timelines as tl
 from cases.mutants import timelines as mt
-from harness import killmatrix, runners, timeline
+from harness.mutants import killmatrix
+from harness.parity import runners
+from harness.timelines import runner as timeline
 from tests.report_runs import timeline_cli as _cli
 
 CATALOG = {t.name: t for t in tl.catalog()}

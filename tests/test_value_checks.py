@@ -74,7 +74,7 @@ def test_checked_must_be_a_bool():
 
 
 def _qk_decode_inputs(device):
-    from cases import qk_norm_rope as c
+    from cases.qk_norm_rope import catalog as c
 
     kw = c.build_inputs(c.QkNormRopeCase(T=4, H=2, D=64, R=32, mode="decode", seed=3), device)
     kw.pop("forward_mode")
@@ -84,7 +84,7 @@ def _qk_decode_inputs(device):
 def test_qk_wrapper_checks_values_by_default_and_skips_them_when_told(device, monkeypatch):
     """A duplicate slot (memory-safe to launch): refused, naming loc, with the ring untouched, by
     default; launched when the caller vouches for the values (``checked=False`` or the env)."""
-    from fused import qk_norm_rope as f
+    from fused.qk_norm_rope import wrapper as f
 
     kw = _qk_decode_inputs(device)
     kw["loc"][1] = kw["loc"][0]
@@ -104,8 +104,8 @@ def test_qk_wrapper_checks_values_by_default_and_skips_them_when_told(device, mo
 
 
 def test_verify_accept_wrapper_takes_checked(device):
-    from cases import verify_accept as vc
-    from fused import verify_accept as fv
+    from cases.verify_accept import catalog as vc
+    from fused.verify_accept import wrapper as fv
 
     spec_case = vc.catalog()[0]
     kw = vc.build_inputs(spec_case, device)
@@ -122,7 +122,7 @@ def test_unchecked_bad_indices_stay_inside_their_tensors(device):
     """checked=False with a slot past the ring and a position past the table: nothing is written
     past the ring (it is a view of a larger buffer whose tail must keep its bytes), the bad
     position reads row 0 of the table, every other token is as the checked call makes it."""
-    from fused import qk_norm_rope as f
+    from fused.qk_norm_rope import wrapper as f
 
     kw = _qk_decode_inputs(device)
     S, D = kw["ring"].shape
@@ -141,8 +141,8 @@ def test_unchecked_bad_indices_stay_inside_their_tensors(device):
 
 
 def test_unchecked_slot_past_the_paged_pool_is_skipped(device):
-    from cases import qk_norm_rope as c
-    from fused import qk_norm_rope as f
+    from cases.qk_norm_rope import catalog as c
+    from fused.qk_norm_rope import wrapper as f
 
     kw = c.build_inputs(c.QkNormRopeCase(T=4, H=2, D=128, R=64, unified=False, page_size=2, mode="decode", seed=5),
                         device)

@@ -10,11 +10,11 @@ import torch
 from hypothesis import Phase, find, given, settings
 
 from cases import base
-from cases import verify_accept as cases
-from fused import verify_accept as fused
-from harness import runners
+from cases.verify_accept import catalog as cases
+from fused.verify_accept import wrapper as fused
+from harness.parity import runners
 from reference import checks
-from reference import verify_accept as ref
+from reference.verify_accept import chain as ref
 from tests.helpers import assert_passes, bad_inputs, failed_checks
 
 OP = "verify_accept"
@@ -109,7 +109,7 @@ def test_argmax_rule_on_hand_checked_rows(device, neg_nan):
     kw = _fact_inputs(device, rows, neg_nan)
     assert ref.row_argmax(kw["target_logits"].cpu())[::2].tolist() == want  # torch.argmax on the CPU
     assert [int(v) for v in ref.verify_accept_oracle(**kw)["output_ids"][:, 0]] == want  # NumPy
-    assert fused.verify_accept(**kw)["output_ids"][:, 0].cpu().tolist() == want
+    assert fused.verify_accept.wrapper(**kw)["output_ids"][:, 0].cpu().tolist() == want
 
 
 def test_argmax_ties_across_chunks(device):
@@ -123,7 +123,7 @@ def test_argmax_ties_across_chunks(device):
         r[a] = r[b] = 7.0
         rows.append(r)
     kw = _fact_inputs(device, rows)
-    assert fused.verify_accept(**kw)["output_ids"][:, 0].cpu().tolist() == [min(a, b) for a, b in cols]
+    assert fused.verify_accept.wrapper(**kw)["output_ids"][:, 0].cpu().tolist() == [min(a, b) for a, b in cols]
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -160,7 +160,7 @@ BAD = [
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 @bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
-    fn = ref.verify_accept if impl == "reference" else fused.verify_accept
+    fn = ref.verify_accept if impl == "reference" else fused.verify_accept.wrapper
     kw = _kw(device)
     new = make(kw)
     for name, t in (new if isinstance(new, dict) else {arg: new}).items():
@@ -177,7 +177,7 @@ def test_padding_drafts_are_not_checked(device):
     pad = next(b for b in range(3) if qo[b + 1] == qo[b])
     d = kw["draft_tokens"].clone()
     d[2 * pad], d[2 * pad + 1] = -1, 50
-    for fn in (ref.verify_accept, fused.verify_accept):
+    for fn in (ref.verify_accept, fused.verify_accept.wrapper):
         out = fn(**{**kw, "draft_tokens": d})
         assert (out["output_ids"][pad] == -1).all() and int(out["accept_length"][pad]) == 0
 
@@ -240,10 +240,10 @@ def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
     the fused kernel under the interpreter): one PerfRow per impl, the wide CSV, 0 mismatches."""
     import pandas as pd
 
-    from harness import profiling
+    from harness.gpu import profiling
     from harness.bench import perf
-    from harness.bench import verify_accept as vb
-    from harness.suite import provenance
+    from cases.verify_accept import bench as vb
+    from harness.parity.suite import provenance
 
     monkeypatch.setattr(profiling, "time_quantiles_us", lambda fn, warmup=25, rep=100: (1.0, 2.0, 3.0))
     monkeypatch.setattr(profiling, "count_launches", lambda fn, warmup=1: 1)
@@ -261,7 +261,7 @@ def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
 
 def test_bench_shapes_and_no_gpu(monkeypatch, tmp_path, capsys):
     from harness import devices
-    from harness.bench import verify_accept as vb
+    from cases.verify_accept import bench as vb
 
     full = vb.shapes(False)
     assert {s.B for s in full} == {1, 8, 64} and {s.V for s in full} == {32000, 128256, 160000}
@@ -333,10 +333,10 @@ def test_kill_plan_cases_are_the_mutants_proofs(spec):
 
 
 def test_kill_matrix_kills_every_mutant_on_the_targeted_cases(registry, device):
-    """The op's rows of ``harness.killmatrix`` (what ``python -m harness mutants`` runs): clean rows pass,
+    """The op's rows of ``harness.mutants.killmatrix`` (what ``python -m harness mutants`` runs): clean rows pass,
     every mutant is killed by parity. Planted: strided-rows left out of KillPlan.cases -> the
     row-stride mutant survives."""
-    from harness import killmatrix
+    from harness.mutants import killmatrix
 
     rows = killmatrix.build(registry, device, only=f"{OP}/", progress=None)
     survivors, broken = killmatrix.verdict(rows)
@@ -348,10 +348,10 @@ def test_kill_matrix_kills_every_mutant_on_the_targeted_cases(registry, device):
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 def test_gpu_plan_launches_and_graph_under_the_interpreter(spec, registry, device, impl):
-    """``harness.gpu_runners`` on the plan's case with the interpreter stand-ins of
+    """``harness.gpu.runners`` on the plan's case with the interpreter stand-ins of
     ``tests/test_gpu_checks.py``: the fused call is one kernel, the chain six stage calls; replayed
     as captured (validate's value checks off) it equals eager; no dispatch gate: the gate row skips."""
-    from harness import gpu_runners as gr
+    from harness.gpu import runners as gr
     from tests.test_gpu_checks import _baked_capture, _count, _names
 
     case = {c.name: c for c in cases.catalog(big=True)}[spec.gpu.cases[0]]
@@ -370,7 +370,7 @@ def test_gpu_plan_launches_and_graph_under_the_interpreter(spec, registry, devic
 def test_capture_patches_switch_off_the_value_checks_only(spec, device):
     """Under ``capture_safe`` an out-of-range draft passes validate (its host copy is off), a wrong
     dtype still fails; afterwards validate checks values again."""
-    from harness import gpu_runners as gr
+    from harness.gpu import runners as gr
 
     kw = cases.build_inputs(CATALOG["llama2-b4-l4-v32000"], device)
     bad = dict(kw, draft_tokens=torch.full_like(kw["draft_tokens"], 10 ** 6))

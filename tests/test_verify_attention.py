@@ -14,14 +14,15 @@ import torch
 from hypothesis import given
 
 from cases import base
-from cases import verify_attention as cases
-from fused import verify_attention as fused
-from cases.mutants import verify_attention as va_mutants
-from harness import compare, poison, runners, tolerance
+from cases.verify_attention import catalog as cases
+from fused.verify_attention import wrapper as fused
+from cases.verify_attention import mutants as va_mutants
+from harness import compare, poison, tolerance
+from harness.parity import runners
 from reference import checks
-from reference import verify_attention as ref
-from reference import verify_attention_batched as ref_batched
-from reference import verify_attention_sdpa as ref_sdpa
+from reference.verify_attention import chain as ref
+from reference.verify_attention import batched as ref_batched
+from reference.verify_attention import sdpa as ref_sdpa
 from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "verify_attention"
@@ -362,7 +363,7 @@ def test_fallback_gives_the_same_answer(device, name):
     """Where a kernel refuses, the dispatcher falls back (split-KV or reference) — same bytes as the
     path it fell back to, and within tolerance of the oracle."""
     kw = cases.build_inputs(CATALOG[name], device)
-    got = fused.verify_attention(**kw)["o"]
+    got = fused.verify_attention.wrapper(**kw)["o"]
     if fused.can_handle("split_kv", **kw) is True and kw["topk"] == 1:
         want = fused.verify_split_kv(**kw)["o"]
     else:
@@ -378,7 +379,7 @@ def test_dispatch_routes_like_the_gate(device, monkeypatch):
     for name, want in (("qwen35-tp-h4-l1", ["shared_kv"]), ("gqa-hkv2-h4-d128", ["split_kv"]),
                        ("group-6-odd", ["split_kv"]), ("tree-topk2-qwen35", [])):
         seen.clear()
-        fused.verify_attention(**cases.build_inputs(CATALOG[name], device))
+        fused.verify_attention.wrapper(**cases.build_inputs(CATALOG[name], device))
         assert seen == want, name
 
 
@@ -431,7 +432,7 @@ BAD = [
 @bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
     fn = {"reference": ref.verify_attention, "split_kv": fused.verify_split_kv, "shared_kv": fused.verify_shared_kv,
-          "dispatch": fused.verify_attention, "sdpa": ref_sdpa.verify_attention_sdpa}[impl]
+          "dispatch": fused.verify_attention.wrapper, "sdpa": ref_sdpa.verify_attention_sdpa}[impl]
     assert_bad_input_named(fn, _kw(device), arg, make, err)
 
 
@@ -594,7 +595,7 @@ def test_fp8_flavour_refused_where_the_arch_cannot_convert():
 def test_bench_baselines_compute_the_op(layout):
     """The benchmark's dense reference (what it torch.compiles) and its SDPA call compute the
     same function as the oracle on the benchmark's own inputs (small sizes, CPU)."""
-    from harness.bench import verify_attention as bench
+    from cases.verify_attention import bench
 
     B, n, H, L = 2, 40, 4, 4
     kw, D, Dv = bench._inputs(layout, B, n, H, L, dev="cpu")
@@ -860,7 +861,7 @@ def test_compiled_launch_1_graph_does_not_grow_with_the_splits():
     16 splits of a 32K prefix kept inductor's fusion pass busy past 140 s on the H200. Dynamo only
     (a backend that counts the graph's nodes), so it runs on the CPU. Plant: launch 1 compiled whole
     fails (its graph grows with the splits)."""
-    from harness.ops import verify_attention as ov
+    from cases.verify_attention import spec as ov
 
     sizes = {}
 

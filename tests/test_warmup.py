@@ -133,7 +133,7 @@ def test_big_catalog_cases_are_tasks_of_their_own_and_go_first(registry):
     task alone, ahead of every chunk, so the longest tasks start first. Planted: chunking the plan
     in order (big cases inside a 20-case chunk) or appending them last fails."""
     from cases import base, profiles
-    from harness import warmup
+    from harness.gpu import warmup
 
     ops = ["qk_norm_rope", "verify_attention"]
     impls = [registry.impls[k] for k in ("qk_norm_rope/fused", "verify_attention/fused")]

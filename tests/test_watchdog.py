@@ -1,4 +1,4 @@
-"""Results as they complete and the per-case watchdog (``harness.pool``, ``harness.suite``):
+"""Results as they complete and the per-case watchdog (``harness.pool``, ``harness.parity.suite``):
 one slow or hung case holds back nothing (a run stopped by SIGTERM keeps every case that
 completed, the hung one's too if it was interrupted), a case past ``--case-timeout-s`` is a
 failing ``timeout`` row with its worker's stack on disk and the run goes on, and ``timeout``
@@ -18,7 +18,9 @@ import pandas as pd
 import pytest
 
 from cases import profiles
-from harness import pool, suite, summary
+from harness import pool
+from harness.parity import suite
+from reports import summary
 from harness.registry import Impl
 from tests.helpers import subprocess_env
 

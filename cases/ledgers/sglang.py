@@ -6,7 +6,7 @@ Both were found on the H200 (compiled) and on the CPU (interpreter); neither is 
 """
 from __future__ import annotations
 
-from cases import verify_attention as va
+from cases.verify_attention import catalog as va
 from harness.ledger import KnownFailure
 
 # SGLang's split-KV partition (verify_splitkv.py): N_SPLITS from the batch's average prefix length,

@@ -6,7 +6,7 @@ class, and in ``catches`` the checks that must flag it. ``nox -s mutants`` (and
 
 ``cases/mutants/gpu/`` is not loaded here (no op is called "gpu"): its mutants compute the
 right numbers the wrong way (extra launches, a gate that flips between graph capture and
-replay), so only ``harness.gpu_checks`` on a GPU can flag them; the kill matrix says so.
+replay), so only ``harness.gpu.checks`` on a GPU can flag them; the kill matrix says so.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ if TYPE_CHECKING:  # an annotation only: harness.registry.default_registry impor
 
 
 def register(reg: Registry) -> None:
-    mods = [importlib.import_module(f"cases.mutants.{op}") for op in sorted(reg.ops)
-            if importlib.util.find_spec(f"cases.mutants.{op}") is not None]
+    mods = [importlib.import_module(f"cases.{op}.mutants") for op in sorted(reg.ops)
+            if importlib.util.find_spec(f"cases.{op}.mutants") is not None]
     for mod in mods:
         for impl in mod.MUTANTS:
             reg.add(impl)

@@ -19,14 +19,14 @@ class PathMutant(Backend):
     order), ``uses`` the roles of the registered kernels it runs (``kernels``)."""
 
     def path(self, reg, family: str):
-        from harness import timeline
+        from harness.timelines import runner as timeline
 
         return replace(timeline.clean_path(reg, family, backend=self), name=f"{family}:{self.name}", doc=self.doc)
 
     def kernels(self, reg) -> list[str]:
         """Keys of the registered kernels it runs (each must pass per-kernel parity), in registry
         order: its families' clean fused implementations of the roles in ``uses``."""
-        from harness import timeline
+        from harness.timelines import runner as timeline
 
         keys = set()
         for family in self.families:

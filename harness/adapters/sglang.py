@@ -238,7 +238,7 @@ def IMPLS() -> list[Impl]:
 def bench_calls(kw: dict) -> dict:
     """Zero-argument callables running SGLang's two attention kernels as its backend does (scratch cached
     across calls, the vendor's own split counts) on verify_attention keyword arguments ``kw``, for the
-    benchmark (harness/bench/verify_attention.py); {} when sglang is not installed."""
+    benchmark (cases/verify_attention/bench.py); {} when sglang is not installed."""
     try:
         mods = load()
     except SGLangUnavailable:
@@ -258,7 +258,7 @@ def bench_calls(kw: dict) -> dict:
 def qk_bench_calls(kw: dict) -> dict:
     """{"sglang-qk-norm-rope": a zero-argument callable} running SGLang's ``fused_qk_norm_rope_swa_store``
     in target-verify (no store) as its model calls it, on qk_norm_rope keyword arguments ``kw``, for
-    the benchmark (harness/bench/qk_norm_rope.py): q_out allocated per call, kv normalised in place on
+    the benchmark (cases/qk_norm_rope/bench.py): q_out allocated per call, kv normalised in place on
     its own copy (the same strides), so the other implementations' inputs stay untouched. {} when
     sglang is not installed or its kernel declines the inputs (``_qk_can_handle``)."""
     try:

@@ -1,5 +1,5 @@
 """``--before`` of the benchmarks: an earlier tree's op module loaded beside ours (e.g.
-``python -m harness.bench.qk_norm_rope --vs-sglang --before OLD/fused/qk_norm_rope.py``), with the kernels
+``python -m cases.qk_norm_rope.bench --vs-sglang --before OLD/fused/qk_norm_rope.py``), with the kernels
 and the dispatch of that tree, so that what is timed as ``before`` is that tree's code throughout."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 
 def load_module(path):
-    """A kernel module from a file (``--before``: e.g. an earlier commit's fused/qk_norm_rope.py) with
+    """A kernel module from a file (``--before``: e.g. an earlier commit's fused/qk_norm_rope/wrapper.py) with
     its own companions: a ``kernels/qk_norm_rope.py`` beside the file stands in for
-    ``fused.kernels.qk_norm_rope`` and a ``qk_norm_rope_dispatch.py`` for ``fused.qk_norm_rope_dispatch``
+    ``fused.qk_norm_rope.kernels`` and a ``qk_norm_rope_dispatch.py`` for ``fused.qk_norm_rope.dispatch``
     while the file is imported (the dispatch launches the kernel its own import found, so both must be
     the file's tree's; a file without them holds its kernels). Ours are back in place afterwards."""
     import importlib

@@ -1,5 +1,5 @@
 """The op benchmarks' driver: the run profile, one shape's measurement (every implementation timed
-and its launches counted through ``harness.profiling``), the run plan with its wall-time estimate,
+and its launches counted through ``harness.gpu.profiling``), the run plan with its wall-time estimate,
 and the run that ``python -m harness.bench`` and each ``python -m harness.bench.<op>`` call. PerfRow
 assembly and the summary (pure functions of the timings) are ``harness.bench.perf_rows``, the shapes'
 and wide rows' shared parts ``harness.bench.wide_rows``: both re-exported here.
@@ -30,7 +30,8 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from harness import devices, profiling
+from harness import devices
+from harness.gpu import profiling
 from harness.bench.perf_rows import (  # noqa: F401  (re-exported: the op benchmarks' and tests' names)
     MODES,
     NOT_MEASURED,
@@ -138,7 +139,7 @@ def measure(impls: dict[str, Callable[[], object]], dev: devices.Device, *, warm
 
 def context(profile: BenchProfile, seed: int = 0) -> Context:
     """The GPU, the provenance every row carries (as parity rows build it) and the copy roof."""
-    from harness.suite import provenance
+    from harness.parity.suite import provenance
 
     dev = devices.select("auto")
     return Context(dev=dev, prov=provenance(dev, profile, seed), copy_gbps=profiling.copy_bandwidth_gbps(),

@@ -1,5 +1,5 @@
 """Block-config sweep for the verify_attention kernels on a GPU (a tool for filling the per-arch
-table ``fused.verify_attention.BLOCK_CONFIG``, not a test and not a benchmark claim).
+table ``fused.verify_attention.wrapper.BLOCK_CONFIG``, not a test and not a benchmark claim).
 
     python -m harness.bench.sweep --out DIR [--layout gqa|mla] [--b 64] [--prefix 4096]
 
@@ -51,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import pandas as pd
 
-    from fused import verify_attention as f
-    from harness import devices, profiling
+    from fused.verify_attention import wrapper as f
+    from harness import devices
+    from harness.gpu import profiling
     from harness.bench import perf
-    from harness.bench import verify_attention as vb
+    from cases.verify_attention import bench as vb
 
     devices.select("auto")
     arch = f.arch()

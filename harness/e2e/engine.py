@@ -1,6 +1,6 @@
 """Greedy decoding, plain and speculative, over the KV model of the store-timing timelines
 (``reference.kv_model``: unified ring for DeepSeek-V4, translated paged pool for K3, paged for
-Qwen3.5), with every prepare and attention launch taken from a ``harness.timeline.Path``: any
+Qwen3.5), with every prepare and attention launch taken from a ``harness.timelines.runner.Path``: any
 registered implementation (reference, fused, external, mutant) per op, run through the path's
 backend (``harness.backend.Backend``: store policy, rollback, positions, slots, gates — the one
 the timelines check).
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from harness import timeline
+from harness.timelines import runner as timeline
 from harness.backend import branch_mode
 from harness.e2e import tokenizer as tok
-from harness.prepares.base import attention_spec, chunk_kv, kv_views, prepare_of, row_shape
+from harness.timelines.prepare import attention_spec, chunk_kv, kv_views, prepare_of, row_shape
 from harness.e2e.model import Micro
 from reference import kv_model
 

@@ -27,7 +27,7 @@ from cases import gsm8k_synth as g
 from cases import timelines as tl
 from cases.mutants import timelines as mt
 from harness import backend as backend_mod
-from harness import timeline
+from harness.timelines import runner as timeline
 from harness.e2e import answers, stats
 from harness.e2e import drafters as D
 from harness.e2e import engine as E
@@ -157,7 +157,7 @@ def _generation(task) -> tuple[E.Generation, float]:
     """One generation run (a worker's unit): (layout, label or None for the reference greedy run,
     profile, models dir, problem count, first, end) -> (tokens/acceptance of problems [first, end),
     seconds)."""
-    from harness import suite
+    from harness.parity import suite
 
     layout, label, profile, models_dir, n, lo, hi = task
     dev, reg = suite.worker_state()
@@ -181,7 +181,7 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
     """Every (layout, path) generation, then the rows. ``jobs`` > 1 runs the generations (the
     reference greedy run and each path's speculative run) in that many spawned processes: on a
     GPU the engine's time is host-side, so paths of one layout run side by side."""
-    from harness.suite import provenance
+    from harness.parity.suite import provenance
 
     prov = provenance(dev, profile, seed).__dict__
     n = problems or profile.problems
@@ -211,7 +211,7 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
             progress(f"[{done[0]}/{len(tasks)}] {t[0]} {t[1] or 'reference greedy'}: problems {t[6]} of {count[t[:2]]} "
                      f"(batch {res[1]:.1f}s, run so far {sum(s for _, (_, s) in parts[t[:2]]):.0f}s)")
 
-    from harness import suite
+    from harness.parity import suite
 
     if jobs <= 1:
         suite.set_worker_state(dev, reg)

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from cases import timelines as tl
-from harness.prepares.base import prepare_of
+from harness.timelines.prepare import prepare_of
 from harness.e2e import tokenizer as tok
-from reference import qk_norm_rope as qk_ref
+from reference.qk_norm_rope import chain as qk_ref
 
 LAYOUTS = ("dsv4-mqa-ring", "k3-mla-fp8", "qwen35-gqa")
 ROPE = {"dsv4-mqa-ring": ("interleaved", 16), "k3-mla-fp8": ("neox", 16), "qwen35-gqa": ("neox", 32)}
@@ -54,7 +54,7 @@ class MicroConfig:
 
 
 def proj_widths(fam: tl.Family) -> dict[str, int]:
-    """Projection name -> width: those the family's prepare step takes (``harness.prepares.base.Prepare``)."""
+    """Projection name -> width: those the family's prepare step takes (``harness.timelines.prepare.Prepare``)."""
     return prepare_of(fam).projections(fam)
 
 

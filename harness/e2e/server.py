@@ -106,7 +106,8 @@ def make_server(svc: MicroService, port: int = 0) -> ThreadingHTTPServer:
 
 def build_service(args) -> MicroService:
     from cases.mutants import timelines as mt
-    from harness import devices, timeline
+    from harness import devices
+    from harness.timelines import runner as timeline
     from harness.e2e import gate
     from harness.registry import default_registry
 

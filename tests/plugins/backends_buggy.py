@@ -113,7 +113,7 @@ class UnifiedAsNonUnified(Backend):
 
 
 def _accept_one_short(**kw):
-    from reference import verify_accept as r
+    from reference.verify_accept import chain as r
 
     out = r.verify_accept(**kw)
     n = (out["accept_length"] - 1).clamp(min=0)
@@ -125,7 +125,7 @@ ACCEPT = Impl("verify_accept", "accept-one-short", "external", _accept_one_short
 
 
 def _drops_q_weight(**kw):
-    from reference import qk_norm_rope as r
+    from reference.qk_norm_rope import chain as r
 
     return r.qk_norm_rope_step(**{**kw, "q_norm_weight": None})
 

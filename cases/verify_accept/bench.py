@@ -1,0 +1,152 @@
+"""Benchmark (not a test) of verify_accept on a GPU: the fused one-launch kernel vs the reference
+six-launch chain vs torch.compile of that chain, side by side in one run.
+
+    python -m cases.verify_accept.bench --out DIR [--quick] [--b B ...] [--v V ...]
+
+Shapes: B requests in 1..64 × L = 4 drafts (L + 1 = 5 target rows each), vocabularies of the
+32K / 128K / 160K classes (32,000 Llama-2, 128,256 Llama-3, 160,000), bf16 logits as an LM head
+hands them over: a (B·(L + 1), V) slice of a buffer whose rows are V + 128 wide (row stride > V).
+Every draft is the target's argmax, so every request accepts all L drafts: the fused kernel
+reads every row (its worst case; on a rejection it stops reading the request's later rows).
+
+Per implementation: p20/p50/p80 (``harness.gpu.profiling.time_quantiles_us``), ratios to the
+reference chain and to torch.compile of it, achieved bandwidth (bytes the op must move: read
+the logits once in bf16, the drafts and qo_indptr; write the ids and lengths) against the
+measured device-to-device copy bandwidth, and the kernel launches of one call
+(``count_launches``). The fused kernel must be exactly 1 launch (else exit 1). Each shape also
+compares the fused outputs with the chain's (``mismatches``: differing elements; a MISMATCH
+line when not 0). Writes DIR/verify_accept_bench.csv (wide, one row per shape) and
+DIR/perf.csv (PerfRow). Without a GPU it says so and exits 0.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from harness.bench import perf
+from reports.rows import PerfRow
+
+OP = "verify_accept"
+IMPLS = ("fused", "reference", "compiled")
+EXPECTED_LAUNCHES = {"fused": 1}
+WARMUP_MS, REP_MS = 10, 50
+EXTRA_TIMINGS = 0
+L = 4
+ROW_PAD = 128  # the LM head's buffer is this much wider than the vocabulary
+B_FULL, V_FULL = (1, 8, 64), (32000, 128256, 160000)
+# the quick set (the nightly's bench step): one request at the largest vocabulary (one program streams
+# it all), a full batch at both ends; 3 shapes, so every op's quick plan together stays within
+# harness.bench.perf.QUICK_BUDGET_S (4 shapes here: 123 s modelled against its 120)
+QUICK = ((1, 160000), (64, 32000), (64, 160000))
+
+
+@dataclass(frozen=True)
+class Shape:
+    B: int  # requests
+    V: int  # vocabulary
+    L: int = L
+
+    @property
+    def T(self) -> int:  # target rows
+        return self.B * (self.L + 1)
+
+    @property
+    def case(self) -> str:
+        return f"B={self.B},L={self.L},V={self.V}"
+
+
+def shapes(quick: bool, b: list[int] | None = None, v: list[int] | None = None) -> list[Shape]:
+    """The benchmarked shapes; ``b`` / ``v`` replace the profile's batch / vocabulary lists (the
+    quick set's are those its shapes use)."""
+    if quick and not b and not v:
+        return [Shape(B, V) for B, V in QUICK]
+    bq, vq = sorted({B for B, _ in QUICK}), sorted({V for _, V in QUICK})
+    return [Shape(B, V) for B in (b or (bq if quick else B_FULL)) for V in (v or (vq if quick else V_FULL))]
+
+
+def bytes_moved(s: Shape) -> int:
+    """Logits (T, V) bf16 read once, drafts (B·L) int64, qo_indptr (B + 1) int32, output ids
+    (B, L + 1) and lengths (B,) int32 written."""
+    return s.T * s.V * 2 + s.B * s.L * 8 + (s.B + 1) * 4 + s.B * (s.L + 1) * 4 + s.B * 4
+
+
+# mismatches: fused vs the chain, elements of output_ids and accept_length (must be 0)
+BenchRow = perf.wide_row_type(__name__, (("B", int), ("L", int), ("V", int), ("T", int), ("bytes_moved", int)),
+                              (("mismatches", int),))
+
+
+def _inputs(s: Shape, dev) -> dict:
+    """Strided bf16 logits, every draft the target's argmax (all accepted), qo_indptr of L + 1 rows each."""
+    g = torch.Generator(device=dev).manual_seed(s.B * 1000 + s.V)
+    buf = torch.randn(s.T, s.V + ROW_PAD, device=dev, generator=g).bfloat16()
+    logits = buf[:, :s.V]
+    target = torch.argmax(logits, dim=-1).view(s.B, s.L + 1)
+    return dict(target_logits=logits, draft_tokens=target[:, :s.L].contiguous().flatten(),
+                qo_indptr=torch.arange(0, s.T + 1, s.L + 1, dtype=torch.int32, device=dev))
+
+
+def _chain(target_logits, drafts, qo_indptr):
+    """The reference chain's six launches (what torch.compile gets); no validation."""
+    from reference.verify_accept import chain as r
+
+    rows, real = r.request_rows(qo_indptr, drafts.shape[1])
+    target = r.gather_targets(r.row_argmax(target_logits), rows, real)
+    n = r.accept_lengths(r.match(target, drafts), real)
+    return r.output_ids(drafts, r.bonus_tokens(target, n), n, real), n
+
+
+def _implementations(kw: dict, compiled_chain) -> dict:
+    """Zero-argument callables, each doing the whole op once on the same inputs (no validation:
+    it copies qo_indptr and the drafts' range to the host, a sync that is not the op)."""
+    from fused.verify_accept import wrapper as f
+    from reference.verify_accept import chain as r
+
+    B = kw["qo_indptr"].shape[0] - 1
+    drafts = kw["draft_tokens"].view(B, -1)
+    dev = kw["target_logits"].device
+
+    def fused():
+        out = torch.empty((B, drafts.shape[1] + 1), dtype=r.OUT_DTYPE, device=dev)
+        n = torch.empty((B,), dtype=r.OUT_DTYPE, device=dev)
+        f._launch(output_ids=out, accept_length=n, **kw)
+        return out, n
+
+    args = (kw["target_logits"], drafts, kw["qo_indptr"])
+    return {"fused": fused, "reference": lambda: _chain(*args), "compiled": lambda: compiled_chain(*args)}
+
+
+WIDE_CSV = "verify_accept_bench.csv"
+
+
+def measurements(shape_list: list[Shape], ctx: perf.Context):
+    compiled_chain = perf.compile_static(_chain)
+    for s in shape_list:
+        kw = _inputs(s, ctx.dev.torch_device)
+        impls = _implementations(kw, compiled_chain)
+        (fo, fn), (ro, rn) = impls["fused"](), impls["reference"]()
+        bad = int((fo != ro).sum()) + int((fn != rn).sum())
+        t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+        del kw, impls, fo, fn, ro, rn
+        yield perf.Measured(s, t, bytes_moved(s), {"mismatches": bad})
+
+
+def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
+    s, bad = m.shape, m.extra["mismatches"]
+    row = BenchRow(B=s.B, L=s.L, V=s.V, T=s.T, bytes_moved=m.bytes_moved, **perf.fused_vs_chain(m, rows["fused"]),
+                   mismatches=bad)
+    line = f"{perf.fused_line(m, rows['fused'])} | mismatches {bad}"
+    if bad:
+        line += f"\n  MISMATCH {s.case}: {bad} output elements of the fused kernel differ from the chain's"
+    return row, line
+
+
+def main(argv: list[str] | None = None) -> int:
+    return perf.main_for(sys.modules[__name__], argv, quick_help=f"(B, V) {QUICK} only",
+                         options={"--b": f"batch sizes (default {B_FULL})", "--v": f"vocabularies (default {V_FULL})"},
+                         pick=lambda args, ap: shapes(args.quick, args.b, args.v))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

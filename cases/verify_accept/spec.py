@@ -1,0 +1,112 @@
+"""Registry entry for ``verify_accept``: its OpSpec and built-in implementations.
+
+Contract: exact. ``output_ids`` (B, L + 1) and ``accept_length`` (B,) int32 equal the reference
+chain's element for element (``reference.verify_accept.chain``: the argmax rule, padding requests).
+No buffer is written in place, so there are no effects; every input must keep its bytes.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from harness.ops import stem_spec
+from harness.registry import GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
+
+OP = "verify_accept"
+
+# kill matrix: the targeted catalog subset, one case per mutant's bug (a rejected draft, the bonus row
+# after a mismatch at real vocabulary size, planted tied maxima, strided logits rows), and one timeline: its
+# accept(n) step runs the op, so an n off by one shows in the KV truth too (the bonus, ties and strides do
+# not: the timeline's logits have one maximum per row, contiguous)
+KILL = KillPlan(clean=("reference", "fused"),
+                cases=("none-accepted", "llama2-b4-l4-v32000", "ties-planted", "strided-rows"),
+                timelines=("qwen35-gqa/width-4-reject",))
+
+STAGES = ("row_argmax", "gather_targets", "match", "accept_lengths", "bonus_tokens", "output_ids")
+
+
+def _capture_patches(inputs):
+    """As a CUDA graph runs it: the value checks of ``validate`` (a host copy of qo_indptr and of
+    the drafts' range) off after the validated eager call; the tensor checks stay."""
+    from reference.verify_accept import chain as r
+
+    def tensors_only(*, check_values=True, **kw):  # the wrapper's check_values asks for what a graph cannot do
+        return r.validate_tensors(**kw)
+
+    return [(r, "validate", tensors_only)]
+
+
+# GPU-only checks (harness.gpu.runners): one program per request, the chain's six launches. Both are
+# captured: the only syncs are validate's host copies, which the capture patches turn off after the
+# validated eager call (the chain itself is gathers, compares and a cumprod on device). No dispatch gate
+# (the fused call always launches its kernel): the graph check's gate row is a skip
+GPU = GpuPlan(("b8-l3-v8192-mixed",), "b64-l4-v160k", 1, STAGES, lambda c, kw: len(STAGES), "verify_accept",
+              capture_patches=_capture_patches)
+
+
+def _no_effects(case, inputs, oracle):
+    return []
+
+
+def _fused(**kw):
+    from fused.verify_accept import wrapper as f
+
+    return f.verify_accept(**kw)
+
+
+@functools.cache
+def _compiled_chain():
+    from reference.verify_accept import chain as r
+
+    def chain(target_logits, drafts, qo_indptr):
+        rows, real = r.request_rows(qo_indptr, drafts.shape[1])
+        target = r.gather_targets(r.row_argmax(target_logits), rows, real)
+        n = r.accept_lengths(r.match(target, drafts), real)
+        return r.output_ids(drafts, r.bonus_tokens(target, n), n, real), n
+
+    # one graph per (index dtypes, contiguous or strided rows) x dynamic shapes: past dynamo's default of 8
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    return torch.compile(chain, dynamic=True)
+
+
+def _compiled(*, target_logits, draft_tokens, qo_indptr):
+    """torch.compile of the reference chain's six launches (validation outside: it reads values)."""
+    from reference.verify_accept import chain as r
+
+    B, L, _ = r.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr)
+    out, n = _compiled_chain()(target_logits, draft_tokens.view(B, L), qo_indptr)
+    return {"output_ids": out, "accept_length": n}
+
+
+def _spec() -> OpSpec:
+    return stem_spec(
+        OP, case_type="VerifyAcceptCase", reference="verify_accept",
+        outputs=(OutputSpec("output_ids", "exact"), OutputSpec("accept_length", "exact")),
+        effects=_no_effects,
+        inputs=("target_logits", "draft_tokens", "qo_indptr"),
+        doc="greedy (top-1) chain acceptance after the target forward: vocab argmax (lowest index among "
+            "equal maxima, NaN the maximum), accept length, bonus token, ids padded with -1",
+        kill=KILL,
+        gpu=GPU,
+        role="accept",  # the accept(n) step of every timeline: its n is what the backend rolls back to
+        nightly=True,  # a parity op: the nightly runs its parity step
+        # per case it is cheap beside the float ops (integer outputs compared exactly: no rounded chains for
+        # an allowance, no buffers to canary): half their workers, i.e. 1 of the 16-core host's parity
+        # processes (harness.nightly.run.parity_jobs), which keeps the concurrent steps within 2 x the cores
+        parity_weight=0.5,
+        # measured on the 2-core CPU: the ci run (31 catalog + 150 generated cases), reference + fused, in 81 s
+        interpreter_generated=150,
+    )
+
+
+def register(reg: Registry) -> None:
+    from reference.verify_accept import chain as r
+
+    reg.add_op(_spec())
+    reg.add(Impl(OP, "reference", "reference", r.verify_accept,
+                 doc="six launches: argmax, gather per request, match, cumprod accept length, bonus, ids"))
+    reg.add(Impl(OP, "fused", "fused", _fused,
+                 doc="one Triton launch: a program per request, vocab argmax per row in chunks, then the walk"))
+    reg.add(Impl(OP, "compiled", "compiled", _compiled,
+                 doc="torch.compile(dynamic=True) of the reference chain's six launches"))

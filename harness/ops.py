@@ -1,0 +1,60 @@
+"""The list of built-in ops (``BUILTIN``) and how their registry entries load: each op's
+``cases/<op>/spec.py`` defines ``register(reg)``, which adds the op's ``OpSpec`` and its built-in
+implementations (reference, fused, compiled).
+
+Each op lives in four homes with one name stem — ``reference/<op>/`` (the chain, its oracle and
+other forms), ``fused/<op>/`` (wrapper and gate, dispatch, launch configuration, kernels),
+``cases/<op>/`` (spec and registrations, catalog and strategies, mutants, GPU mutants, bad-input
+classes, benchmark, timeline prepare adapter) and ``tests/test_<op>*.py`` — which
+``tests/test_inventory.py`` checks. Adding an op = adding its name to ``BUILTIN``: everything the
+shared machinery needs about it (tolerances, kill matrix, GPU plan, nightly, benchmark, its role in
+the timeline models) is in its ``OpSpec``, and no shared module names it.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+
+from harness.registry import OpSpec, Registry
+
+BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention", "verify_accept")
+
+
+def register_builtin(reg: Registry) -> None:
+    for op in BUILTIN:
+        importlib.import_module(f"cases.{op}.spec").register(reg)
+
+
+@functools.cache
+def builtin_specs() -> dict[str, OpSpec]:
+    """The built-in ops' specs by name, in ``BUILTIN`` order (a registry of their own, built once)."""
+    reg = Registry()
+    register_builtin(reg)
+    return dict(reg.ops)
+
+
+def _prepare_adapter(op: str):
+    """``OpSpec.timeline`` of a built-in op of role ``prepare``: its ``cases/<op>/prepare.py`` adapter."""
+    return importlib.import_module(f"cases.{op}.prepare").ADAPTER
+
+
+def stem_spec(op: str, *, case_type: str, reference: str, **fields) -> OpSpec:
+    """The ``OpSpec`` of built-in ``op`` with the fields its stem modules give, by attribute name:
+    ``case_type`` and the case side (``catalog``, ``strategy`` = its ``cases``, ``build_inputs``,
+    ``case_cost`` when it has one) from ``cases/<op>/catalog.py``; the chain ``reference`` from
+    ``reference/<op>/chain.py`` and the oracle ``<op>_oracle`` from ``reference/<op>/oracle.py`` (the chain's
+    module when the op has no oracle module); its GPU benchmark ``cases/<op>/bench.py`` (``bench``) and, for role
+    ``prepare``, its timeline adapter from ``cases/<op>/prepare.py`` (``timeline``) unless
+    ``fields`` say otherwise. ``fields``: every other OpSpec field."""
+    c = importlib.import_module(f"cases.{op}.catalog")
+    r = importlib.import_module(f"reference.{op}.chain")
+    o = (importlib.import_module(f"reference.{op}.oracle")
+         if importlib.util.find_spec(f"reference.{op}.oracle") is not None else r)
+    fields.setdefault("bench", f"cases.{op}.bench")
+    fields.setdefault("case_cost", getattr(c, "case_cost", None))
+    if fields.get("role") == "prepare":
+        fields.setdefault("timeline", functools.partial(_prepare_adapter, op))
+    return OpSpec(name=op, case_type=getattr(c, case_type), catalog=c.catalog, strategy=c.cases,
+                  build_inputs=c.build_inputs, reference=getattr(r, reference), oracle=getattr(o, f"{op}_oracle"),
+                  **fields)

@@ -1,0 +1,214 @@
+"""The records of one implementation's run on one case (``harness.parity.runners`` makes the runs):
+``finite``/``numeric``/``exact`` of every output of the contract, ``effect``/``untouched`` of
+every buffer the op writes (``OpSpec.effects``), ``untouched:<input>`` of every input it may not write.
+
+A rerun or poisoned run whose outputs hold the first run's bytes gets the first run's output
+records under its suffix (``FirstRun``: the records are functions of those bytes); its effect
+records likewise when the inputs the effects read, the buffers and their before-copies match.
+Any byte that differs is compared in full.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from harness import compare
+from harness.registry import Impl, OpSpec
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """Outputs of the reference chain with a precision class's roundings emulated, once per
+    ``OpSpec.rounding_variants`` entry, and the label its records carry (``detail``: which chain the
+    allowance came from). A numeric check takes the variant with the largest allowance."""
+    outs: tuple[dict, ...]
+    label: str
+
+
+def writable_buffers(spec: OpSpec, inputs: dict) -> tuple[str, ...]:
+    """The op's writable buffers this case passes (a case may leave one None: a non-unified
+    qk_norm_rope layer has no ring)."""
+    return tuple(b for b in spec.writable if isinstance(inputs.get(b), torch.Tensor))
+
+
+class _HostView(Mapping):
+    """``inputs`` with each tensor copied to the host when it is read (``OpSpec.effects`` reads a few)."""
+
+    def __init__(self, inputs: dict):
+        self._inputs, self._host = inputs, {}
+
+    def __getitem__(self, name):
+        if name not in self._host:
+            v = self._inputs[name]
+            self._host[name] = v.detach().cpu() if isinstance(v, torch.Tensor) else v
+        return self._host[name]
+
+    def __iter__(self):
+        return iter(self._inputs)
+
+    def __len__(self):
+        return len(self._inputs)
+
+
+def _rows(buf: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``buf[rows]`` on ``buf``'s device, the bounds checked on the host first (as ``buf.cpu()[rows]``
+    would: an IndexError, never a device-side assert). Shape: rows (n,) long, on the host."""
+    if rows.numel() and not (-buf.shape[0] <= int(rows.min()) and int(rows.max()) < buf.shape[0]):
+        raise IndexError(f"effect rows {rows.tolist()} out of bounds for a buffer of {buf.shape[0]} rows")
+    return buf[rows.to(buf.device)]
+
+
+def _output_records(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, suffix: str = "",
+                    allowance: Allowance | None = None, inputs: dict | None = None,
+                    before: dict | None = None) -> list[compare.Record]:
+    """The records of ``spec.outputs``: a function of ``out``'s outputs (None, or shape, dtype and bytes)
+    and, for an output with ``OutputSpec.observed``, of the writable buffers in ``inputs`` and ``before``."""
+    recs = []
+    is_ref = impl.kind == "reference"
+    for o in spec.outputs:
+        if not o.when(case):
+            continue
+        got = out.get(o.name)
+        if o.contract == "exact":
+            if o.observed is not None:
+                got = o.observed(got, inputs, before)
+            rec = compare.exact(f"exact:{o.name}{suffix}", got, ref_out[o.name])
+            if o.observed is not None and not rec.passed and o.observed.__doc__:
+                rec = dataclasses.replace(rec, detail=f"{rec.detail} ({o.observed.__doc__.strip().splitlines()[0]})")
+            recs.append(rec)
+        else:
+            tol = spec.tolerance(o.name, got.dtype if got is not None else ref_out[o.name].dtype)
+            recs.append(compare.finite(f"finite:{o.name}{suffix}", got, oracle[o.name]))
+            chains = (ref_out,) if allowance is None else allowance.outs
+            rec = max((compare.numeric(f"numeric:{o.name}{suffix}", got, oracle[o.name], chain.get(o.name), tol,
+                                       is_reference=is_ref) for chain in chains),
+                      key=lambda r: r.allowed if r.allowed == r.allowed else float("-inf"))
+            if allowance is not None:
+                rec = dataclasses.replace(rec, detail="; ".join(x for x in (rec.detail, allowance.label) if x))
+            recs.append(rec)
+    return recs
+
+
+def _effect_records(spec: OpSpec, impl: Impl, case, oracle, inputs: dict, ref_inputs: dict, before: dict,
+                    suffix: str = "", seen: dict | None = None) -> list[compare.Record]:
+    """The records of ``spec.effects``: a function of the inputs ``spec.effects`` reads (host
+    copies of them land in ``seen``), the effect buffers and ``before``'s. Compared on the buffers' device."""
+    recs = []
+    is_ref = impl.kind == "reference"
+    view = _HostView(inputs)
+    if seen is not None:
+        view._host = seen
+    for eff in spec.effects(case, view, oracle):
+        buf, rbuf = inputs[eff.buffer].detach(), ref_inputs[eff.buffer].cpu()
+        rows = eff.rows.cpu().long()
+        if rows.numel():
+            got, want = _rows(buf, rows), rbuf[rows]
+            if eff.view is not None:
+                got, want = eff.view(got), eff.view(want)
+            if eff.contract == "exact":
+                recs.append(compare.exact(f"effect:{eff.buffer}{suffix}", got, want))
+            else:
+                tol = spec.tolerance(eff.buffer, buf.dtype)
+                recs.append(compare.finite(f"finite:{eff.buffer}{suffix}", got, eff.oracle_rows))
+                recs.append(compare.numeric(f"effect:{eff.buffer}{suffix}", got, eff.oracle_rows, want, tol,
+                                            is_reference=is_ref))
+        recs.append(compare.untouched(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer], rows,
+                                      written_bytes=eff.written_bytes))
+    return recs
+
+
+def check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
+                   ref_inputs: dict, before: dict, suffix: str = "", allowance: Allowance | None = None
+                   ) -> list[compare.Record]:
+    """``allowance``: the chain the numeric outputs' allowance comes from (None: ``ref_out``, the exact chain)."""
+    return (_output_records(spec, impl, case, out, oracle, ref_out, suffix, allowance, inputs, before)
+            + _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, suffix))
+
+
+def _same(pairs) -> bool:
+    """Every (a, b) pair holds the same thing: both None, equal non-tensors, or tensors of one
+    shape, dtype and device with the same bytes (compared on the device: one transfer per device)."""
+    differ: dict[torch.device, list] = {}
+    for a, b in pairs:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+                return False
+            if a.numel():
+                differ.setdefault(a.device, []).append((compare._bytes(a) != compare._bytes(b)).any())
+        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            return False
+        else:
+            try:
+                if type(a) is not type(b) or not bool(a == b):
+                    return False
+            except Exception:  # an == that does not answer a bool: not known equal
+                return False
+    return not any(bool(torch.stack(flags).any()) for flags in differ.values())
+
+
+class FirstRun:
+    """The first run's records and the bytes they were computed from: a later run holding the same
+    bytes gets those records under its suffix instead of comparing again (every field equal: the
+    records are functions of those bytes alone, an ``OutputSpec.observed`` output's of the writable
+    buffers' before and after too; ``_output_records``, ``_effect_records``). The
+    bytes are copies taken when the records were made: a later call may write a buffer the first
+    one returned or was given (a persistent output, a captured pointer)."""
+
+    def __init__(self, spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
+                 ref_inputs: dict, before: dict, allowance: Allowance | None):
+        self.out_recs = _output_records(spec, impl, case, out, oracle, ref_out, allowance=allowance, inputs=inputs,
+                                        before=before)
+        self.seen: dict = {}  # host copies of the inputs spec.effects read
+        self.eff_recs = _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, seen=self.seen)
+        self.seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.seen.items()}  # CPU: not copies
+        self.keys = set(inputs)
+        self.out = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+        self.written = {b: inputs[b].detach().clone() for b in writable_buffers(spec, inputs)}
+        self.before = before
+
+    @staticmethod
+    def _renamed(recs: list, suffix: str) -> list[compare.Record]:
+        return [dataclasses.replace(r, check=r.check + suffix, extra=dict(r.extra)) for r in recs]
+
+    def check(self, spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
+              ref_inputs: dict, before: dict, suffix: str, allowance: Allowance | None) -> list[compare.Record]:
+        """``check_outputs`` of a later run, the first run's records where its bytes are the same."""
+        outputs = [o for o in spec.outputs if o.when(case)]
+        outs = [(self.out.get(o.name), out.get(o.name)) for o in outputs]
+        keys_same = set(inputs) == self.keys and set(before) == set(self.before)
+        buffers = [] if not keys_same else ([(v, inputs[b]) for b, v in self.written.items()]
+                                            + [(v, before[b]) for b, v in self.before.items()])
+        if any(o.observed is not None for o in outputs):  # those records read the buffers too
+            buffers_seen_same = outs_same = keys_same and _same(outs + buffers)
+        else:
+            buffers_seen_same, outs_same = False, _same(outs)
+        if outs_same:
+            recs = self._renamed(self.out_recs, suffix)
+        else:
+            recs = _output_records(spec, impl, case, out, oracle, ref_out, suffix, allowance, inputs, before)
+        host = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
+        if keys_same and _same([(v, host(inputs[k])) for k, v in self.seen.items()]
+                               + ([] if buffers_seen_same else buffers)):
+            return recs + self._renamed(self.eff_recs, suffix)
+        return recs + _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, suffix)
+
+
+def untouched_inputs(spec: OpSpec, impl: Impl, inputs: dict, pristine: dict, suffix: str = "") -> list[compare.Record]:
+    """``untouched:<input>`` for every input tensor the call may not write: not the op's writable
+    buffers or caller-provided outputs, not ``impl.may_write``, and not a view sharing storage with
+    one of those (MLA's v is a view of k: a declared write to k shows through v). Each named input
+    is compared whole with its pristine copy (the run's inputs are copies of it), on the device."""
+    allowed = set(spec.writable) | set(spec.out_args) | set(impl.may_write)
+    storages = {t.untyped_storage().data_ptr() for n in allowed if isinstance(t := inputs.get(n), torch.Tensor)} - {0}
+    recs = []
+    for name, t in inputs.items():
+        if name in allowed or not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in storages:
+            continue
+        recs.append(compare.unchanged(f"untouched:{name}{suffix}", t, pristine[name],
+                                      hint=f" (not writable in {spec.name}; a kernel that writes it on purpose "
+                                           f"declares Impl(may_write=({name!r},)))"))
+    return recs
+

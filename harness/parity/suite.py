@@ -1,0 +1,328 @@
+"""A parity run: plan (op × implementation × case), run with progress, rows (their summary: ``reports.summary``).
+
+Cases per op: the whole catalog (``big`` entries only in profiles that ask for them) plus
+``profile.generated`` hypothesis-drawn cases, deterministic for ``seed``.
+"""
+from __future__ import annotations
+
+import hashlib
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from cases import base
+from cases.profiles import Profile
+from harness import devices, pool
+from harness.parity import runners
+from harness.parity import stages
+from harness.devices import Device
+from harness.ledger import verdicts as ledger_verdicts
+from harness.registry import Impl, OpSpec, Registry
+from reports.rows import FAILING, ParityRow, Provenance, git_sha
+
+
+@dataclass(frozen=True)
+class Planned:
+    spec: OpSpec
+    case: object
+
+    @property
+    def display(self) -> str:
+        return base.display_id(self.spec.name, self.case)
+
+    @property
+    def full_id(self) -> str:
+        return base.case_id(self.spec.name, self.case)
+
+
+def generated_count(spec: OpSpec, profile: Profile, *, interpreted: bool, generated: int | None = None) -> int:
+    """``generated`` when given; else the profile's count, capped by the op under the interpreter."""
+    if generated is not None:
+        return generated
+    if interpreted and spec.interpreter_generated is not None:
+        return min(profile.generated, spec.interpreter_generated)
+    return profile.generated
+
+
+def plan_cases(spec: OpSpec, profile: Profile, *, seed: int = 0, generated: int | None = None,
+               interpreted: bool = False) -> list[Planned]:
+    cat = spec.catalog(big=profile.big)
+    n = generated_count(spec, profile, interpreted=interpreted, generated=generated)
+    gen = base.draw(spec.strategy(), n, rng_seed=seed) if n else []
+    return [Planned(spec, c) for c in cat + gen]
+
+
+def shard(items: list, spec: str | None) -> list:
+    """``i/n``: the deterministic i-th of n slices (round robin), 1-based."""
+    if not spec:
+        return items
+    i, n = (int(x) for x in spec.split("/"))
+    if not 1 <= i <= n:
+        raise ValueError(f"--shard: expected i/n with 1 <= i <= n, got {spec!r}")
+    return items[i - 1::n]
+
+
+def provenance(dev: Device, profile: Profile, seed: int) -> Provenance:
+    v = devices.versions()
+    return Provenance(git_sha=git_sha(), device=f"{dev.kind}:{dev.name}", arch=dev.arch, fp8_format=dev.fp8_format,
+                      torch=v["torch"], triton=v["triton"], shim=dev.shim, profile=profile.name, seed=seed)
+
+
+def repro_line(p: Planned, impl: Impl, dev: Device) -> str:
+    """The command that reruns one (case, implementation) as printed, in a fresh process: a plugin
+    loaded by ``--impl module:attr`` is loaded again (``Impl.impl_arg``), from the current directory too."""
+    return f"python -m harness repro '{p.full_id}' --impl {shlex.quote(impl.impl_arg)} --device {dev.kind}"
+
+
+def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov: Provenance,
+             ledger: tuple = ()) -> list[ParityRow]:
+    """The rows of one (implementation, case) run. With a ``ledger`` (harness.ledger), failing checks an
+    entry explains are ``known``, and an entry covering the case whose checks all passed adds a failing
+    ``ledger:<id>`` row (the known failure did not happen)."""
+    common = dict(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display, fp8_policy=impl.fp8_policy,
+                  precision=impl.precision, repro=repro_line(p, impl, dev), seconds=res.seconds, **prov.__dict__)
+    if res.refused:
+        return [ParityRow(check="can_handle", status="refused", err=float("nan"), ref_err=float("nan"),
+                          allowed=float("nan"), max_abs=float("nan"), max_rel=float("nan"), mismatch_frac=float("nan"),
+                          nan_inf_mismatch=0, worst="", detail=res.refused, known="", **common)]
+    known, silent = ledger_verdicts(ledger, p.spec.name, impl.name, p.case,
+                                    [r.check for r in res.records if not r.passed])
+    rows = [ParityRow(check=r.check, status="pass" if r.passed else "known" if r.check in known else "fail",
+                      err=r.err, ref_err=r.ref_err, allowed=r.allowed, max_abs=r.max_abs, max_rel=r.max_rel,
+                      mismatch_frac=r.mismatch_frac, nan_inf_mismatch=r.nan_inf_mismatch, worst=r.worst,
+                      detail=r.detail, known=known.get(r.check, ""), **common)
+            for r in res.records]
+    nan = float("nan")
+    rows += [ParityRow(check=f"ledger:{e.id}", status="fail", err=nan, ref_err=nan, allowed=nan, max_abs=nan,
+                       max_rel=nan, mismatch_frac=nan, nan_inf_mismatch=0, worst="",
+                       detail=f"known failure did not happen (none of {', '.join(e.checks)} failed): fixed? narrow "
+                              f"or remove the entry. Cause: {e.cause}. Upstream: {e.upstream}", known=e.id, **common)
+             for e in silent]
+    return rows
+
+
+_WORKER: tuple | None = None
+
+
+def _worker_init(device_kind: str, fp8_format: str, plugin_specs: tuple[str, ...]) -> None:
+    global _WORKER
+    import torch
+
+    from harness.registry import cwd_on_path, default_registry
+
+    # One intra-op thread per worker: the jobs already fill the cores. With torch's default (one thread
+    # per core in every worker) 4 workers on the 16-core H200 host ran the harness's CPU-side comparisons
+    # 16x slower (qk_norm_rope generated cases: 10.2 s a case against 0.62 s with one thread), and the
+    # nightly's concurrent steps made it worse (docs/nightly.md)
+    torch.set_num_threads(1)
+    cwd_on_path()
+    dev = devices.select(device_kind, fp8_format=fp8_format if device_kind == "cpu" else None)
+    _WORKER = (dev, default_registry(extra=plugin_specs))
+
+
+def worker_state() -> tuple:
+    """(device, registry) of this process: set in spawned workers by ``spawn_map``, or by the
+    caller (``set_worker_state``) when the same task function runs in-process."""
+    return _WORKER
+
+
+def set_worker_state(dev: Device, reg: Registry) -> None:
+    global _WORKER
+    _WORKER = (dev, reg)
+
+
+CASE_TIMEOUT_S = 120.0  # a compiled backend: a cold case compiles a few Triton variants, seconds each
+CASE_TIMEOUT_INTERPRETED_S = 900.0  # the Triton interpreter on a shared CPU
+
+
+def default_case_timeout(dev: Device) -> float:
+    """The per-case time limit (``--case-timeout-s``) when none is given."""
+    return CASE_TIMEOUT_INTERPRETED_S if dev.interpreted else CASE_TIMEOUT_S
+
+
+def spawn_map(fn, tasks: list, jobs: int, dev: Device, plugin_specs: tuple[str, ...] = (), *,
+              timeout_s: float | None = None, stack_dir=None, name=lambda task: "task", isolate: bool = False):
+    """``(index, fn(task) or pool.Lost)`` for every task AS IT COMPLETES (``harness.pool.run``), in
+    ``jobs`` spawned processes, each with its own device and registry (built-ins, mutants, entry
+    points, ``plugin_specs``; ``worker_state()``); ``jobs`` <= 1 without ``isolate`` runs in this
+    process (``fn`` then finds the caller's ``set_worker_state``). A task past ``timeout_s`` is a
+    ``Lost`` (its stack in ``stack_dir/<name(task)>.txt``; the worker killed and replaced). Ctrl-C or
+    SIGTERM stops the workers; what completed before was yielded. Each worker gets one OpenBLAS
+    thread (the jobs already fill the cores; the interpreter's ``tl.dot`` products are tiny: with
+    the default thread count a worker burnt 1.6x the CPU time for the same wall time on the 2-core
+    machine)."""
+    import os
+
+    blas = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"  # inherited by the spawned workers (read when numpy loads)
+    try:
+        yield from pool.run(fn, tasks, jobs, initializer=_worker_init, initargs=(dev.kind, dev.fp8_format, plugin_specs),
+                            timeout_s=timeout_s, stack_dir=stack_dir, name=name, isolate=isolate)
+    finally:
+        if blas is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = blas
+
+
+def _worker_run(task) -> list[runners.CaseResult]:
+    """One case's implementations in a worker (``spawn_map``); each result is emitted as it finishes."""
+    op, impl_keys, case = task
+    dev, reg = _WORKER
+    stages.count_triton_compiles()
+    return runners.run_impls(reg.ops[op], [reg.impls[k] for k in impl_keys], case, dev, emit=pool.emit)
+
+
+def _local_run(task) -> list[runners.CaseResult]:
+    """``_worker_run`` in this process, on the caller's own ``Impl`` objects."""
+    spec, impls, case = task
+    stages.count_triton_compiles()
+    return runners.run_impls(spec, impls, case, _WORKER[0], emit=pool.emit)
+
+
+def _groups(work) -> list[tuple]:
+    """(planned, [impl, ...]) per case, in plan order: the implementations of one case run together
+    (``runners.run_impls``: inputs, reference and oracle once per case)."""
+    groups: list[tuple] = []
+    for p, impl in work:
+        if groups and groups[-1][0] is p:
+            groups[-1][1].append(impl)
+        else:
+            groups.append((p, [impl]))
+    return groups
+
+
+def schedule(groups) -> list[int]:
+    """The order in which the cases of ``groups`` go to the workers: costliest first by their op's
+    ``OpSpec.case_cost`` (longest-processing-time first: a long case that starts last keeps its worker
+    busy while the others idle), plan order among equal costs and for ops without one (cost 0). The
+    rows come back in plan order whatever this is."""
+    def cost(g: int) -> float:
+        p = groups[g][0]
+        return float(p.spec.case_cost(p.case)) if p.spec.case_cost is not None else 0.0
+
+    return sorted(range(len(groups)), key=lambda g: -cost(g))
+
+
+def _results(groups, dev: Device, jobs: int, plugin_specs: tuple[str, ...], reg: Registry | None = None, *,
+             timeout_s: float | None = None, stack_dir=None, isolate: bool = False):
+    """(group index, [CaseResult | pool.Lost per impl]) as each case completes. ``jobs`` > 1 (or
+    ``isolate``) runs cases in spawned processes, each rebuilding the registry (built-ins, mutants,
+    entry points, ``plugin_specs``); else in this process, on the given ``Impl`` objects."""
+    if jobs <= 1 and not isolate:
+        set_worker_state(dev, reg)
+        tasks = [(p.spec, impls, p.case) for p, impls in groups]
+        results = spawn_map(_local_run, tasks, 1, dev, timeout_s=timeout_s, stack_dir=stack_dir,
+                            name=lambda t: stack_name(t[0].name, t[2]))
+    else:
+        tasks = [(p.spec.name, [i.key for i in impls], p.case) for p, impls in groups]
+        results = spawn_map(_worker_run, tasks, jobs, dev, plugin_specs, timeout_s=timeout_s, stack_dir=stack_dir,
+                            name=lambda t: stack_name(t[0], t[2]), isolate=isolate)
+    try:
+        for g, res in results:
+            yield g, (res if not isinstance(res, pool.Lost) else _split_lost(res, len(groups[g][1])))
+    finally:
+        results.close()
+
+
+def stack_name(op: str, case) -> str:
+    """A timed-out case's stack file name: its display id (shortened) and a hash of its full id."""
+    h = hashlib.sha1(base.case_id(op, case).encode()).hexdigest()[:10]
+    return f"{base.display_id(op, case)[:80]}-{h}"
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """An implementation of a lost case (``pool.Lost``) that has no result: the one running when the
+    case was lost (``blocked_by`` None), or one after it (``blocked_by``: that one's index)."""
+    lost: pool.Lost
+    blocked_by: int | None = None
+
+
+def _split_lost(lost: pool.Lost, n: int) -> list:
+    """Per implementation of a lost case: the result it emitted (``runners.run_impls``), else ``Unfinished``."""
+    done = {part[1]: part[2] for part in lost.parts if part[0] == "done"}
+    started = [part[1] for part in lost.parts if part[0] == "start"]
+    running = started[-1] if started and started[-1] not in done else None
+    return [done[j] if j in done else Unfinished(lost, None if j == running else running) for j in range(n)]
+
+
+def lost_rows(p: Planned, impl: Impl, dev: Device, u: Unfinished, prov: Provenance,
+              impls: list[Impl]) -> list[ParityRow]:
+    """The row of an implementation whose case gave no result: status ``timeout`` (the case ran past
+    its limit) or ``fail`` (the worker process died), check ``timeout`` / ``run``, the detail saying
+    where it hung and where the stack is on disk (or which implementation was running instead)."""
+    nan = float("nan")
+    lost = u.lost
+    if u.blocked_by is not None:
+        detail = (f"not run: {impls[u.blocked_by].name} {'timed out' if lost.reason == 'timeout' else 'died'} "
+                  f"first on this case")
+    else:
+        where = lost.innermost()
+        detail = lost.detail + (f"; at {where}" if where else "")
+    return [ParityRow(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display,
+                      check="timeout" if lost.reason == "timeout" else "run",
+                      status="timeout" if lost.reason == "timeout" else "fail", err=nan, ref_err=nan, allowed=nan,
+                      max_abs=nan, max_rel=nan, mismatch_frac=nan, nan_inf_mismatch=0, worst="", detail=detail,
+                      seconds=lost.seconds, fp8_policy=impl.fp8_policy, precision=impl.precision, known="",
+                      repro=repro_line(p, impl, dev), **prov.__dict__)]
+
+
+def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,
+        shard_spec: str | None = None, generated: int | None = None, progress: bool = True,
+        case_filter: str | None = None, jobs: int = 1, plugin_specs: tuple[str, ...] = (),
+        ledger: tuple = (), case_timeout_s: float | None = None, stack_dir=None, isolate: bool = False,
+        stage_table: stages.Table | None = None) -> list[ParityRow]:
+    """Every planned (case, implementation) run's rows, in plan order. Cases complete in any order
+    (one slow or hung case holds back nothing); a case past ``case_timeout_s`` (default:
+    ``default_case_timeout``) gets ``timeout`` rows, its stack in ``stack_dir``. Ctrl-C or SIGTERM
+    keeps every row that completed. ``stage_table`` collects the stages' wall time
+    (``harness.parity.stages``)."""
+    prov = provenance(dev, profile, seed)
+    work = []
+    for op in ops:
+        spec = reg.ops[op]
+        planned = shard(plan_cases(spec, profile, seed=seed, generated=generated, interpreted=dev.interpreted),
+                        shard_spec)
+        if case_filter:
+            planned = [p for p in planned if case_filter in p.display or case_filter in p.full_id]
+        work += [(p, i) for p in planned for i in impls if i.op == op]
+    groups = _groups(work)
+    timeout = default_case_timeout(dev) if case_timeout_s is None else case_timeout_s
+    by_group: dict[int, list[ParityRow]] = {}
+    bar = tqdm(total=len(work), desc="parity", unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,
+               mininterval=0.5 if sys.stderr.isatty() else 15.0)
+    n_fail = 0
+    done = 0
+    order = schedule(groups)
+    results = _results([groups[g] for g in order], dev, jobs, plugin_specs, reg, timeout_s=timeout or None,
+                       stack_dir=stack_dir, isolate=isolate)
+    try:
+        for k, res in results:
+            g = order[k]
+            p, g_impls = groups[g]
+            new = []
+            for impl, r in zip(g_impls, res):
+                t0 = time.perf_counter()
+                if isinstance(r, runners.CaseResult):
+                    new += rows_for(p, impl, dev, r, prov, ledger)
+                    if stage_table is not None:
+                        stage_table.add(p.spec.name, r.stages)
+                else:  # Unfinished
+                    new += lost_rows(p, impl, dev, r, prov, g_impls)
+                if stage_table is not None:
+                    stage_table.add(p.spec.name, {"rows": time.perf_counter() - t0}, run=False)
+            by_group[g] = new
+            n_fail += any(r.status in FAILING for r in new)
+            done += len(g_impls)
+            bar.update(len(g_impls))
+            bar.set_postfix_str(f"{p.spec.name} fail={n_fail}")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a CI time limit): keep what ran, say so
+        print(f"\ninterrupted: {done} of {len(work)} runs done; rows so far are kept", file=sys.stderr)
+    finally:
+        results.close()
+        bar.close()
+    return [r for g in sorted(by_group) for r in by_group[g]]

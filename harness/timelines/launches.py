@@ -1,0 +1,86 @@
+"""The attention and acceptance launches of a timeline step, each with its checks (the prepare
+launch is the family's ``harness.prepares`` adapter's): ``attend`` runs the path's attention op on
+what the backend hands it (the reference op for extend: prefill is setup) and records
+``input:attn-indptr``, ``visible_kv:*`` and ``finite:attn:o`` / ``attn:o`` against the fp64 oracle
+over the logical history; ``accept`` runs the path's acceptance op on logits whose greedy acceptance
+is the script's and records ``accept:n``. Both take the ``harness.timelines.runner.TimelineRun`` whose step
+it is and record through it."""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from harness.timelines import truth as timeline_truth
+from harness.timelines.prepare import accept_spec, attention_spec, chunk_kv, exact_check, kv_views
+
+if TYPE_CHECKING:
+    from harness.timelines.runner import TimelineRun
+
+ACCEPT_VOCAB = 16  # the acceptance step's target logits: (rows, ACCEPT_VOCAB) bf16
+
+
+def accept(tr: TimelineRun, step, items) -> list[int]:
+    """accept(n) of a verify step: the path's acceptance op on target logits whose greedy acceptance
+    is the script's a per request (``timeline_truth.accept_inputs``) -> its n per request (what the
+    backend keeps); ``accept:n`` records whether it is the script's."""
+    args = timeline_truth.accept_inputs([a for _, a in items], tr.t.L, ACCEPT_VOCAB, tr.accept_g, tr.device)
+    fn = tr.path.accept.fn if tr.path.accept is not None else accept_spec().reference
+    n = fn(**args)["accept_length"]
+    want = torch.tensor([a for _, a in items], dtype=n.dtype, device=n.device)
+    tr._rec(step, "target_verify", -1, "timeline", exact_check("accept:n", n, want))
+    return [int(k) for k in n.tolist()]
+
+
+def attend(tr: TimelineRun, step, mode, layer, q, k_d, v_d, chunk_rows, buf, owners, loc_logical, *, as_history,
+           one_source):
+    """Layer ``layer``'s attention of a step: the path's attention op (the reference op in extend) on the
+    chunk ``k_d``/``v_d`` and the pool ``buf`` through the backend's page table (``as_history``: the
+    chunk read as history; ``one_source``: the chunk came from the pool), with its checks recorded on
+    ``tr``. Returns its output ``o``."""
+    fam, kv = tr.fam, tr.kv
+    kb, vb = kv_views(fam, buf)
+    qo, kvp, idx = tr.backend.read_meta(kv, owners, loc_logical, as_history, tr.device)
+    args = dict(q=q.contiguous(), k=k_d.contiguous(), v=v_d.contiguous(), k_buffer=kb, v_buffer=vb,
+                qo_indptr=qo, kv_indptr=kvp, kv_indices=idx.contiguous(), sm_scale=1.0 / math.sqrt(fam.D),
+                is_causal=fam.causal, k_scale=fam.kv_descale, v_scale=fam.kv_descale, num_kv_splits=fam.splits,
+                custom_mask=None, o=None, topk=1, model_family=fam.model_family, splitkv_switch=True)
+    attention = attention_spec()
+    if mode == "extend":
+        out = attention.reference(**args)  # prefill is setup, not the path under test
+    else:
+        out = tr.path.attn.fn(**args)
+    o = out["o"]
+    # the page table against the request: each chunk's width and history length
+    hist_rows = [kv.truth_history(layer, r) for r, _ in owners]
+    lens = [h.shape[0] for h in hist_rows]
+    starts = [0] + list(itertools.accumulate(c for _, c in owners))
+    qo_l = torch.tensor(starts, device=tr.device).to(torch.int32)
+    kvp_l = torch.tensor([0] + list(itertools.accumulate(lens)), device=tr.device).to(torch.int32)
+    tr._rec(step, mode, layer, "timeline", exact_check("input:attn-indptr", torch.cat((qo, kvp)),
+                                                         torch.cat((qo_l, kvp_l))))
+    # visible KV: every row read equals the request's logical history, row count included (the
+    # page table read on the host in one transfer: each group's rows are gathered without a wait)
+    meta = torch.cat((qo.reshape(-1).long(), kvp.reshape(-1).long(), idx.reshape(-1).long())).tolist()
+    qo_h, kvp_h = meta[: qo.numel()], meta[qo.numel(): qo.numel() + kvp.numel()]
+    idx_h = meta[qo.numel() + kvp.numel():]
+    for g in range(qo.shape[0] - 1):
+        r = owners[max(i for i, s in enumerate(starts[:-1]) if s <= qo_h[g])][0]
+        rows_read = [x for x in idx_h[kvp_h[g]: kvp_h[g + 1]] if 0 <= x < buf.shape[0]]
+        got = buf[torch.tensor(rows_read, dtype=torch.int64, device=buf.device)]
+        tr._rec(step, mode, layer, "timeline", exact_check(f"visible_kv:r{r}", got, kv.truth_history(layer, r)))
+    if one_source:  # the chunk itself came from the pool: it must be the chunk's logical rows
+        tr._rec(step, mode, layer, "timeline", exact_check("visible_kv:chunk", k_d, chunk_kv(fam, chunk_rows)[0]))
+    # attention against the oracle over the logical history + the logical chunk
+    lk, lv = chunk_kv(fam, chunk_rows)
+    lbuf = torch.cat(hist_rows) if hist_rows else buf[:0]
+    lkb, lvb = kv_views(fam, lbuf)
+    largs = dict(args, k=lk.contiguous(), v=lv.contiguous(), k_buffer=lkb, v_buffer=lvb, qo_indptr=qo_l,
+                 kv_indptr=kvp_l, kv_indices=torch.arange(sum(lens), dtype=torch.int32, device=tr.device))
+    oracle = attention.oracle(**largs)["o"]
+    ref = attention.reference(**largs)["o"]
+    tol = attention.tolerance("o", torch.bfloat16)
+    tr._rec_numeric(step, mode, layer, "attn:o", o, oracle, ref, tol)
+    return o

@@ -1,0 +1,315 @@
+"""Target-verify attention over a paged prefix plus the draft chunk (seeds 002, 003) — the
+unfused per-head split-KV chain (its masks: ``reference.verify_attention.masks``; its dense fp64
+oracle: ``reference.verify_attention.oracle``, re-exported here). A batch of one verify width takes the same
+launches over every request at once (``reference.verify_attention.batched``); the SDPA baseline is
+``reference.verify_attention.sdpa``.
+
+Launches of the unfused chain, per query head h (the structure of the per-head kernel):
+  1. ``prefix_split_partials``  the prefix of request b cut into ``num_kv_splits`` chunks;
+     per chunk s, in fp32: m_s = max_j x_j, l_s = Σ_j exp(x_j − m_s),
+     acc_s = v_scale · Σ_j exp(x_j − m_s)·v_j, with x_j = (q·k_j)·(sm_scale·k_scale).
+  2. ``draft_partial``  the L draft keys of request b, unscaled by k/v scales:
+     x_j = (q·k_j)·sm_scale, masked causally (j ≤ i), fully (non-causal) or by a tree mask.
+  3. ``combine``  log-sum-exp merge: M = max(m_*), o = Σ acc_* e^{m_*−M} / Σ l_* e^{m_*−M},
+     rounded once to bf16.
+
+Split partition (shared with the kernels): split_len = cdiv(n, S); split s covers
+[s·split_len, min((s+1)·split_len, n)); a split may be empty (m = −inf, l = 0, acc = 0).
+
+Roundings (keyword flags, all off by default: the chain above, bitwise): the roundings real
+kernels make on purpose, emulated so that ``harness.tolerance.PRECISION_CLASSES`` can derive
+an allowance from them (``_Roundings``; the per-request loop and its batched form both apply them):
+  ``bf16_p``         P = exp(x − m) rounded to bf16 before every P·V product (prefix splits and
+                     the draft partial); the row sums l use the unrounded p, as kernels do.
+  ``bf16_partials``  each prefix split's normalised partial acc/l rounded to bf16 (a kernel
+                     storing bf16 split partials; m and l stay fp32): acc' = bf16(acc/l)·l.
+  ``fp8_q``          fp8 KV only: q rounded to the KV fp8 dtype before q·K over the prefix and P
+                     rounded to it before P·V over the prefix (SGLang's ``q.to(K_Buffer.dtype)``,
+                     ``p.to(v.dtype)``); drafts unaffected. No effect on bf16 KV.
+All casts are torch's round-to-nearest-even; q and P stay inside the fp8 range (0 ≤ P ≤ 1).
+
+Layouts: GQA (``D == Dv``, query head h reads KV head h // (H / Hkv)) and MLA (Hkv = 1,
+D = 576 = 512 + 64, Dv = 512, V = the first 512 dims of K, passed as a strided view).
+fp8 buffers are upcast exactly to fp32; k_scale / v_scale apply to the prefix only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reference.checks import (
+    ShapeError,
+    VerifyParityInputError,
+    check_bool,
+    check_choice,
+    check_contiguous,
+    check_dtype,
+    check_fp32_scale,
+    check_index,
+    check_index_range,
+    check_inner_contiguous,
+    check_int,
+    check_rank,
+    check_same_device,
+    check_shape,
+)
+from reference.verify_attention.masks import dense_mask, draft_mask, tree_masks  # noqa: F401 (dense_mask: re-export)
+from reference.verify_attention.oracle import verify_attention_oracle  # noqa: F401 (the op's oracle, by name)
+
+ACT_DTYPES = (torch.bfloat16,)
+KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+INDEX_DTYPES = (torch.int32, torch.int64)
+MODEL_FAMILIES = ("generic", "kimi-k3", "qwen3.5", "minimax", "dspark-draft")
+# num_kv_splits: at most this many. The kernels launch B·H·S prefix programs and keep (T, H, S, Dv)
+# fp32 partials; the benchmarks use at most 64, SGLang's backends 8-64. A split count above a
+# request's prefix length is legal (its trailing splits are empty).
+MAX_KV_SPLITS = 256
+
+
+def validate(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
+             k_scale=1.0, v_scale=1.0, num_kv_splits=1, custom_mask=None, o=None, topk=1,
+             model_family="generic", splitkv_switch=True) -> tuple[int, int, int, int, int, int]:
+    """Check every argument; return (B, T, H, Hkv, D, Dv). Shared by every implementation.
+
+    Shapes: q (T, H, D) bf16; k (T, Hkv, D), v (T, Hkv, Dv) bf16; k_buffer (S, Hkv, D),
+    v_buffer (S, Hkv, Dv) bf16 or fp8; qo_indptr, kv_indptr (B+1,) int; kv_indices (N,) int;
+    custom_mask (Σ_b L_b²,) bool or None; o (T, H, Dv) bf16 or None. Index tensors and the mask
+    contiguous. Every request has at least one draft (B ≥ 1, T ≥ B).
+    Scalars: sm_scale, k_scale, v_scale and the score scale sm_scale·k_scale normal fp32 numbers;
+    num_kv_splits an int in [1, MAX_KV_SPLITS]; topk an int ≥ 1; is_causal, splitkv_switch bools.
+    """
+    check_rank("q", q, 3)
+    T, H, D = q.shape
+    check_dtype("q", q, ACT_DTYPES)
+    check_inner_contiguous("q", q)
+    check_rank("k", k, 3)
+    Hkv = k.shape[1]
+    check_shape("k", k, (T, Hkv, D))
+    check_dtype("k", k, ACT_DTYPES)
+    check_inner_contiguous("k", k)
+    if Hkv < 1 or H % Hkv:
+        raise VerifyParityInputError("k", f"num_heads {H} must be a multiple of num_kv_heads {Hkv}")
+    check_rank("v", v, 3)
+    Dv = v.shape[2]
+    check_shape("v", v, (T, Hkv, Dv))
+    check_dtype("v", v, ACT_DTYPES)
+    check_inner_contiguous("v", v)
+    if Dv > D:
+        raise VerifyParityInputError("v", f"v_head_dim {Dv} exceeds head_dim {D}")
+    if min(H, Dv) < 1:
+        raise ShapeError("q" if H < 1 else "v", f"empty heads: num_heads {H}, head_dim {D}, v_head_dim {Dv}")
+    check_rank("k_buffer", k_buffer, 3)
+    check_shape("k_buffer", k_buffer, (None, Hkv, D))
+    check_dtype("k_buffer", k_buffer, KV_DTYPES)
+    check_inner_contiguous("k_buffer", k_buffer)
+    check_shape("v_buffer", v_buffer, (k_buffer.shape[0], Hkv, Dv))
+    check_dtype("v_buffer", v_buffer, (k_buffer.dtype,))
+    check_inner_contiguous("v_buffer", v_buffer)
+    check_index("qo_indptr", qo_indptr, (None,), INDEX_DTYPES)
+    B = qo_indptr.shape[0] - 1
+    if B < 1:
+        raise VerifyParityInputError("qo_indptr", f"needs at least 2 entries, got shape {tuple(qo_indptr.shape)}")
+    check_index("kv_indptr", kv_indptr, (B + 1,), INDEX_DTYPES)
+    check_index("kv_indices", kv_indices, (None,), INDEX_DTYPES)
+    if custom_mask is not None:
+        check_index("custom_mask", custom_mask, (None,), (torch.bool,))
+    # the scalars (no device values needed) before the checks that read the index tensors
+    for arg, val in (("sm_scale", sm_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+        check_fp32_scale(arg, val)
+    check_fp32_scale("k_scale", k_scale, value=float(sm_scale) * float(k_scale))  # the prefix's score scale
+    check_bool("is_causal", is_causal)
+    check_bool("splitkv_switch", splitkv_switch)
+    check_int("num_kv_splits", num_kv_splits, low=1, high=MAX_KV_SPLITS)
+    topk = check_int("topk", topk, low=1)
+    check_choice("model_family", model_family, MODEL_FAMILIES)
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    if qo[0] != 0 or qo[-1] != T or any(b < a for a, b in zip(qo, qo[1:])):
+        raise VerifyParityInputError("qo_indptr", f"must rise from 0 to num_tokens {T}, got {qo}")
+    if any(qo[i + 1] == qo[i] for i in range(B)):
+        raise VerifyParityInputError("qo_indptr", f"every request needs at least one draft token, got {qo}")
+    if kvp[0] != 0 or kvp[-1] > kv_indices.shape[0] or any(b < a for a, b in zip(kvp, kvp[1:])):
+        raise VerifyParityInputError("kv_indptr", f"must rise from 0 to at most len(kv_indices) "
+                                                  f"{kv_indices.shape[0]}, got {kvp}")
+    check_index_range("kv_indices", kv_indices[: kvp[-1]], low=0, high=k_buffer.shape[0])
+    if (custom_mask is not None) != (topk > 1):
+        raise VerifyParityInputError("custom_mask", f"a tree mask is required exactly when topk > 1 (topk={topk}, "
+                                                    f"mask {'given' if custom_mask is not None else 'missing'})")
+    if custom_mask is not None:
+        n_mask = sum((qo[i + 1] - qo[i]) ** 2 for i in range(B))
+        check_shape("custom_mask", custom_mask, (n_mask,))
+    if o is not None:
+        check_shape("o", o, (T, H, Dv))
+        check_dtype("o", o, ACT_DTYPES)
+        check_contiguous("o", o)
+    check_same_device(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                      kv_indices=kv_indices, custom_mask=custom_mask, o=o)
+    return B, T, H, Hkv, D, Dv
+
+
+def split_bounds(n: int, num_kv_splits: int) -> list[tuple[int, int]]:
+    """[start, end) of every split of an n-token prefix (cdiv partition; trailing splits may be empty)."""
+    length = -(-n // num_kv_splits)
+    return [(min(s * length, n), min((s + 1) * length, n)) for s in range(num_kv_splits)]
+
+
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def _rounded(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """fp32 ``t`` rounded to ``dtype`` (round to nearest even) and back to fp32; ``t`` itself for None."""
+    return t if dtype is None else t.to(dtype).float()
+
+
+@dataclass(frozen=True)
+class _Roundings:
+    """Where the chain rounds on purpose (None / False: it does not)."""
+    q_prefix: torch.dtype | None = None  # q before q·K over the prefix
+    p_prefix: torch.dtype | None = None  # P before P·V over the prefix
+    p_draft: torch.dtype | None = None  # P before P·V over the drafts
+    partials: bool = False  # each prefix split's acc/l to bf16
+
+    @staticmethod
+    def of(kv_dtype: torch.dtype, *, bf16_p: bool, bf16_partials: bool, fp8_q: bool) -> "_Roundings":
+        bf16_p, bf16_partials, fp8_q = (check_bool(a, v) for a, v in (("bf16_p", bf16_p),
+                                                                       ("bf16_partials", bf16_partials),
+                                                                       ("fp8_q", fp8_q)))
+        kv8 = kv_dtype if fp8_q and kv_dtype in FP8_KV_DTYPES else None
+        p16 = torch.bfloat16 if bf16_p else None
+        return _Roundings(q_prefix=kv8, p_prefix=kv8 or p16, p_draft=p16, partials=bf16_partials)
+
+    def prefix(self, parts: list) -> list:
+        """Split partials as a kernel storing them in bf16 would combine them: acc' = bf16(acc/l)·l
+        (empty splits, l = 0, unchanged)."""
+        if not self.partials:
+            return parts
+        out = []
+        for m, l, acc in parts:
+            den = l[..., None]  # (..., 1)
+            seen = den > 0
+            norm = acc / torch.where(seen, den, torch.ones_like(den))  # (..., Dv) fp32
+            out.append((m, l, torch.where(seen, _rounded(norm, torch.bfloat16) * den, acc)))
+        return out
+
+
+def _p_kw(dtype: torch.dtype | None) -> dict:
+    """The ``p_dtype`` keyword of a launch, only when it rounds (mutant stages do not take it)."""
+    return {} if dtype is None else {"p_dtype": dtype}
+
+
+def _partial(x: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None, p_dtype: torch.dtype | None = None):
+    """x (..., H, L, N) fp32 scores, vals (..., H or Hkv, N, Dv) fp32, mask broadcastable to x, bool
+    -> m (..., H, L), l (..., H, L), acc (..., H, L, Dv). With Hkv value heads, query heads
+    h·g … h·g+g−1 read value head h (GQA groups are contiguous): their probabilities are stacked as
+    rows of one product, no per-head copy. A row that sees no key gives (−inf, 0, 0). ``p_dtype``:
+    P rounded to it before P·V (l sums the unrounded p)."""
+    if mask is not None:
+        x = x.masked_fill(~mask, float("-inf"))
+    m = x.amax(dim=-1)  # (..., H, L)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(x - m_safe[..., None])  # (..., H, L, N)
+    *lead, H, L, N = p.shape
+    pv = _rounded(p, p_dtype)
+    acc = (pv.reshape(*lead, vals.shape[-3], -1, N) @ vals).view(*lead, H, L, -1)  # (Hkv, g·L, N) @ (Hkv, N, Dv)
+    return m, p.sum(-1), acc
+
+
+def split_partial(qh, kp, vp, *, scale, v_scale, p_dtype=None):
+    """One split of launch 1: qh (H, L, D) fp32; kp (Hkv, n_s, D), vp (Hkv, n_s, Dv) fp32, the split's
+    keys (n_s >= 1) -> (m, l, acc) per query head."""
+    H, L, D = qh.shape
+    x = (qh.reshape(kp.shape[0], -1, D) @ kp.transpose(1, 2)).view(H, L, -1) * scale  # (H, L, n_s)
+    m, l, acc = _partial(x, vp, None, p_dtype)
+    return m, l, acc * v_scale
+
+
+def prefix_split_partials(qh, kp, vp, *, scale, v_scale, num_kv_splits, bounds=split_bounds, p_dtype=None,
+                          split_fn=split_partial):
+    """Launch 1. qh (H, L, D) fp32; kp (Hkv, n, D), vp (Hkv, n, Dv) fp32 (per KV head; query head h
+    reads KV head h // (H / Hkv)) -> list over splits of (m, l, acc) per query head; empty splits
+    give (−inf, 0, 0). Each score is its own fp32 dot product; a group's queries share one product
+    with their KV head instead of a per-head copy of the prefix (200K tokens × 128 heads would not fit).
+    ``p_dtype``: P rounded to it before P·V. ``split_fn``: each split's partial (``split_partial``)."""
+    H, L, D = qh.shape
+    out = []
+    for start, end in bounds(kp.shape[1], num_kv_splits):
+        if end <= start:
+            out.append((torch.full((H, L), float("-inf"), device=qh.device), torch.zeros(H, L, device=qh.device),
+                        torch.zeros(H, L, vp.shape[-1], device=qh.device)))
+            continue
+        out.append(split_fn(qh, kp[:, start:end], vp[:, start:end], scale=scale, v_scale=v_scale, p_dtype=p_dtype))
+    return out
+
+
+def draft_partial(qh, kd, vd, *, scale, mask, p_dtype=None):
+    """Launch 2. qh (H, L, D); kd (H, L, D); vd (H, L, Dv) fp32; mask (L, L) bool -> (m, l, acc).
+    ``p_dtype``: P rounded to it before P·V."""
+    x = (qh @ kd.transpose(1, 2)) * scale  # (H, L, D) @ (H, D, L) -> (H, L, L)
+    return _partial(x, vd, mask, p_dtype)
+
+
+def combine(parts) -> torch.Tensor:
+    """Launch 3. Log-sum-exp merge of (m, l, acc) partials -> (H, L, Dv) fp32."""
+    M = torch.stack([m for m, _, _ in parts]).amax(0)  # (H, L); finite: the draft part always has a key
+    num = sum(acc * torch.exp(m - M)[..., None] for m, _, acc in parts)
+    den = sum(l * torch.exp(m - M) for m, l, _ in parts)
+    return num / den[..., None]
+
+
+def _per_head(x: torch.Tensor, H: int) -> torch.Tensor:
+    """(N, Hkv, X) -> (H, N, X): the KV head each query head reads (GQA groups are contiguous)."""
+    return x.transpose(0, 1).repeat_interleave(H // x.shape[1], dim=0)
+
+
+def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
+                     k_scale=1.0, v_scale=1.0, num_kv_splits=1, custom_mask=None, o=None, topk=1,
+                     model_family="generic", splitkv_switch=True, bf16_p=False, bf16_partials=False, fp8_q=False,
+                     _stages=None):
+    """The reference chain. Returns {"o": (T, H, Dv) bf16} (written into ``o`` when given).
+
+    ``bf16_p``, ``bf16_partials``, ``fp8_q``: emulate a kernel's rounding (module docstring; the
+    precision classes of ``harness.tolerance``); off, the chain is bitwise the unrounded one.
+    ``_stages`` (prefix, draft, combine) replaces the launches; only mutants pass it. Without them
+    a batch that ``verify_attention_batched.batchable`` takes (one width, no tree mask, its padded
+    scores small enough) runs the same launches over every request at once; any other, request by request.
+    """
+    B, T, H, Hkv, D, Dv = validate(
+        q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+        kv_indices=kv_indices, sm_scale=sm_scale, is_causal=is_causal, k_scale=k_scale, v_scale=v_scale,
+        num_kv_splits=num_kv_splits, custom_mask=custom_mask, o=o, topk=topk, model_family=model_family,
+        splitkv_switch=splitkv_switch)
+    sm_scale, k_scale, v_scale = float(sm_scale), float(k_scale), float(v_scale)  # numpy scalars: their values
+    num_kv_splits, is_causal = int(num_kv_splits), bool(is_causal)
+    rnd = _Roundings.of(k_buffer.dtype, bf16_p=bf16_p, bf16_partials=bf16_partials, fp8_q=fp8_q)
+    prefix_fn, draft_fn, combine_fn = _stages or (prefix_split_partials, draft_partial, combine)
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    from reference.verify_attention import batched
+
+    if _stages is None and custom_mask is None and batched.batchable(qo, kvp, H, Dv):  # the same chain, batch at once
+        res = batched.batched_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, scale=sm_scale,
+                                    k_scale=k_scale, v_scale=v_scale, num_kv_splits=num_kv_splits,
+                                    is_causal=is_causal, rnd=rnd)
+        return _finish(res, q, o)
+    trees = tree_masks(custom_mask, qo)
+    res = torch.empty(T, H, Dv, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        t0, t1 = qo[b], qo[b + 1]
+        idx = kv_indices[kvp[b]: kvp[b + 1]].long()
+        qh = q[t0:t1].float().transpose(0, 1)  # (H, L, D) bf16 -> fp32
+        kp = k_buffer[idx].float().transpose(0, 1)  # (Hkv, n, D) bf16/fp8 -> fp32 (exact)
+        vp = v_buffer[idx].float().transpose(0, 1)  # (Hkv, n, Dv)
+        parts = rnd.prefix(prefix_fn(_rounded(qh, rnd.q_prefix), kp, vp, scale=sm_scale * k_scale, v_scale=v_scale,
+                                     num_kv_splits=num_kv_splits, **_p_kw(rnd.p_prefix)))
+        mask = draft_mask(t1 - t0, is_causal, trees[b], q.device)
+        parts.append(draft_fn(qh, _per_head(k[t0:t1].float(), H), _per_head(v[t0:t1].float(), H),
+                              scale=sm_scale, mask=mask, **_p_kw(rnd.p_draft)))
+        res[t0:t1] = combine_fn(parts).transpose(0, 1)  # (H, L, Dv) -> (L, H, Dv)
+    return _finish(res, q, o)
+
+
+def _finish(res: torch.Tensor, q: torch.Tensor, o: torch.Tensor | None) -> dict:
+    out = res.to(q.dtype)  # fp32 -> bf16, round to nearest even (the only rounding)
+    if o is None:
+        return {"o": out}
+    o.copy_(out)
+    return {"o": o}
