@@ -96,30 +96,6 @@ def test_op_literal_scan_sees_plain_and_fstring_names():
     assert sorted(hits) == ["fused.qk_norm_rope.wrapper", "qk_norm_rope", "qk_norm_rope/"]
 
 
-# ----------------------------------------------------------------------------- module size
-
-MAX_MODULE_LINES = 330  # one job per module: harness/ modules of 100-300 lines, a kernel split off past ~300
-# modules still over the limit, each with the reason it is not split yet. It may only shrink: an entry
-# back under the limit fails too (remove it).
-LONG_MODULES: dict[str, str] = {}  # none left
-
-
-def long_modules(limit: int = MAX_MODULE_LINES) -> dict[str, int]:
-    """(file relative to the root) -> its line count, for every module of ``SCANNED`` over ``limit`` lines."""
-    return {rel: n for top in SCANNED for f in sorted((ROOT / top).rglob("*.py"))
-            if (n := len(f.read_text().splitlines())) > limit and (rel := f.relative_to(ROOT).as_posix())}
-
-
-def test_modules_stay_short():
-    """Every module of harness/, cases/, reference/, fused/ and reports/ is at most ``MAX_MODULE_LINES``
-    lines, save the ``LONG_MODULES`` (each with its reason)."""
-    found = long_modules()
-    new = {f: n for f, n in found.items() if f not in LONG_MODULES}
-    assert not new, f"modules over {MAX_MODULE_LINES} lines (split them by concept): {new}"
-    paid = sorted(set(LONG_MODULES) - set(found))
-    assert not paid, f"no longer over {MAX_MODULE_LINES} lines: remove from LONG_MODULES {paid}"
-
-
 # ----------------------------------------------------------------------------- imports between the packages
 
 # what reference/ and fused/ may take from harness/ (they import nothing else of it, nor of cases/ or reports/)
@@ -176,8 +152,109 @@ def import_edges(mods: dict[str, Path]) -> dict[str, dict[str, set[str]]]:
     return edges
 
 
-def cross_package_cycles(edges) -> list[list[str]]:
-    """Strongly connected components of the import graph that span more than one package."""
+def test_kernels_and_chains_import_only_the_device_helpers():
+    """reference/ and fused/ stand alone: from harness/ only ``DEVICE_HELPERS``, nothing of cases/ or reports/."""
+    bad = []
+    for m, targets in import_edges(_modules()).items():
+        if m.split(".")[0] not in ("reference", "fused"):
+            continue
+        for t, names in targets.items():
+            top = t.split(".")[0]
+            if top in ("cases", "reports") or (top == "harness" and not names <= DEVICE_HELPERS.get(t, set())):
+                bad.append(f"{m} imports {t} {sorted(names)}")
+    assert not bad, bad
+
+
+# ----------------------------------------------------------------------------- the house rules
+
+def _module_level_bindings(tree) -> tuple[set[str], set[str]]:
+    """(names a module defines: def, class, assignment, for/with targets, at module level or under a
+    module-level if/try; names it binds by importing them)."""
+    defined, imported = set(), set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    imported.add(a.asname or a.name.split(".")[0])
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
+                targets = (node.targets if isinstance(node, ast.Assign) else
+                           [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For)) else
+                           [i.optional_vars for i in node.items if i.optional_vars])
+                for t in targets:
+                    defined.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            if isinstance(node, (ast.If, ast.Try, ast.For, ast.While, ast.With)):
+                for part in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, part, []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+    visit(tree.body)
+    return defined, imported - defined
+
+
+def _declared_all(tree) -> set[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return {e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    return set()
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _module_aliases(tree, m: str, mods: dict[str, Path]) -> dict[str, str]:
+    """local name -> scanned module it is bound to (``import a.b as x``, ``from a import b``)."""
+    pkg = m if mods[m].name == "__init__.py" else m.rpartition(".")[0]
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in mods:
+                    out[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            for a in node.names:
+                if f"{base}.{a.name}" in mods:
+                    out[a.asname or a.name] = f"{base}.{a.name}"
+    return out
+
+
+def house_violations(mods: dict[str, Path]) -> dict[str, list[str]]:
+    """The rules of the house over ``mods`` (module -> file): ``private`` (a ``_name`` of one module
+    used in another: imported from it, or read as ``module._name``), ``reexport`` (a name imported
+    from a module that only imports it itself; a package ``__init__`` may re-export what its
+    ``__all__`` declares) and ``cycle`` (modules that import each other, directly or round a loop,
+    imports inside functions included)."""
+    trees = {m: ast.parse(f.read_text()) for m, f in mods.items()}
+    binds = {m: _module_level_bindings(t) for m, t in trees.items()}
+    edges = import_edges(mods)
+    out: dict[str, list[str]] = {"private": [], "reexport": [], "cycle": []}
+    for m, targets in edges.items():
+        for t, names in targets.items():
+            for n in sorted(names - {""}):
+                if _is_private(n):
+                    out["private"].append(f"{m} imports {t}.{n}")
+                defined, imported = binds[t]
+                if n in imported and not (mods[t].name == "__init__.py" and n in _declared_all(trees[t])):
+                    out["reexport"].append(f"{m} imports {n} from {t}, which only imports it")
+        aliases = _module_aliases(trees[m], m, mods)
+        for node in ast.walk(trees[m]):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and aliases[node.value.id] != m and _is_private(node.attr)):
+                out["private"].append(f"{m} reads {aliases[node.value.id]}.{node.attr}")
+    out["private"] = sorted(set(out["private"]))
+    out["cycle"] = [" <-> ".join(c) for c in import_cycles(edges)]
+    return out
+
+
+def import_cycles(edges) -> list[list[str]]:
+    """Strongly connected components of more than one module in the import graph."""
     index, low, stack, on, out = {}, {}, [], set(), []
 
     def visit(v):  # Tarjan
@@ -195,7 +272,7 @@ def cross_package_cycles(edges) -> list[list[str]]:
             while not comp or comp[-1] != v:
                 comp.append(stack.pop())
                 on.discard(comp[-1])
-            if len({c.split(".")[0] for c in comp}) > 1:
+            if len(comp) > 1:
                 out.append(sorted(comp))
 
     for v in edges:
@@ -204,29 +281,43 @@ def cross_package_cycles(edges) -> list[list[str]]:
     return out
 
 
-def test_no_import_cycle_between_packages():
-    """Imports between harness/, cases/, reference/, fused/ and reports/ form no cycle (data flows
-    cases -> inputs -> implementations -> records -> reports), counting imports inside functions."""
-    edges = import_edges(_modules())
-    cycles = cross_package_cycles(edges)
-    detail = [[f"{a} -> {b}" for a in c for b in edges[a] if b in c and a.split(".")[0] != b.split(".")[0]]
-              for c in cycles]
-    assert not cycles, f"import cycles across packages (the cross-package edges of each): {detail}"
+@pytest.mark.parametrize("rule", ["private", "reexport", "cycle"])
+def test_house_rules(rule):
+    """No ``_name`` used outside the module that defines it, no module re-exporting another's names,
+    no import cycle (function-level imports included), over harness/, cases/, reference/, fused/ and
+    reports/ (``house_violations``)."""
+    found = house_violations(_modules())[rule]
+    assert not found, f"{rule}: {len(found)}\n" + "\n".join(found)
 
 
-def test_kernels_and_chains_import_only_the_device_helpers():
-    """reference/ and fused/ stand alone: from harness/ only ``DEVICE_HELPERS``, nothing of cases/ or reports/."""
-    bad = []
-    for m, targets in import_edges(_modules()).items():
-        if m.split(".")[0] not in ("reference", "fused"):
-            continue
-        for t, names in targets.items():
-            top = t.split(".")[0]
-            if top in ("cases", "reports") or (top == "harness" and not names <= DEVICE_HELPERS.get(t, set())):
-                bad.append(f"{m} imports {t} {sorted(names)}")
-    assert not bad, bad
+@pytest.mark.parametrize("rule,plant", [
+    ("private", {"a": "def _helper():\n    pass\n", "b": "from pkg.a import _helper\n"}),
+    ("private", {"a": "def _helper():\n    pass\n", "b": "from pkg import a\n\ndef f():\n    return a._helper()\n"}),
+    ("reexport", {"a": "def helper():\n    pass\n", "b": "from pkg.a import helper\n", "c": "from pkg.b import helper\n"}),
+    ("cycle", {"a": "import pkg.b\n", "b": "def f():\n    from pkg import a\n"}),
+])
+def test_house_rules_bite(tmp_path, rule, plant):
+    """Each rule flags its planted breach (a private reach, a re-export, a function-level cycle), and the
+    same modules without the breach are clean."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    mods = {"pkg": tmp_path / "pkg" / "__init__.py"}
+    for name, text in plant.items():
+        (tmp_path / "pkg" / f"{name}.py").write_text(text)
+        mods[f"pkg.{name}"] = tmp_path / "pkg" / f"{name}.py"
+    assert house_violations(mods)[rule]
+    assert not any(v for r, v in house_violations(mods).items() if r != rule)
 
 
-def test_cycle_finder_sees_a_function_level_cycle():
-    edges = {"harness.a": {"cases.b": {""}}, "cases.b": {"harness.a": {"f"}}, "reports.c": {"harness.a": {""}}}
-    assert cross_package_cycles(edges) == [["cases.b", "harness.a"]]
+def test_a_package_may_declare_its_api():
+    """A package ``__init__`` re-exporting what its ``__all__`` declares is the plugin API, not a façade."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d) / "pkg"
+        root.mkdir()
+        (root / "a.py").write_text("def helper():\n    pass\n")
+        (root / "__init__.py").write_text("from pkg.a import helper\n\n__all__ = ['helper']\n")
+        (root / "b.py").write_text("from pkg import helper\n")
+        mods = {"pkg": root / "__init__.py", "pkg.a": root / "a.py", "pkg.b": root / "b.py"}
+        assert not house_violations(mods)["reexport"]
