@@ -60,7 +60,7 @@ def hits(op: str, n: int, seed: int = 0) -> dict[str, int]:
 
 def counts(op: str, profile: str | None = None) -> list[int]:
     """Case counts a profile draws for ``op``: the profile's, and the interpreter's cap if lower."""
-    from harness.registry import default_registry  # the caps live in the op specs
+    from harness.ops import default_registry  # the caps live in the op specs
 
     prof = current(profile)
     cap = default_registry().ops[op].interpreter_generated

@@ -16,28 +16,178 @@ Each check is also a *staged* generator (``exact_check``, ``finite_check``, ``nu
 host, is sent them as a list of floats, and returns its ``Record``. ``Batch`` makes many checks with
 one transfer to the host per device and stage for all of them (a timeline step's checks: two
 instead of ~30); the eager functions are one check resolved alone, so both give the same record.
-``Record``, ``Check`` and ``Batch`` are ``harness.compare_batch``; ``home`` and the tensor helpers
-``harness.compare_tensors``: both re-exported here.
+
+Where a check computes: ``home`` (``VP_COMPARE_ON``) and the moves to it (``at_home``, ``on_device_of``);
+byte views of a tensor's elements (``as_bytes``, ``device_bytes``).
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
 import torch
 
-from harness.compare_batch import Batch, Check, Record, resolve_one  # noqa: F401  (Batch: re-exported)
-from harness.compare_tensors import (  # noqa: F401  (re-exported: callers' and tests' names)
-    AUTO_CPU_ELEMENTS,
-    COMPARE_ON_ENV,
-    _bytes,
-    _device_bytes,
-    _finite,
-    _home,
-    _idx,
-    _on,
-    _topk_device,
-    _topk_unique,
-    home,
-)
 from harness.tolerance import Tolerance
+
+
+# ----------------------------------------------------------------------------- where a check computes, byte views
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t``'s elements, on its device. Shape: (*t.shape, itemsize); (itemsize,) for a 0-d ``t``.
+
+    0 elements give 0 bytes (the itemsize is spelled out: a -1 cannot be inferred from none).
+    """
+    return t.detach().contiguous().view(torch.uint8).reshape(*t.shape, t.element_size()) if t.dim() else \
+        t.detach().reshape(1).contiguous().view(torch.uint8)
+
+
+COMPARE_ON_ENV = "VP_COMPARE_ON"  # device (default) | cpu | auto
+AUTO_CPU_ELEMENTS = 1 << 16  # ``auto``: a checked tensor of at most this many elements is compared on the CPU
+
+
+def home(t: torch.Tensor, mode: str | None = None) -> torch.device:
+    """Where a check of ``t`` computes (``mode``: default ``$VP_COMPARE_ON``, else ``device``):
+    ``device`` on ``t``'s own; ``cpu`` on the CPU; ``auto`` on the CPU when ``t`` has at most
+    ``AUTO_CPU_ELEMENTS`` elements, else on its own device. A record is the same wherever it is
+    made (IEEE fp64 and byte comparisons); the choice is cost only: on a GPU shared by many
+    processes each small kernel and each wait is a turn among their contexts, while one copy of a
+    small tensor to the host is one wait and no kernels."""
+    mode = mode or os.environ.get(COMPARE_ON_ENV) or "device"
+    if mode not in ("device", "cpu", "auto"):
+        raise ValueError(f"{COMPARE_ON_ENV}: expected device, cpu or auto, got {mode!r}")
+    if t.device.type == "cpu" or mode == "device" or (mode == "auto" and t.numel() > AUTO_CPU_ELEMENTS):
+        return t.device
+    return torch.device("cpu")
+
+
+def at_home(t: torch.Tensor) -> torch.Tensor:
+    """``t`` where its check computes (``home``)."""
+    where = home(t)
+    return t if t.device == where else t.to(where)
+
+
+def on_device_of(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` on ``like``'s device (itself when it is there already)."""
+    return t if t.device == like.device else t.to(like.device)
+
+
+def _finite(a: torch.Tensor) -> torch.Tensor:
+    """``torch.isfinite(a)`` from ``a.abs()`` (NaN < inf is False), in one op instead of several."""
+    return a < float("inf")
+
+
+def _idx(i: int, shape) -> tuple[int, ...]:
+    """The multi-index of flat (row-major) index ``i`` in ``shape``, as ``torch.unravel_index``
+    gives it, in plain integers: that call costs ~10 ms of host time per record on a GPU run."""
+    out = []
+    for n in reversed(tuple(shape)):
+        i, r = divmod(i, n)
+        out.append(r)
+    return tuple(reversed(out))
+
+
+def _topk_device(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, unique) of ``torch.topk(flat, k)`` on ``flat``'s device, nothing sent to the host:
+    ``unique`` (a bool tensor) is True when that answer is the only one (the ``k`` largest values are
+    distinct and no other element equals the ``k``-th: any algorithm gives it). Shape: flat (n,), 1 <= k <= n."""
+    v, i = torch.topk(flat, k)
+    unique = (flat >= v[-1]).sum() == k
+    if k > 1:
+        unique &= (v[:-1] > v[1:]).all()
+    return i, unique
+
+
+def _topk_unique(flat: torch.Tensor, k: int) -> list[int] | None:
+    """``torch.topk(flat, k).indices`` when that answer is the only one (``_topk_device``), else None."""
+    i, unique = _topk_device(flat, k)
+    return i.tolist() if bool(unique) else None
+
+
+def device_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t``'s elements in logical order, on its device (a copy only for a non-contiguous view)."""
+    t = t.detach()
+    return (t.reshape(1) if t.dim() == 0 else t).contiguous().view(torch.uint8)
+
+
+# ----------------------------------------------------------------------------- records and staged checks
+
+@dataclass(frozen=True)
+class Record:
+    check: str  # e.g. "numeric:q_out", "exact:q8", "untouched:ring"
+    passed: bool
+    max_abs: float = float("nan")
+    max_rel: float = float("nan")
+    err: float = float("nan")  # scaled error of the implementation
+    ref_err: float = float("nan")  # scaled error of the reference chain
+    allowed: float = float("nan")
+    mismatch_frac: float = float("nan")  # fraction of elements with scaled error > allowed (or differing bytes)
+    nan_inf_mismatch: int = 0  # elements whose NaN/±Inf status differs from the oracle
+    worst: str = ""  # "idx: got/oracle/ref; ..."
+    detail: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+Check = Generator[torch.Tensor, list, Record]  # a staged check: yields what it needs on the host, returns its record
+
+
+class Batch:
+    """Staged checks made together: ``add`` runs a check up to its first transfer (its device work
+    queued on the tensors as they are now), ``resolve`` sends each stage's numbers of every check to
+    the host in one transfer per device, then the next stage's, and returns the records in ``add``
+    order. A check's later stages read only tensors its first stage made (a failure's details may
+    read its ``got``: hand a copy of a buffer that is written before ``resolve``)."""
+
+    def __init__(self):
+        self._records: list[Record | None] = []
+        self._live: list[tuple[int, Check, torch.Tensor]] = []
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, check: Check | Record) -> int:
+        """Start ``check`` (a record made already is kept as it is); its index in ``resolve``'s list."""
+        k = len(self._records)
+        self._records.append(check if isinstance(check, Record) else None)
+        if not isinstance(check, Record):
+            self._step(k, check, None)
+        return k
+
+    def _step(self, k: int, check: Check, values: list | None) -> None:
+        try:
+            want = next(check) if values is None else check.send(values)
+        except StopIteration as done:
+            self._records[k] = done.value
+            return
+        self._live.append((k, check, want))
+
+    def resolve(self) -> list[Record]:
+        """Every check's record (one host transfer per device and stage); the batch is empty after."""
+        while self._live:
+            live, self._live = self._live, []
+            by_dev: dict[torch.device, list] = {}
+            for item in live:
+                by_dev.setdefault(item[2].device, []).append(item)
+            for items in by_dev.values():
+                flat = torch.cat([w.reshape(-1).double() for _, _, w in items]).tolist() if len(items) > 1 \
+                    else items[0][2].reshape(-1).double().tolist()
+                off = 0
+                for k, check, w in items:
+                    n = w.numel()
+                    self._step(k, check, flat[off: off + n])
+                    off += n
+        out, self._records = self._records, []
+        return out
+
+
+def resolve_one(check: Check) -> Record:
+    """One staged check's record, made alone."""
+    b = Batch()
+    b.add(check)
+    return b.resolve()[0]
+
+
+# ----------------------------------------------------------------------------- the checks
 
 WORST_K = 3
 
@@ -63,8 +213,8 @@ def _as_f64(check: str, got: torch.Tensor | None, oracle: torch.Tensor):
         return Record(check, False, detail=f"shape {tuple(got.shape)} != oracle {tuple(oracle.shape)}"), None, None
     if oracle.numel() == 0:
         return Record(check, True, detail="empty"), None, None
-    x = _home(got.detach()).double()
-    return None, x, _on(oracle.detach(), x).double()
+    x = at_home(got.detach()).double()
+    return None, x, on_device_of(oracle.detach(), x).double()
 
 
 def finite(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> Record:
@@ -120,7 +270,7 @@ def numeric_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor, re
     r = None
     ref_err = e.new_full((), float("nan"))
     if ref is not None:
-        r = _on(ref.detach(), x).double()
+        r = on_device_of(ref.detach(), x).double()
         if r.shape == o.shape:  # = _scaled(r, o, tol).max()
             ref_err = (r - o).abs_().div_(den).masked_fill_(~(fo & _finite(r.abs())), 0.0).max()
     # one transfer for the scalars: finite oracle elements, whether one has |o| >= 100 atol, err,
@@ -180,8 +330,8 @@ def exact_check(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Che
         return Record(check, False, detail="output missing (None)")
     if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
         return Record(check, False, detail=f"{tuple(got.shape)} {got.dtype} != expected {tuple(want.shape)} {want.dtype}")
-    gb = _bytes(_home(got))
-    wb = _bytes(_on(want, gb))
+    gb = as_bytes(at_home(got))
+    wb = as_bytes(on_device_of(want, gb))
     bad = (gb != wb)
     n = int((yield bad.sum().reshape(1))[0])
     worst = ""
@@ -206,19 +356,19 @@ def untouched_check(check: str, after: torch.Tensor, before: torch.Tensor, writt
                     written_bytes: torch.Tensor | None = None) -> Check:
     """``untouched`` staged (``Batch``): the row mask is built on the device, the counts go to the
     host in one transfer; a failure's rows after it."""
-    ab_all = _bytes(_home(after))
-    bb_all = _bytes(_on(before, ab_all))
+    ab_all = as_bytes(at_home(after))
+    bb_all = as_bytes(on_device_of(before, ab_all))
     keep = torch.ones(after.shape[0], dtype=torch.bool, device=ab_all.device)
     if written_rows.numel():
-        keep[_on(written_rows, keep).long()] = False
+        keep[on_device_of(written_rows, keep).long()] = False
     bad = (ab_all != bb_all).flatten(1).any(-1) & keep  # rows outside the write set that changed
     parts = [keep.sum(), bad.sum()]
     wr = pbad = None
     if written_bytes is not None and written_rows.numel():
-        wr = _on(written_rows.long(), ab_all)
+        wr = on_device_of(written_rows.long(), ab_all)
         wa, wb = ab_all[wr].flatten(1), bb_all[wr].flatten(1)
         may = torch.zeros_like(wa, dtype=torch.bool)
-        may[:, : written_bytes.shape[1]] = _on(written_bytes, wa)
+        may[:, : written_bytes.shape[1]] = on_device_of(written_bytes, wa)
         pbad = ((wa != wb) & ~may).any(-1)
         parts.append(pbad.sum())
     counts = yield torch.stack(parts)
@@ -237,7 +387,7 @@ def unchanged(check: str, after: torch.Tensor, before: torch.Tensor, *, hint: st
     """Every byte of ``after`` equals ``before`` (an input a call may not write, against its
     pristine copy). Compared on the tensors' device; only a failure is described on the host."""
     if tuple(after.shape) == tuple(before.shape) and after.dtype == before.dtype and \
-            torch.equal(_device_bytes(after), _device_bytes(before)):
+            torch.equal(device_bytes(after), device_bytes(before)):
         return Record(check, True)
     r = exact(check, after, before)
     return Record(check, False, mismatch_frac=r.mismatch_frac, worst=r.worst,

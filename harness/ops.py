@@ -16,6 +16,9 @@ import functools
 import importlib
 import importlib.util
 
+import torch
+
+from harness import tolerance
 from harness.registry import OpSpec, Registry
 
 BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention", "verify_accept")
@@ -58,3 +61,30 @@ def stem_spec(op: str, *, case_type: str, reference: str, **fields) -> OpSpec:
     return OpSpec(name=op, case_type=getattr(c, case_type), catalog=c.catalog, strategy=c.cases,
                   build_inputs=c.build_inputs, reference=getattr(r, reference), oracle=getattr(o, f"{op}_oracle"),
                   **fields)
+
+
+def default_registry(*, with_mutants: bool = True, with_plugins: bool = True, extra: tuple[str, ...] = ()) -> Registry:
+    """Built-in ops and implementations, then mutants, entry points and ``extra`` module:attr specs."""
+    from cases import mutants
+
+    reg = Registry()
+    register_builtin(reg)
+    if with_mutants:
+        mutants.register(reg)
+    if with_plugins:
+        reg.load_entry_points()
+    for spec in extra:
+        reg.load_spec(spec)
+    return reg
+
+
+def tolerance_overrides() -> dict[tuple[str, str], tolerance.Tolerance]:
+    """Every built-in op's overrides, keyed (op, output name) (``OpSpec.tolerances``)."""
+    return {(op, out): tol for op, spec in builtin_specs().items() for out, tol in spec.tolerances.items()}
+
+
+def lookup_tolerance(op: str, output: str, dtype: torch.dtype) -> tolerance.Tolerance:
+    """The tolerance of a built-in op's output (its ``OpSpec.tolerances`` entry, else the dtype's
+    floor); with the spec at hand, ``OpSpec.tolerance`` says the same for any registered op."""
+    spec = builtin_specs().get(op)
+    return spec.tolerance(output, dtype) if spec is not None else tolerance.floor(op, output, dtype)

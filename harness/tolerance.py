@@ -54,7 +54,7 @@ DTYPE_FLOORS: dict[torch.dtype, Tolerance] = {
 }
 
 # Per-op overrides, each with its reason, live in the op's spec: ``OpSpec.tolerances`` (output or
-# written buffer name -> Tolerance, in harness/ops/<op>.py); ``overrides()`` collects the built-in ones.
+# written buffer name -> Tolerance, in cases/<op>/spec.py); ``harness.ops.tolerance_overrides()`` collects the built-in ones.
 
 
 EXACT = "exact-fp32"
@@ -114,25 +114,3 @@ def floor(op: str, output: str, dtype: torch.dtype) -> Tolerance:
         raise KeyError(f"no tolerance for {op}.{output} in dtype {dtype}: add one to harness/tolerance.py "
                        f"(DTYPE_FLOORS) or to the op's OpSpec.tolerances")
     return DTYPE_FLOORS[dtype]
-
-
-def overrides() -> dict[tuple[str, str], Tolerance]:
-    """Every built-in op's overrides, keyed (op, output name) (``OpSpec.tolerances``)."""
-    from harness.ops import builtin_specs
-
-    return {(op, out): tol for op, spec in builtin_specs().items() for out, tol in spec.tolerances.items()}
-
-
-def lookup(op: str, output: str, dtype: torch.dtype) -> Tolerance:
-    """The tolerance of a built-in op's output (its ``OpSpec.tolerances`` entry, else the dtype's
-    floor); with the spec at hand, ``OpSpec.tolerance`` says the same for any registered op."""
-    from harness.ops import builtin_specs
-
-    spec = builtin_specs().get(op)
-    return spec.tolerance(output, dtype) if spec is not None else floor(op, output, dtype)
-
-
-def __getattr__(name: str):
-    if name == "OVERRIDES":  # the former table: every built-in op's overrides, keyed (op, output name)
-        return overrides()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,7 @@ def device():
 
 @pytest.fixture(scope="session")
 def registry():
-    from harness.registry import default_registry
+    from harness.ops import default_registry
 
     return default_registry(with_plugins=False)
 

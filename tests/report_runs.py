@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 from cases import profiles
+from harness.ops import default_registry
 from harness.parity import suite
-from harness.registry import Registry, default_registry
+from harness.registry import Registry
 from reports.rows import to_frame
 from tests.helpers import ROOT, subprocess_env
 

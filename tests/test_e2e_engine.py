@@ -17,7 +17,7 @@ from harness.e2e import drafters as D
 from harness.e2e import engine as E
 from harness.e2e import model as M
 from harness.e2e import tokenizer as tok
-from harness.registry import default_registry
+from harness.ops import default_registry
 
 L = 4
 

@@ -294,7 +294,7 @@ def _placement(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
 def _assert_like_the_oracle(kw):
     """SDPA's NaN/±Inf placement is the oracle's (and the chain's), and its finite outputs are
     within the chain's allowance."""
-    from harness import compare, tolerance
+    from harness import compare, ops
 
     oracle = rv.verify_attention_oracle(**kw)["o"]
     chain = rv.verify_attention(**kw)["o"]
@@ -303,7 +303,7 @@ def _assert_like_the_oracle(kw):
     assert all(torch.equal(a, b) for a, b in same)  # the contract
     fin = compare.finite("finite:o", got, oracle)
     assert fin.passed, (fin.detail, fin.worst)
-    num = compare.numeric("o", got, oracle, chain, tolerance.lookup("verify_attention", "o", torch.bfloat16))
+    num = compare.numeric("o", got, oracle, chain, ops.lookup_tolerance("verify_attention", "o", torch.bfloat16))
     assert num.passed, (num.err, num.allowed, num.worst)
     return oracle
 
@@ -451,7 +451,7 @@ def test_an_empty_prefix_is_answered_everywhere(device, name, indices):
     only to each other. Legal input: the split-KV and shared-KV kernels refused it with a plain
     ValueError ("empty kv_indices") where the reference chain answers; every entry point now
     answers, within the chain's allowance of the fp64 oracle."""
-    from harness import compare, tolerance
+    from harness import compare, ops
 
     fn, build = ALL_FNS[name]
     kw = build(device, o=None)
@@ -461,7 +461,7 @@ def test_an_empty_prefix_is_answered_everywhere(device, name, indices):
     got = fn(**kw)["o"]
     oracle = rv.verify_attention_oracle(**kw)["o"]
     rec = compare.numeric("o", got, oracle, rv.verify_attention(**kw)["o"],
-                          tolerance.lookup("verify_attention", "o", torch.bfloat16))
+                          ops.lookup_tolerance("verify_attention", "o", torch.bfloat16))
     assert rec.passed and got.isfinite().all(), (rec.err, rec.allowed, rec.worst)
 
 

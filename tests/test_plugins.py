@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from harness import compare
+from harness.ops import default_registry
 from harness.parity import runners
-from harness.registry import ENTRY_POINT_GROUP, Impl, Registry, can_handle_takes_inputs, default_registry
+from harness.registry import ENTRY_POINT_GROUP, Impl, Registry, can_handle_takes_inputs
 from harness.parity.suite import Planned, repro_line
 from tests.helpers import ROOT, subprocess_env
 

@@ -120,7 +120,7 @@ for m in sys.argv[1:]:
     __import__(m)
 from cases import profiles
 from harness import suite
-from harness.registry import default_registry
+from harness.ops import default_registry
 reg, prof = default_registry(with_plugins=False), profiles.current("ci")
 print(json.dumps({op: hashlib.sha256("\\n".join(p.full_id for p in suite.plan_cases(reg.ops[op], prof)).encode())
                   .hexdigest() for op in sorted(reg.ops)}))

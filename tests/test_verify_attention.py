@@ -17,13 +17,13 @@ from cases import base
 from cases.verify_attention import catalog as cases
 from fused.verify_attention import wrapper as fused
 from cases.verify_attention import mutants as va_mutants
-from harness import compare, poison, tolerance
+from harness import compare, ops, poison
 from harness.parity import runners
 from reference import checks
 from reference.verify_attention import chain as ref
 from reference.verify_attention import batched as ref_batched
 from reference.verify_attention import sdpa as ref_sdpa
-from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
+from tests.helpers import assert_bad_input_named, bad_inputs, failed_checks
 
 OP = "verify_attention"
 CATALOG = {c.name: c for c in cases.catalog()}
@@ -85,7 +85,7 @@ def test_reference_chain_agrees_with_oracle_and_sdpa(device):
     for c in CATALOG.values():
         kw = cases.build_inputs(c, device)
         o = ref.verify_attention_oracle(**kw)["o"]
-        tol = tolerance.lookup(OP, "o", torch.bfloat16)
+        tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
         r = compare.numeric("o", ref.verify_attention(**kw)["o"], o, None, tol, is_reference=True)
         s = compare.numeric("o", ref_sdpa.verify_attention_sdpa(**kw)["o"], o, None, tol, is_reference=True)
         assert r.passed and s.passed, (c.name, r.err, s.err, r.detail, s.detail)
@@ -128,7 +128,7 @@ def test_batched_chain_equals_the_per_request_loop(device, monkeypatch):
         S = ref.verify_attention_oracle(**{**kw, "v": _abs_values(kw["v"]), "v_buffer": _abs_values(kw["v_buffer"])})
         S = S["o"].abs().to(b32.device, torch.float32)
         assert ((b32 - l32).abs() <= S * 2 ** -12).all(), (c.name, float(((b32 - l32).abs() / S).max()))
-        tol = tolerance.lookup(OP, "o", torch.bfloat16)
+        tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
         oracle = ref.verify_attention_oracle(**kw)["o"]
         r = compare.numeric("o", batched.to(torch.bfloat16), oracle, None, tol, is_reference=True)
         assert r.passed, (c.name, r.err, r.detail)
@@ -207,7 +207,7 @@ def test_sdpa_head_chunks_change_nothing(device, monkeypatch):
         monkeypatch.undo()
         assert torch.equal(whole, one), name
         # and both are right: a chunk reading the wrong KV head would agree with itself (planted: j = 0)
-        tol = tolerance.lookup(OP, "o", torch.bfloat16)
+        tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
         assert compare.numeric("o", one, ref.verify_attention_oracle(**kw)["o"], None, tol, is_reference=True).passed
 
 
@@ -218,7 +218,7 @@ def test_combine_head_blocking_changes_nothing(device, name):
     the default; a blocking that does not divide the group is refused, never run."""
     kw = cases.build_inputs(CATALOG[name], device)
     H, Hkv = kw["q"].shape[1], kw["k_buffer"].shape[1]
-    tol = tolerance.lookup(OP, "o", torch.bfloat16)
+    tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
     oracle = ref.verify_attention_oracle(**kw)["o"]
     for kind in ("shared_kv", "split_kv"):
         if fused.can_handle(kind, **kw) is not True:
@@ -604,7 +604,7 @@ def test_bench_baselines_compute_the_op(layout):
     mask = bench._dense_mask(n, L, "cpu")
     q4, k4, v4 = kw["q"].view(B, L, H, D), kw["k"].view(B, L, 1, D), kw["v"].reshape(B, L, 1, Dv)
     dense = bench._dense_reference(q4, k4, v4, kw["k_buffer"], kw["v_buffer"], idx, mask, kw["sm_scale"])
-    tol = tolerance.lookup(OP, "o", torch.bfloat16)
+    tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
     assert compare.numeric("o", dense.reshape(B * L, H, Dv), want, None, tol, is_reference=True).passed
 
 
@@ -665,7 +665,7 @@ def test_each_rounding_flag_rounds(device, monkeypatch, flag):
     """Each flag changes the output and takes the chain further from the oracle, in both forms
     (so it really rounds, where its kernel does); fp8_q leaves bf16 KV alone. Planted: a flag the
     batched form ignores fails."""
-    tol = tolerance.lookup(OP, "o", torch.bfloat16)
+    tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
     for name in ROUNDS_ON[flag]:
         kw = cases.build_inputs(CATALOG[name], device)
         oracle = ref.verify_attention_oracle(**kw)["o"]
@@ -717,7 +717,7 @@ def test_standard_design_passes_under_bf16_p_and_fails_strict(spec, device):
         case = CATALOG[name]
         assert _passes(spec, declared, case, device) is True, name
         rec = _numeric(spec, declared, case, device)
-        floor = tolerance.lookup(OP, "o", torch.bfloat16).floor
+        floor = ops.lookup_tolerance(OP, "o", torch.bfloat16).floor
         assert rec.detail == "allowance: chain with bf16-p" and rec.ref_err > 2 * floor, (name, rec.ref_err)
         bad = _numeric(spec, strict, case, device)
         assert not bad.passed and bad.detail == "", (name, bad.err, bad.allowed)

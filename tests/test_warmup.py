@@ -59,7 +59,7 @@ JIT_RUN = textwrap.dedent('''
     from triton import knobs
     from cases import profiles
     from harness import suite
-    from harness.registry import default_registry
+    from harness.ops import default_registry
 
     reg = default_registry(with_plugins=False)
     dev, spec = warmup_worker.dry_device("sm90"), reg.ops["qk_norm_rope"]
@@ -85,7 +85,7 @@ SAME_VARIANTS = textwrap.dedent('''
     warmup_worker.dry_run("sm90")
     from triton import knobs
     from harness import runners, suite
-    from harness.registry import default_registry
+    from harness.ops import default_registry
     from cases import profiles
 
     reg = default_registry(with_plugins=False)

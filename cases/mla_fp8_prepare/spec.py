@@ -85,15 +85,15 @@ def _observed_writes(reported, after, before):
     ``reported`` (S,) int: the implementation's own count. Returned as it is when it is None or of
     another shape, or the buffer is not there to diff (the exact check names what it sees).
     Computed on the buffer's device. Shape: (S,), ``reported``'s dtype."""
-    from harness.compare import _bytes, _on
+    from harness.compare import as_bytes, on_device_of
 
     new, old = (after or {}).get("kv_buffer"), (before or {}).get("kv_buffer")
     if not (isinstance(reported, torch.Tensor) and isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor)
             and reported.dim() == 1 and new.dim() >= 1 and reported.shape[0] == new.shape[0]
             and old.shape == new.shape and old.dtype == new.dtype):
         return reported
-    changed = (_bytes(new) != _bytes(_on(old, new))).reshape(new.shape[0], -1).any(dim=1)
-    return torch.where(_on(changed, reported), reported.clamp(min=1), torch.zeros_like(reported))
+    changed = (as_bytes(new) != as_bytes(on_device_of(old, new))).reshape(new.shape[0], -1).any(dim=1)
+    return torch.where(on_device_of(changed, reported), reported.clamp(min=1), torch.zeros_like(reported))
 
 
 def _fused(**kw):

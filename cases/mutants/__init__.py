@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # an annotation only: harness.registry.default_registry imports this package
+if TYPE_CHECKING:  # an annotation only: harness.ops.default_registry imports this package
     from harness.registry import Registry
 
 

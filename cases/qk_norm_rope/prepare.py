@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from harness import compare, tolerance
+from harness import compare, ops
 from harness.backend import branch_mode
 from harness.timelines.prepare import OneRowPrepare
 from harness.timelines.prepare import exact_check as _exact
@@ -69,8 +69,8 @@ class QkNormRopePrepare(OneRowPrepare):
         ref_q, ref_kv = qk_ref.qk_norm_rope(**truth)
         valid = tr.valid_index(n_all)  # loc >= 0 (the slots read on the host once a step)
         kv_val = kv_out if kv_out is not None else buf[loc.clamp(min=0)]  # stored by the kernel: read it back
-        tq = tolerance.lookup(OP, "q_out", torch.bfloat16)
-        tkv = tolerance.lookup(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
+        tq = ops.lookup_tolerance(OP, "q_out", torch.bfloat16)
+        tkv = ops.lookup_tolerance(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
         tr._rec_numeric(step, mode, layer, "prepare:q_out", q_out[:T], oracle["q_out"][:T], ref_q[:T], tq)
         vt = tr.valid_index(T)
         tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][vt], oracle["kv_out"][:T][vt], ref_kv[:T][vt], tkv)
@@ -110,8 +110,8 @@ class QkNormRopePrepare(OneRowPrepare):
         qk_ref.swa_paged_store(ref_kv, ref_pool, loc, lay)
         ref_val = qk_ref.swa_decode(ref_pool[slots // lay.page_size], slots % lay.page_size, lay)
         v = tr.valid_index(T)
-        tq = tolerance.lookup(OP, "q_out", torch.bfloat16)
-        tkv = tolerance.lookup(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
+        tq = ops.lookup_tolerance(OP, "q_out", torch.bfloat16)
+        tkv = ops.lookup_tolerance(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
         tr._rec_numeric(step, mode, layer, "prepare:q_out", out["q_out"][:T], oracle["q_out"][:T], ref_q[:T], tq)
         tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][v], oracle["kv_out"][:T][v],
                         ref_val[: v.numel()] if paged_layer else ref_kv[:T][v], tkv)

@@ -170,7 +170,8 @@ def cmd_compile(args) -> int:
         raise UsageError("TRITON_INTERPRET", str(exc)) from None
     impls = []
     if args.impl:
-        from harness.registry import cwd_on_path, default_registry
+        from harness.ops import default_registry
+        from harness.registry import cwd_on_path
 
         cwd_on_path()
         impls = load_specs(default_registry(with_mutants=False, with_plugins=False), args.impl)

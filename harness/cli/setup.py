@@ -12,7 +12,7 @@ from harness.usage import UsageError
 
 def load_registry():
     """Built-ins, mutants and entry points; one warning line on stderr per broken entry point."""
-    from harness.registry import default_registry
+    from harness.ops import default_registry
 
     reg = default_registry()
     for err in reg.load_errors:

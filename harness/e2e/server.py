@@ -109,7 +109,7 @@ def build_service(args) -> MicroService:
     from harness import devices
     from harness.timelines import runner as timeline
     from harness.e2e import gate
-    from harness.registry import default_registry
+    from harness.ops import default_registry
 
     dev = devices.select(args.device)
     reg = default_registry()

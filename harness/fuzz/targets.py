@@ -88,6 +88,6 @@ def base_cases(op: str, device) -> st.SearchStrategy:
 @functools.cache
 def op_spec(op: str):
     """The op's registry spec (build_inputs, oracle, outputs, effects, writable buffers)."""
-    from harness.registry import default_registry
+    from harness.ops import default_registry
 
     return default_registry(with_mutants=False, with_plugins=False).ops[op]

@@ -194,7 +194,7 @@ def _select(reg, args, ops) -> list:
 def registry():
     """The default registry (no plugins) plus the GPU-only mutants."""
     from harness.gpu import mutants as gpu
-    from harness.registry import default_registry
+    from harness.ops import default_registry
 
     reg = default_registry(with_plugins=False)
     gpu.register(reg)

@@ -94,7 +94,8 @@ def init_worker(kind: str, fp8_format: str, plugin_specs: tuple[str, ...], targe
         suite._worker_init(kind, fp8_format, plugin_specs)
         return
     dry_run(target)
-    from harness.registry import cwd_on_path, default_registry
+    from harness.ops import default_registry
+    from harness.registry import cwd_on_path
 
     cwd_on_path()
     suite.set_worker_state(dry_device(target), default_registry(extra=plugin_specs))

@@ -137,7 +137,7 @@ def _same(pairs) -> bool:
             if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
                 return False
             if a.numel():
-                differ.setdefault(a.device, []).append((compare._bytes(a) != compare._bytes(b)).any())
+                differ.setdefault(a.device, []).append((compare.as_bytes(a) != compare.as_bytes(b)).any())
         elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
             return False
         else:

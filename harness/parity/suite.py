@@ -111,7 +111,8 @@ def _worker_init(device_kind: str, fp8_format: str, plugin_specs: tuple[str, ...
     global _WORKER
     import torch
 
-    from harness.registry import cwd_on_path, default_registry
+    from harness.ops import default_registry
+    from harness.registry import cwd_on_path
 
     # One intra-op thread per worker: the jobs already fill the cores. With torch's default (one thread
     # per core in every worker) 4 workers on the 16-core H200 host ran the harness's CPU-side comparisons
