@@ -36,7 +36,7 @@ class Family:
     # qk_norm_rope: an RMSNorm weight on q too (DeepSeek-V4 passes none; a model that does runs the
     # q-side weight path, whose bugs only this shows)
     q_weight: bool = False
-    # the nightly's timeline workers for it relative to the other families (harness.nightly.run.parity_jobs)
+    # the nightly's timeline workers for it relative to the other families (harness.nightly.plan.parity_jobs)
     nightly_weight: float = 1.0
     # a small twin of another family: the nightly runs it in that family's step, with its workers
     nightly_with: str = ""

@@ -125,7 +125,7 @@ class OpSpec:
     gpu: GpuPlan | None = None  # its GPU-only checks (None: none)
     nightly: bool = True  # the nightly runs its parity step
     # nightly parity workers relative to the other ops (their cost per case: implementations, checks);
-    # < 1 for an op cheaper per case (harness.nightly.run.parity_jobs)
+    # < 1 for an op cheaper per case (harness.nightly.plan.parity_jobs)
     parity_weight: float = 1
     # relative cost of running one case (any unit, e.g. the elements it reads), for scheduling only:
     # the suite hands the costliest cases to its workers first, so that a long case does not start last

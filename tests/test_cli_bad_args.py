@@ -42,7 +42,7 @@ def _tripwire(*_a, **_k):
 WORK = [("harness.parity.suite", "run"), ("harness.parity.suite", "spawn_map"), ("harness.mutants.killmatrix", "build"),
         ("harness.timelines.runner", "run_timeline"), ("harness.e2e.gate", "run"), ("harness.e2e.client", "ab"),
         ("harness.e2e.server", "main"), ("harness.gpu.compile", "run"), ("harness.gpu.checks", "run"),
-        ("harness.bench.perf", "run_ops"), ("harness.nightly.run", "run_steps")]
+        ("harness.bench.perf", "run_ops"), ("harness.nightly.steps", "run_steps")]
 
 
 @contextlib.contextmanager

@@ -93,7 +93,7 @@ def _spec() -> OpSpec:
         nightly=True,  # a parity op: the nightly runs its parity step
         # per case it is cheap beside the float ops (integer outputs compared exactly: no rounded chains for
         # an allowance, no buffers to canary): half their workers, i.e. 1 of the 16-core host's parity
-        # processes (harness.nightly.run.parity_jobs), which keeps the concurrent steps within 2 x the cores
+        # processes (harness.nightly.plan.parity_jobs), which keeps the concurrent steps within 2 x the cores
         parity_weight=0.5,
         # measured on the 2-core CPU: the ci run (31 catalog + 150 generated cases), reference + fused, in 81 s
         interpreter_generated=150,

@@ -30,13 +30,8 @@ import time
 from pathlib import Path
 
 from harness.nightly import mps
-# the plan (nightly_plan) and the runner (nightly_steps), re-exported: callers and tests reach them as nightly.X.
-# run_steps is looked up here by main, so patching harness.nightly.run.run_steps replaces what main runs
-from harness.nightly.plan import (BACKGROUND_NICE, CORRECTNESS_ENDS, OPS, PARITY_WEIGHT,  # noqa: F401
-                                  WARMUP_GENERATED, WARMUP_SHARE, Step, compiled_shard, parity_jobs, plan,
-                                  worker_counts)
-from harness.nightly.steps import (_header_only, _poll, _report_step, _start, compile_seconds,  # noqa: F401
-                                   fatal, run_steps, summary)
+from harness.nightly import steps as nightly_steps
+from harness.nightly.plan import OPS, plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,22 +93,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"verify-parity nightly: device={device} profile={args.profile} budget {args.budget_s:.0f}s, "
           f"{len(steps)} steps -> {out}", flush=True)
     say = lambda m: print(m, flush=True)  # noqa: E731
-    run_steps([s for s in steps if s.phase < 0], out, progress=say, t0=t0)
+    nightly_steps.run_steps([s for s in steps if s.phase < 0], out, progress=say, t0=t0)
     with mps.daemon(args.mps, out / "mps", device=device, log=say) as mps_env:
         correctness = [s for s in steps if s.phase == 0]
         for s in correctness:
             s.env.update(mps_env)
-        run_steps(correctness, out, progress=say, t0=t0)
-    run_steps([s for s in steps if s.phase > 0], out, progress=say, t0=t0)
+        nightly_steps.run_steps(correctness, out, progress=say, t0=t0)
+    nightly_steps.run_steps([s for s in steps if s.phase > 0], out, progress=say, t0=t0)
     first = [s for s in steps if s.phase < 0]
-    report = _report_step(out, args.baseline)
-    run_steps([report], out, progress=lambda m: print(m, flush=True))
+    report = nightly_steps.report_step(out, args.baseline)
+    nightly_steps.run_steps([report], out, progress=lambda m: print(m, flush=True))
     steps.append(report)
-    print("\n" + summary(steps))
+    print("\n" + nightly_steps.summary(steps))
     for s in steps:
         for line in s.fails:
             print(line)
-    bad = [s for s in steps if fatal(s)]
+    bad = [s for s in steps if nightly_steps.fatal(s)]
     warm = sum(s.compile_s or 0.0 for s in first)
     inside = sum(s.compile_s or 0.0 for s in steps if s.phase >= 0)
     print(f"nightly: {len(steps) - len(bad)}/{len(steps)} steps ok in {time.time() - t0:.0f}s "

@@ -25,7 +25,7 @@ def _header_only(path: Path) -> bool:
         return False
 
 
-def _report_step(out: Path, baseline: str | None) -> Step:
+def report_step(out: Path, baseline: str | None) -> Step:
     args = [sys.executable, "-m", "harness", "report", "--out", str(out / "report")]
     for flag, pattern in (("--csv", "parity-*.csv.gz"), ("--gate", "gate-*.csv"), ("--timelines", "timelines-*.csv.gz")):
         for p in sorted(out.glob(pattern)):
