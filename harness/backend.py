@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from cases import timelines as tl
+from cases import timeline_family
 from harness.timelines.prepare import prepare_of
 
 VERIFY_STORES = ("pre", "post", "as-history", "none")
@@ -37,7 +37,7 @@ BRANCHES = ("unified-extend", "unified-decode", "unified-verify", "non-unified")
 _UNIFIED = {"extend": "unified-extend", "decode": "unified-decode", "target_verify": "unified-verify"}
 
 
-def truth_branch(fam: tl.Family, mode: str, layer: int) -> str:
+def truth_branch(fam: timeline_family.Family, mode: str, layer: int) -> str:
     """The branch a layer must take: the family's non-unified layers the paged fp8 SWA store,
     every other layer the unified branch of the step's forward mode."""
     return "non-unified" if layer in fam.non_unified_layers else _UNIFIED[mode]
@@ -72,15 +72,15 @@ class Backend:
     source: str = ""  # "module:attr" when loaded by --backend (``load``); "" for the built-in ones
 
     # ------------------------------------------------------------------ store policy
-    def verify_store(self, fam: tl.Family) -> str:
+    def verify_store(self, fam: timeline_family.Family) -> str:
         """When the verify chunk is stored (``VERIFY_STORES``)."""
         return fam.verify_store
 
-    def decode_store_first(self, fam: tl.Family) -> bool:
+    def decode_store_first(self, fam: timeline_family.Family) -> bool:
         """1-source decode: store the token, then attend (its own row read back)."""
         return True
 
-    def policy(self, fam: tl.Family, mode: str, kv_returned: bool, non_unified: bool = False) -> Policy:
+    def policy(self, fam: timeline_family.Family, mode: str, kv_returned: bool, non_unified: bool = False) -> Policy:
         """The store decisions of one layer call. A non-unified layer's prepare stores its chunk in
         every mode (in a cache of its own: ``Prepare.layer_caches``), and its verify attention reads
         the chunk from there causally indexed: the ``pre`` policy with the chunk read back. A verify
@@ -103,7 +103,7 @@ class Backend:
         buf[loc_phys[valid]] = rows[valid].to(buf.dtype)
 
     # ------------------------------------------------------------------ gates
-    def branch(self, fam: tl.Family, mode: str, layer: int) -> str:
+    def branch(self, fam: timeline_family.Family, mode: str, layer: int) -> str:
         """Which fused branch ``layer``'s prepare takes in ``mode`` (``BRANCHES``)."""
         return truth_branch(fam, mode, layer)
 

@@ -160,6 +160,7 @@ def test_the_docs_backend_runs_as_written_and_its_table_lists_every_decision(reg
 
     from cases import timelines as tl
     from harness.timelines import runner as timeline
+    from harness.timelines import path as path_mod
 
     doc = (ROOT / "docs" / "plugins.md").read_text().split("## Checking your own backend", 1)[1]
     doc = doc.split("\n## ", 1)[0]
@@ -167,9 +168,9 @@ def test_the_docs_backend_runs_as_written_and_its_table_lists_every_decision(reg
     monkeypatch.syspath_prepend(str(tmp_path))
     be = backend_mod.load("my_backend:MyBackend")
     t = {x.name: x for x in tl.catalog()}["qwen35-gqa/width-1"]
-    recs = timeline.run_timeline(timeline.clean_path(registry, t.family, prepare="reference", attn="reference",
+    recs = timeline.run_timeline(path_mod.clean_path(registry, t.family, prepare="reference", attn="reference",
                                                      backend=be), t, device.torch_device, device.fp8_dtype)
-    assert recs and not timeline.failures(recs), timeline.failures(recs)[:3]
+    assert recs and not path_mod.failures(recs), path_mod.failures(recs)[:3]
     methods = {n for n, f in inspect.getmembers(backend_mod.Backend, inspect.isfunction) if not n.startswith("_")}
     missing = sorted(m for m in methods - {"policy"} if f"`{m}(" not in doc)
     assert not missing, f"docs/plugins.md's backend table lacks {missing}"
@@ -180,15 +181,16 @@ def test_a_q_weight_bug_shows_only_in_the_q_weighted_family(registry, device):
     prepare:q_out on its q-weighted twin."""
     from cases import timelines as tl
     from harness.timelines import runner as timeline
+    from harness.timelines import path as path_mod
     from tests.plugins import backends_buggy
 
     cat = {x.name: x for x in tl.catalog()}
     got = {}
     for fam in ("dsv4-mqa-ring", "dsv4-mqa-ring-qw"):
-        path = dataclasses.replace(timeline.clean_path(registry, fam, prepare="reference", attn="reference"),
+        path = dataclasses.replace(path_mod.clean_path(registry, fam, prepare="reference", attn="reference"),
                                    prepare=backends_buggy.Q_WEIGHT)
         recs = timeline.run_timeline(path, cat[f"{fam}/accept-0-to-L"], device.torch_device, device.fp8_dtype,
                                      stop_on_failure=True)
-        got[fam] = {s.record.check for s in timeline.failures(recs)}
+        got[fam] = {s.record.check for s in path_mod.failures(recs)}
     assert not got["dsv4-mqa-ring"], got
     assert "prepare:q_out" in got["dsv4-mqa-ring-qw"], got

@@ -12,7 +12,7 @@ import torch
 
 from cases import gsm8k_synth as g
 from harness import devices
-from harness.timelines import runner as timeline
+from harness.timelines import path as path_mod
 from harness.e2e import drafters as D
 from harness.e2e import engine as E
 from harness.e2e import model as M
@@ -49,7 +49,7 @@ def _model(layout):
 def _engine(layout, prepare="reference", attn="reference", **change):
     """On the session's device: the fused paths launch Triton kernels there (compiled on a GPU
     runner, which a CPU engine would hand CPU tensors)."""
-    return E.Engine(_model(layout), timeline.clean_path(_reg(), layout, prepare=prepare, attn=attn, **change), L=L,
+    return E.Engine(_model(layout), path_mod.clean_path(_reg(), layout, prepare=prepare, attn=attn, **change), L=L,
                     device=DEVICE.torch_device)
 
 
@@ -128,7 +128,7 @@ def test_engine_refuses_bad_input():
     with pytest.raises(ValueError, match="window"):
         _engine("qwen35-gqa").generate([[1] * 500], 40)
     with pytest.raises(ValueError, match="is for"):
-        E.Engine(_model("qwen35-gqa"), timeline.clean_path(_reg(), "dsv4-mqa-ring"))
+        E.Engine(_model("qwen35-gqa"), path_mod.clean_path(_reg(), "dsv4-mqa-ring"))
 
 
 def test_save_load_round_trip(tmp_path):

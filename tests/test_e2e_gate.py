@@ -84,13 +84,13 @@ def test_tie_divergences_counts_only_small_margins(registry):
     prefills judge each problem by its own last row: with a margin between two problems' own
     margins (each measured by a prefill of that problem alone) exactly one counts, whatever the
     batch (a wrong row per prompt, e.g. the batch's last row for all, fails this)."""
-    from harness.timelines import runner as timeline
+    from harness.timelines import path as path_mod
     from harness.e2e import engine as E
     from harness.e2e import model as M
     from harness.e2e import tokenizer as tok
 
     m = M.Micro(M.MicroConfig(layout="qwen35-gqa"))
-    path = timeline.clean_path(registry, "qwen35-gqa", prepare="reference", attn="reference")
+    path = path_mod.clean_path(registry, "qwen35-gqa", prepare="reference", attn="reference")
     prompts = [tok.encode(tok.prompt(q)) for q in ("What is 2+3?", "A box holds 12 pens and 7 more. How many?")]
     greedy = E.Engine(m, path).generate(prompts, 8).tokens
     other = tuple(tuple([g[0], (g[1] + 1) % tok.VOCAB] + list(g[2:])) for g in greedy)

@@ -14,6 +14,7 @@ import importlib
 import pytest
 import torch
 
+from harness import ops
 from harness.gpu import mutants as gpu_mutants
 from cases.qk_norm_rope import gpu_mutants as qk_gpu_mutants
 from cases.verify_attention import gpu_mutants as va_gpu_mutants
@@ -130,7 +131,7 @@ def test_without_a_gpu_nothing_is_checked_and_exit_is_0(tmp_path, capsys):
 
 
 def test_default_selection_is_clean_impls_plus_gpu_mutants(reg):
-    impls = gc._select(reg, gc.build_parser().parse_args([]), gc.BUILTIN)
+    impls = gc._select(reg, gc.build_parser().parse_args([]), ops.BUILTIN)
     keys = {i.key for i in impls}
     assert {m.key for m in gpu_mutants.MUTANTS} <= keys
     assert {"qk_norm_rope/fused", "mla_fp8_prepare/reference", "verify_attention/fused-shared-kv"} <= keys

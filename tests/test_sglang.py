@@ -43,7 +43,7 @@ def test_the_kernel_files_load_without_the_serving_stack():
     if getattr(sys.modules["sglang"], "__file__", None) is None:  # our namespace, not a fully imported sglang
         assert "sglang.lang" not in sys.modules and "sglang.srt.environ" not in sys.modules
         utils = sys.modules["sglang.srt.utils"]
-        assert "stand-in" in utils.__doc__ and utils.is_hip() == (sglang.torch.version.hip is not None)
+        assert "stand-in" in utils.__doc__ and utils.is_hip() == (torch.version.hip is not None)
 
 
 @pytest.mark.parametrize("op, impl, name", [

@@ -15,6 +15,7 @@ from cases.mutants import timelines as mt
 from harness.mutants import killmatrix
 from harness.parity import runners
 from harness.timelines import runner as timeline
+from harness.timelines import path as path_mod
 from tests.report_runs import timeline_cli as _cli
 
 CATALOG = {t.name: t for t in tl.catalog()}
@@ -32,8 +33,8 @@ def _explain(bad) -> str:
 @pytest.mark.parametrize("name", sorted(CATALOG))
 def test_clean_fused_path_passes_named_timeline(registry, device, name):
     t = CATALOG[name]
-    recs = _run(timeline.clean_path(registry, t.family), t, device)
-    assert not timeline.failures(recs), _explain(timeline.failures(recs))
+    recs = _run(path_mod.clean_path(registry, t.family), t, device)
+    assert not path_mod.failures(recs), _explain(path_mod.failures(recs))
     checks = {s.record.check.split(":r")[0] for s in recs}
     assert {"attn:o", "visible_kv", "state"} <= checks, f"checks that ran: {sorted(checks)}"
     assert any(s.mode == "target_verify" for s in recs)
@@ -45,22 +46,22 @@ def test_non_unified_layers_need_a_prepare_with_a_store_of_its_own(registry, mon
     t = CATALOG["k3-mla-fp8/width-1"]
     monkeypatch.setitem(tl.FAMILIES, t.family, dataclasses.replace(tl.FAMILIES[t.family], non_unified_layers=(1,)))
     with pytest.raises(ValueError, match="non_unified_layers"):
-        timeline.TimelineRun(timeline.clean_path(registry, t.family), t)
+        timeline.TimelineRun(path_mod.clean_path(registry, t.family), t)
 
 
 @pytest.mark.parametrize("family", sorted(tl.FAMILIES))
 def test_reference_path_passes(registry, device, family):
     """The unfused path (reference prepare + reference attention) is held to the same truth."""
     t = CATALOG.get(f"{family}/mixed-padded") or CATALOG[f"{family}/accept-0-to-L"]  # a q-weighted twin: its one
-    recs = _run(timeline.clean_path(registry, family, prepare="reference", attn="reference"), t, device)
-    assert not timeline.failures(recs), _explain(timeline.failures(recs))
+    recs = _run(path_mod.clean_path(registry, family, prepare="reference", attn="reference"), t, device)
+    assert not path_mod.failures(recs), _explain(path_mod.failures(recs))
 
 
 @settings(max_examples=4, deadline=None)
 @given(t=tl.timelines(max_requests=2, max_batches=3, max_width=3))
 def test_clean_fused_path_passes_generated_timelines(registry, device, t):
-    recs = _run(timeline.clean_path(registry, t.family), t, device)
-    assert not timeline.failures(recs), base.case_id("timeline", t) + "\n" + _explain(timeline.failures(recs))
+    recs = _run(path_mod.clean_path(registry, t.family), t, device)
+    assert not path_mod.failures(recs), base.case_id("timeline", t) + "\n" + _explain(path_mod.failures(recs))
 
 
 def test_strategy_reaches_rejection_wraparound_padding_and_mixed_batches():
@@ -116,13 +117,13 @@ def test_store_before_attention_passes_kernel_parity_and_fails_timelines(registr
             res = runners.run_case(spec, impl, case, device, determinism=False, poisoned=False)
             assert not res.refused and all(r.passed for r in res.records), f"{key} fails parity on {name}"
     t = CATALOG["dsv4-mqa-ring/accept-0-to-L"]
-    bad = timeline.failures(_run(m.path(registry, t.family), t, device))
+    bad = path_mod.failures(_run(m.path(registry, t.family), t, device))
     fams = {s.record.check.split(":r")[0] for s in bad if s.family == "timeline"}
     assert {"attn:o", "visible_kv"} <= fams, _explain(bad)
     assert all(s.mode == "target_verify" for s in bad), "decode and prefill are right: only verify is wrong"
     # width 1: a single draft has no other draft to see, so the same path is right there
     t1 = CATALOG["dsv4-mqa-ring/width-1"]
-    bad1 = [s for s in timeline.failures(_run(m.path(registry, t1.family), t1, device)) if s.family == "timeline"]
+    bad1 = [s for s in path_mod.failures(_run(m.path(registry, t1.family), t1, device)) if s.family == "timeline"]
     assert not bad1, _explain(bad1)
 
 
@@ -130,7 +131,7 @@ def test_store_before_attention_passes_kernel_parity_and_fails_timelines(registr
 def test_path_mutant_is_caught_by_a_timeline_check(registry, device, mutant):
     m = {x.name: x for x in mt.PATH_MUTANTS}[mutant]
     t = CATALOG[f"{m.families[0]}/{mt.PATH_TIMELINE}"]
-    bad = timeline.failures(_run(m.path(registry, t.family), t, device, stop_on_failure=True))
+    bad = path_mod.failures(_run(m.path(registry, t.family), t, device, stop_on_failure=True))
     flagged = {s.record.check for s in bad if s.family == "timeline"}
     assert any(c.startswith(tuple(m.catches)) for c in flagged), f"{mutant}: flagged {sorted(flagged)}"
 
@@ -139,9 +140,9 @@ def test_stale_kv_is_invisible_when_everything_is_accepted(registry, device):
     """The stale-KV mutant differs only after a rejection: with every draft accepted it is right."""
     m = {x.name: x for x in mt.PATH_MUTANTS}["path-stale-rejected-kv"]
     t = tl.Timeline(family="qwen35-gqa", steps="P:0.3;V:0.2;V:0.2;D:0", L=2, window=4)
-    assert not timeline.failures(_run(m.path(registry, t.family), t, device))
+    assert not path_mod.failures(_run(m.path(registry, t.family), t, device))
     t2 = dataclasses.replace(t, steps="P:0.3;V:0.1;V:0.2;D:0")
-    assert timeline.failures(_run(m.path(registry, t.family), t2, device))
+    assert path_mod.failures(_run(m.path(registry, t.family), t2, device))
 
 
 @pytest.mark.parametrize("key,name", [
@@ -156,7 +157,7 @@ def test_stale_kv_is_invisible_when_everything_is_accepted(registry, device):
 def test_op_mutant_in_a_clean_path_is_caught_by_the_timeline(registry, device, key, name):
     impl, t = registry.impls[key], CATALOG[name]
     path = next(p for p, tt in killmatrix._op_paths(registry, impl) if tt.family == t.family)
-    bad = [s for s in timeline.failures(_run(path, t, device, stop_on_failure=True)) if s.family == "timeline"]
+    bad = [s for s in path_mod.failures(_run(path, t, device, stop_on_failure=True)) if s.family == "timeline"]
     assert bad, f"{key} survived {name}"
 
 
@@ -231,7 +232,7 @@ def test_kill_matrix_e2e_column_killed_invisible_and_not_applicable(registry, de
 def test_a_nan_in_attention_is_a_finite_failure_not_a_numeric_one(registry, device):
     """Planted: the clean attention with one NaN at the first output element of each call."""
     t = CATALOG["qwen35-gqa/width-1"]
-    path = timeline.clean_path(registry, t.family, attn="reference")
+    path = path_mod.clean_path(registry, t.family, attn="reference")
 
     def one_nan(**kw):
         o = path.attn.fn(**kw)["o"].clone()
@@ -240,7 +241,7 @@ def test_a_nan_in_attention_is_a_finite_failure_not_a_numeric_one(registry, devi
 
     planted = dataclasses.replace(path, attn=dataclasses.replace(path.attn, name="plant-one-nan", fn=one_nan))
     recs = _run(planted, t, device)
-    bad = {s.record.check for s in timeline.failures(recs)}
-    assert "finite:attn:o" in bad and "attn:o" not in bad, _explain(timeline.failures(recs))
+    bad = {s.record.check for s in path_mod.failures(recs)}
+    assert "finite:attn:o" in bad and "attn:o" not in bad, _explain(path_mod.failures(recs))
     first = next(s.record for s in recs if s.record.check == "finite:attn:o" and s.mode != "extend")
     assert not first.passed and first.worst.startswith("(0, 0, 0): nan/"), first

@@ -20,8 +20,9 @@ class PathMutant(Backend):
 
     def path(self, reg, family: str):
         from harness.timelines import runner as timeline
+        from harness.timelines import path as path_mod
 
-        return replace(timeline.clean_path(reg, family, backend=self), name=f"{family}:{self.name}", doc=self.doc)
+        return replace(path_mod.clean_path(reg, family, backend=self), name=f"{family}:{self.name}", doc=self.doc)
 
     def kernels(self, reg) -> list[str]:
         """Keys of the registered kernels it runs (each must pass per-kernel parity), in registry
@@ -30,7 +31,7 @@ class PathMutant(Backend):
 
         keys = set()
         for family in self.families:
-            clean = timeline.clean_path(reg, family)
+            clean = path_mod.clean_path(reg, family)
             if "prepare" in self.uses and clean.prepare is not None:
                 keys.add(clean.prepare.key)
             if "attn" in self.uses:

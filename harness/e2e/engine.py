@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.timelines import runner as timeline
+from harness.timelines import path as path_mod
 from harness.backend import branch_mode
 from harness.e2e import tokenizer as tok
 from harness.timelines.prepare import attention_spec, chunk_kv, kv_views, prepare_of, row_shape
@@ -67,7 +67,7 @@ def _cut(ids: list[int], max_new: int) -> tuple[int, ...]:
 
 
 class Engine:
-    def __init__(self, model: Micro, path: timeline.Path, *, L: int = 4, device="cpu",
+    def __init__(self, model: Micro, path: path_mod.Path, *, L: int = 4, device="cpu",
                  fp8_dtype=torch.float8_e4m3fn, num_kv_splits: int | None = None):
         """``num_kv_splits``: every attention launch's split count (None: the family's)."""
         self.model, self.path, self.L, self.device = model, path, L, torch.device(device)

@@ -27,7 +27,7 @@ from cases import gsm8k_synth as g
 from cases import timelines as tl
 from cases.mutants import timelines as mt
 from harness import backend as backend_mod
-from harness.timelines import runner as timeline
+from harness.timelines import path as path_mod
 from harness.e2e import answers, stats
 from harness.e2e import drafters as D
 from harness.e2e import engine as E
@@ -56,21 +56,21 @@ def generate(model, path, prompts, max_new, drafter, batch, device, num_kv_split
     return E.Generation(tuple(toks), tuple(acc), steps)
 
 
-def paths_for(reg, layout: str, profile: cfg.GateProfile) -> list[tuple[str, timeline.Path, str]]:
+def paths_for(reg, layout: str, profile: cfg.GateProfile) -> list[tuple[str, path_mod.Path, str]]:
     """(label, path, expect) for every path under test, reference first. ``profile.backend``
     (``--backend module:attr``): the backend the profile's paths run through (the reference path
     keeps the clean one: the baseline every path is judged against)."""
-    out = [("reference+reference", timeline.clean_path(reg, layout, prepare="reference", attn="reference"), "pass")]
+    out = [("reference+reference", path_mod.clean_path(reg, layout, prepare="reference", attn="reference"), "pass")]
     be = backend_mod.load(profile.backend) if profile.backend else backend_mod.CLEAN
     for spec in profile.paths:
         prep, attn = spec.split("+")
         label = spec if be is backend_mod.CLEAN else f"{spec}:{be.name}"
-        out.append((label, timeline.clean_path(reg, layout, prepare=prep, attn=attn, backend=be), "pass"))
+        out.append((label, path_mod.clean_path(reg, layout, prepare=prep, attn=attn, backend=be), "pass"))
     for name in profile.path_mutants:
         m = next(x for x in mt.PATH_MUTANTS if x.name == name)
         if layout in m.families:
             prep, attn = profile.mutant_kernels.split("+")
-            path = replace(timeline.clean_path(reg, layout, prepare=prep, attn=attn, backend=m),
+            path = replace(path_mod.clean_path(reg, layout, prepare=prep, attn=attn, backend=m),
                            name=f"{layout}:{name}", doc=m.doc)
             out.append((name, path, "fail"))
     fam = tl.FAMILIES[layout]
@@ -79,7 +79,7 @@ def paths_for(reg, layout: str, profile: cfg.GateProfile) -> list[tuple[str, tim
         is_attn = reg.ops[impl.op].role == "attn"
         if not is_attn and impl.op != fam.prepare:
             continue  # this layout's path never runs the op
-        clean = timeline.clean_path(reg, layout)
+        clean = path_mod.clean_path(reg, layout)
         slot = dict(attn=impl) if is_attn else dict(prepare=impl)
         out.append((key, replace(clean, name=f"{layout}:{key}", doc=impl.doc, **slot), "fail"))
     return out

@@ -107,7 +107,7 @@ def make_server(svc: MicroService, port: int = 0) -> ThreadingHTTPServer:
 def build_service(args) -> MicroService:
     from cases.mutants import timelines as mt
     from harness import devices
-    from harness.timelines import runner as timeline
+    from harness.timelines import path as path_mod
     from harness.e2e import gate
     from harness.ops import default_registry
 
@@ -115,10 +115,10 @@ def build_service(args) -> MicroService:
     reg = default_registry()
     model, model_id, _ = gate.load_model(args.layout, args.models, dev.torch_device)
     prep, attn = args.path.split("+")
-    path = timeline.clean_path(reg, args.layout, prepare=prep, attn=attn)
+    path = path_mod.clean_path(reg, args.layout, prepare=prep, attn=attn)
     if getattr(args, "path_mutant", None):
         m = next(x for x in mt.PATH_MUTANTS if x.name == args.path_mutant)
-        path = replace(timeline.clean_path(reg, args.layout, prepare=prep, attn=attn, backend=m), name=m.name)
+        path = replace(path_mod.clean_path(reg, args.layout, prepare=prep, attn=attn, backend=m), name=m.name)
     name = f"{args.layout}:{path.name}{':spec' if args.speculative else ''}"
     return MicroService(model, path, name=name, speculative=args.speculative, device=dev.torch_device)
 

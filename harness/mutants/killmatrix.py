@@ -25,6 +25,7 @@ from cases import timelines as tl
 from cases.mutants import timelines as mt
 from harness.parity import runners
 from harness.timelines import runner as timeline
+from harness.timelines import path as path_mod
 from harness.registry import Impl, Registry
 
 
@@ -78,7 +79,7 @@ def _timelines(paths_and_timelines, dev, *, stop_at_kill: bool) -> tuple[str, st
     tl_bad, gate_bad, first = set(), set(), ""
     for path, t in paths_and_timelines:
         recs = timeline.run_timeline(path, t, dev.torch_device, dev.fp8_dtype, stop_on_failure=stop_at_kill)
-        for s in timeline.failures(recs):
+        for s in path_mod.failures(recs):
             (gate_bad if s.family == "gate" else tl_bad).add(s.record.check.split(":r")[0])
             first = first or (f"timeline {path.name} {t.name or t.steps} step {s.step} ({s.mode}) layer {s.layer} "
                               f"[{s.record.check}] {s.record.detail or s.record.worst}")[:240]
@@ -94,7 +95,7 @@ def _op_paths(reg: Registry, impl: Impl):
     slot = spec.role if spec.role in ("attn", "accept") else "prepare"
     for tname in spec.kill.timelines if spec.kill else ():
         t = named[tname]
-        path = timeline.clean_path(reg, t.family)
+        path = path_mod.clean_path(reg, t.family)
         yield replace(path, name=f"{t.family}:{impl.key}", **{slot: impl}), t
 
 

@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from cases import timelines as tl
+from cases import timeline_family
 from harness import compare
 from harness.ops import builtin_specs
 from harness.registry import OpSpec
@@ -36,19 +36,19 @@ class Prepare:
     writes_rows = False  # the prepare writes every pool row itself: the backend stores none, and
     # attention reads the chunk back from the pool (1-source)
 
-    def projections(self, fam: tl.Family) -> dict[str, int]:
+    def projections(self, fam: timeline_family.Family) -> dict[str, int]:
         """Projection name -> output width (the columns of its d_model x width weight)."""
         return {"q": fam.H * fam.D, "k": fam.Hkv * fam.D, "v": fam.Hkv * fam.Dv}
 
-    def row_shape(self, fam: tl.Family) -> tuple[int, ...]:
+    def row_shape(self, fam: timeline_family.Family) -> tuple[int, ...]:
         """One pool row."""
         return (2, fam.Hkv, fam.D)  # k and v stacked
 
-    def kv_views(self, fam: tl.Family, buf: torch.Tensor):
+    def kv_views(self, fam: timeline_family.Family, buf: torch.Tensor):
         """Pool rows -> (k_buffer (S, Hkv, D), v_buffer (S, Hkv, Dv)) as attention reads them."""
         return buf[:, 0], buf[:, 1, :, : fam.Dv]
 
-    def chunk_kv(self, fam: tl.Family, rows: torch.Tensor):
+    def chunk_kv(self, fam: timeline_family.Family, rows: torch.Tensor):
         """Logical KV rows of chunk tokens -> bf16 (k (T, Hkv, D), v (T, Hkv, Dv)) as drafts."""
         return rows[:, 0].contiguous(), rows[:, 1, :, : fam.Dv].contiguous()
 
@@ -112,17 +112,17 @@ class Prepare:
 class OneRowPrepare(Prepare):
     """A prepare op whose pool row is one vector of D per token, read as k (and its first Dv as v)."""
 
-    def row_shape(self, fam: tl.Family) -> tuple[int, ...]:
+    def row_shape(self, fam: timeline_family.Family) -> tuple[int, ...]:
         return (fam.D,)
 
-    def kv_views(self, fam: tl.Family, buf: torch.Tensor):
+    def kv_views(self, fam: timeline_family.Family, buf: torch.Tensor):
         return buf[:, None, :], buf[:, None, : fam.Dv]
 
 
 PROJECTION = Prepare()
 
 
-def prepare_of(fam: tl.Family) -> Prepare:
+def prepare_of(fam: timeline_family.Family) -> Prepare:
     """The family's prepare step: the adapter of the op ``fam.prepare`` names, or ``PROJECTION``."""
     return _prepare(fam.prepare)
 
@@ -151,16 +151,16 @@ def accept_spec() -> OpSpec:
     return spec
 
 
-def row_shape(fam: tl.Family) -> tuple[int, ...]:
+def row_shape(fam: timeline_family.Family) -> tuple[int, ...]:
     """One pool row of ``fam``."""
     return prepare_of(fam).row_shape(fam)
 
 
-def kv_views(fam: tl.Family, buf: torch.Tensor):
+def kv_views(fam: timeline_family.Family, buf: torch.Tensor):
     """Pool rows -> (k_buffer, v_buffer) as attention reads them."""
     return prepare_of(fam).kv_views(fam, buf)
 
 
-def chunk_kv(fam: tl.Family, rows: torch.Tensor):
+def chunk_kv(fam: timeline_family.Family, rows: torch.Tensor):
     """Logical KV rows of chunk tokens -> (k, v) as drafts."""
     return prepare_of(fam).chunk_kv(fam, rows)

@@ -48,6 +48,7 @@ from dataclasses import replace
 import torch
 
 from cases import timelines as tl
+from cases import timeline_family
 from harness import compare
 from harness.timelines import truth as timeline_truth
 from harness.backend import CLEAN, VERIFY_STORES, Backend, truth_branch  # noqa: F401  (CLEAN, Backend: re-export)
@@ -72,7 +73,7 @@ from reference import kv_model
 # ----------------------------------------------------------------------------- the model
 
 class _Weights:
-    def __init__(self, fam: tl.Family, t: tl.Timeline, max_pos: int, device):
+    def __init__(self, fam: timeline_family.Family, t: tl.Timeline, max_pos: int, device):
         g = torch.Generator().manual_seed(1000 + t.seed)
         dm = fam.d_model
         r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).to(device)  # noqa: E731

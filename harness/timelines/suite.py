@@ -16,17 +16,18 @@ from cases import base
 from cases import timelines as tl
 from harness import backend as backend_mod
 from harness.timelines import runner as timeline
+from harness.timelines import path as path_mod
 from harness.usage import UsageError
 
 
-def path_for(reg, family: str, spec: tuple) -> timeline.Path:
+def path_for(reg, family: str, spec: tuple) -> path_mod.Path:
     """The path of a spec (see the module docstring) for ``family``."""
     from cases.mutants import timelines as mt
 
     if spec[0] == "mutant":
         return {m.name: m for m in mt.PATH_MUTANTS}[spec[1]].path(reg, family)
     be = load_backend(spec[3]) if spec[3] else backend_mod.CLEAN
-    return timeline.clean_path(reg, family, prepare=spec[1], attn=spec[2], accept=spec[4] or None, backend=be)
+    return path_mod.clean_path(reg, family, prepare=spec[1], attn=spec[2], accept=spec[4] or None, backend=be)
 
 
 def load_backend(spec: str) -> backend_mod.Backend:
