@@ -1,4 +1,4 @@
-"""Every op has its five pieces under one name stem, every implementation is well formed, shared
+"""Every op has its four homes under one name stem, every implementation is well formed, shared
 modules name no op (they loop over the registry), and the packages import each other without cycles."""
 from __future__ import annotations
 
@@ -13,29 +13,60 @@ from harness.ops import BUILTIN
 ROOT = Path(__file__).resolve().parents[1]
 
 
+HOMES = ("reference/{op}", "fused/{op}", "cases/{op}")  # + tests/test_{op}*.py
+MAX_HARNESS_TOP_MODULES = 20  # harness/'s public core; everything else lives in a wing (a subpackage)
+
+
 @pytest.mark.parametrize("op", BUILTIN)
-def test_five_pieces(op, registry):
-    for piece in (f"reference/{op}.py", f"fused/{op}.py", f"cases/{op}.py", f"harness/ops/{op}.py", f"tests/test_{op}.py"):
+def test_four_homes(op, registry):
+    """An op lives in ``reference/<op>/`` (its chain), ``fused/<op>/`` (its wrapper), ``cases/<op>/``
+    (its spec and catalog) and its tests, and is registered with a reference and a fused implementation."""
+    for piece in (f"reference/{op}/chain.py", f"fused/{op}/wrapper.py", f"cases/{op}/spec.py", f"cases/{op}/catalog.py"):
         assert (ROOT / piece).is_file(), f"{op}: missing {piece}"
+    assert list(ROOT.glob(f"tests/test_{op}*.py")), f"{op}: no tests/test_{op}*.py"
     assert op in registry.ops, f"{op}: no registry entry"
     kinds = {i.kind for i in registry.for_op(op)}
     assert {"reference", "fused"} <= kinds, f"{op}: implementations {kinds}"
 
 
-def test_no_stray_op_modules(registry):
-    """A reference/fused module without a registry entry is an op nobody checks. A module of one op's
-    own (``<op>_<part>.py``: a second form of its chain, a baseline) belongs to that op."""
-    for folder in ("reference", "fused"):
-        for f in (ROOT / folder).glob("*.py"):
-            if f.stem.startswith("_") or f.stem in ("checks", "kv_model", "device_checks"):  # shared, not ops
-                continue
-            owner = f.stem if f.stem in registry.ops else next((op for op in registry.ops
-                                                                if f.stem.startswith(f"{op}_")), None)
-            assert owner in registry.ops, f"{folder}/{f.name} has no registry entry in harness/ops"
+def op_files(op: str) -> list[str]:
+    """Every file of the scanned packages named after ``op`` (a module or a package of its name
+    stem, or a module ``<op>_<part>.py``), relative to the root."""
+    found = []
+    for top in SCANNED:
+        for f in (ROOT / top).rglob("*"):
+            rel = f.relative_to(ROOT)
+            if any(part == op or part.startswith(f"{op}_") or part in (f"{op}.py",) for part in rel.parts) \
+                    and f.suffix == ".py":
+                found.append(rel.as_posix())
+    return sorted(found)
+
+
+@pytest.mark.parametrize("op", BUILTIN)
+def test_an_op_lives_in_its_homes_only(op):
+    """No file named after the op outside its three package homes (its tests aside)."""
+    homes = tuple(h.format(op=op) + "/" for h in HOMES)
+    stray = [f for f in op_files(op) if not f.startswith(homes)]
+    assert not stray, f"{op}: files outside {homes}: {stray}"
+
+
+def test_harness_top_level_is_a_small_core():
+    """``harness/``'s top level holds at most ``MAX_HARNESS_TOP_MODULES`` modules; a command or a wing
+    is a subpackage."""
+    top = sorted(f.name for f in (ROOT / "harness").glob("*.py"))
+    assert len(top) <= MAX_HARNESS_TOP_MODULES, top
+
+
+def test_no_stray_op_packages(registry):
+    """A package of reference/, fused/ or cases/ named like no registered op is an op nobody checks."""
+    for folder in ("reference", "fused", "cases"):
+        for d in (ROOT / folder).iterdir():
+            if (d / "__init__.py").is_file() and d.name not in ("mutants", "ledgers"):
+                assert d.name in registry.ops, f"{folder}/{d.name} has no registry entry (harness.ops.BUILTIN)"
 
 
 def test_reference_never_imports_triton():
-    for f in (ROOT / "reference").glob("*.py"):
+    for f in (ROOT / "reference").rglob("*.py"):
         assert "triton" not in f.read_text(), f"{f.name}: reference/ must stay pure PyTorch"
 
 
@@ -51,7 +82,7 @@ def test_mutants_are_documented(registry):
 SCANNED = ("harness", "cases", "reports", "reference", "fused")  # + noxfile.py
 # files that name ops by design: the op list itself, and a vendor's adapter (a plugin implements named
 # ops, as an entry point does) with the ledger of its known failures
-OP_NAMING_FILES = {"harness/ops/__init__.py", "harness/adapters/sglang.py", "cases/ledgers/sglang.py"}
+OP_NAMING_FILES = {"harness/ops.py", "harness/adapters/sglang.py", "cases/ledgers/sglang.py"}
 
 
 def _py_files():
@@ -69,7 +100,7 @@ def _names_op(text: str, op: str) -> bool:
 
 def op_literals(ops) -> set[tuple[str, str]]:
     """(file relative to the root, op) for every string constant naming a registered op outside
-    that op's stem files (files whose name stem is the op)."""
+    that op's own files (in a folder of the op's name, or a module whose name stem is the op)."""
     found = set()
     for f in _py_files():
         rel = f.relative_to(ROOT).as_posix()
@@ -77,7 +108,8 @@ def op_literals(ops) -> set[tuple[str, str]]:
             continue
         for node in ast.walk(ast.parse(f.read_text(), filename=rel)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):  # f-string parts are Constants too
-                found |= {(rel, op) for op in ops if op != f.stem and _names_op(node.value, op)}
+                found |= {(rel, op) for op in ops if op != f.stem and op not in f.relative_to(ROOT).parts
+                          and _names_op(node.value, op)}
     return found
 
 
@@ -85,7 +117,7 @@ def test_no_op_name_outside_its_stem_files(registry):
     """Shared modules loop over the registry (``OpSpec`` fields, ``Registry.by_role``) and never
     spell an op's name: adding an op touches only its own files and ``harness.ops.BUILTIN``."""
     found = sorted(op_literals(registry.ops))
-    assert not found, ("op names in shared modules (put what they say in the op's OpSpec in harness/ops/<op>.py, "
+    assert not found, ("op names in shared modules (put what they say in the op's OpSpec in cases/<op>/spec.py, "
                        f"or in a file of the op's stem): {found}")
 
 

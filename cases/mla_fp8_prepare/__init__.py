@@ -1,1 +1,1 @@
-"""TODO-DOC"""
+"""``mla_fp8_prepare``, fp8 KV/Q prepare for Kimi-K3 absorbed MLA (seed 001): its spec and registrations and what the harness checks it with (bad_inputs, bench, catalog, gpu_mutants, mutants, prepare, spec)."""

@@ -1,1 +1,1 @@
-"""TODO-DOC"""
+"""``qk_norm_rope``, qk RMSNorm + RoPE (DeepSeek-V4 MQA; seed 000): its spec and registrations and what the harness checks it with (bad_inputs, bench, bench_vs_sglang, catalog, gpu_mutants, mutants, prepare, spec)."""

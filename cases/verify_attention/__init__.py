@@ -1,1 +1,1 @@
-"""TODO-DOC"""
+"""``verify_attention``, target-verify attention over a paged prefix + drafts (seeds 002, 003): its spec and registrations and what the harness checks it with (bad_inputs, bench, catalog, gpu_mutants, mutants, spec)."""

@@ -1,1 +1,1 @@
-"""TODO-DOC"""
+"""``verify_accept``, greedy chain acceptance after the target forward: the Triton side (wrapper)."""
