@@ -22,6 +22,7 @@ GOOD = ("typed-error", "correct")
 
 
 def device_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is a device fault (a CUDA error, an illegal memory access): a segfault outcome."""
     text = f"{type(exc).__name__} {exc}"
     return "AcceleratorError" in text or "CUDA error" in text or "illegal memory access" in text
 
