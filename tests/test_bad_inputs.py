@@ -17,7 +17,13 @@ import time
 import pytest
 import torch
 
-from harness import fuzz as bi
+from harness.fuzz.args import OPS
+from harness.fuzz.call import OUTCOMES
+from harness.fuzz.cli import main
+from harness.fuzz.runner import run
+from harness.fuzz.strategies import CLASSES, expand_classes, plan
+from harness.fuzz.surgery import changed, interleaved_view, offset_view, rows_view, snapshot
+from harness.fuzz.targets import targets_for
 from reference import checks
 from tests.helpers import ROOT, subprocess_env
 
@@ -26,25 +32,25 @@ QK_FUSED_STEP = "fused.qk_norm_rope.wrapper:qk_norm_rope_step"
 
 @pytest.fixture(scope="module")
 def sweep(device):
-    jobs = bi.plan(device, examples=1, seed=0)
-    return jobs, bi.run(jobs, device=device.kind, timeout=120, stop_after=1)
+    jobs = plan(device, examples=1, seed=0)
+    return jobs, run(jobs, device=device.kind, timeout=120, stop_after=1)
 
 
 def test_at_least_40_classes_over_the_three_ops():
-    assert len(bi.CLASSES) >= 40
-    for op in bi.OPS:
-        assert sum(bool(c.args(op)) for c in bi.CLASSES.values()) >= 25, op
-    for c in bi.CLASSES.values():
-        assert any(c.args(op) for op in bi.OPS), c.name
-        assert all(c.expected(op) in ("error", "answer") for op in bi.OPS if c.args(op)), c.name
+    assert len(CLASSES) >= 40
+    for op in OPS:
+        assert sum(bool(c.args(op)) for c in CLASSES.values()) >= 25, op
+    for c in CLASSES.values():
+        assert any(c.args(op) for op in OPS), c.name
+        assert all(c.expected(op) in ("error", "answer") for op in OPS if c.args(op)), c.name
 
 
 def test_every_class_runs_on_this_device(sweep, device):
     jobs, _ = sweep
     ran = {j.cls for j in jobs}
-    assert {n for n, c in bi.CLASSES.items() if c.on_device(device)} <= ran
-    for op in bi.OPS:  # every public entry point is called
-        assert {t.name for t in bi.targets_for(op)} <= {j.target for j in jobs if j.op == op}
+    assert {n for n, c in CLASSES.items() if c.on_device(device)} <= ran
+    for op in OPS:  # every public entry point is called
+        assert {t.name for t in targets_for(op)} <= {j.target for j in jobs if j.op == op}
 
 
 def test_the_harness_itself_never_fails_a_call(sweep):
@@ -65,22 +71,22 @@ def test_no_call_has_a_bad_outcome(sweep):
 
 def test_views_keep_values_and_hide_junk_in_their_storage():
     t = torch.arange(12, dtype=torch.int64).view(3, 4)
-    for view, contiguous in ((bi.rows_view(t, "huge"), False), (bi.interleaved_view(t, "negative"), False),
-                             (bi.offset_view(t, "huge"), True)):
+    for view, contiguous in ((rows_view(t, "huge"), False), (interleaved_view(t, "negative"), False),
+                             (offset_view(t, "huge"), True)):
         assert torch.equal(view, t) and view.is_contiguous() == contiguous
         storage = torch.empty(0, dtype=torch.int64).set_(view.untyped_storage())
         assert storage.numel() > t.numel() and (storage.abs() >= 2 ** 30).sum() == storage.numel() - t.numel()
-    assert bi.interleaved_view(t, "huge").stride(-1) == 2 and bi.rows_view(t, "nan").stride(-1) == 1
+    assert interleaved_view(t, "huge").stride(-1) == 2 and rows_view(t, "nan").stride(-1) == 1
 
 
 def test_changed_sees_writes_outside_a_writable_view_only():
-    kw = {"ring": bi.rows_view(torch.zeros(4, 3), "nan"), "q": torch.ones(2)}
-    snap = bi.snapshot(kw)
+    kw = {"ring": rows_view(torch.zeros(4, 3), "nan"), "q": torch.ones(2)}
+    snap = snapshot(kw)
     kw["ring"][1, 2] = 5.0  # inside the view: the comparison with the chain judges it
-    assert bi.changed(snap, kw, ("ring",)) == [] and bi.changed(snap, kw) == ["ring"]
+    assert changed(snap, kw, ("ring",)) == [] and changed(snap, kw) == ["ring"]
     kw["ring"].as_strided((1,), (1,), kw["ring"].storage_offset() + 3)[0] = 1.0  # the junk column of row 0
     kw["q"][0] = 2.0
-    assert bi.changed(snap, kw, ("ring",)) == ["ring", "q"]
+    assert changed(snap, kw, ("ring",)) == ["ring", "q"]
 
 
 # ----------------------------------------------------------------------------- plants
@@ -172,7 +178,7 @@ PLANTS = {  # plant: (class, argument, the outcome it must get)
 
 
 CONTROLS = {  # the same inputs to the real wrapper: (class, argument, its good outcome)
-    f"control-{cls}-{a}": (cls, a, "typed-error" if bi.CLASSES[cls].expected("qk_norm_rope") == "error" else "correct")
+    f"control-{cls}-{a}": (cls, a, "typed-error" if CLASSES[cls].expected("qk_norm_rope") == "error" else "correct")
     for cls, a in sorted({(c, a) for c, a, _ in PLANTS.values()})  # sorted: xdist workers must collect one order
 }
 
@@ -183,10 +189,10 @@ def planted(device):
     jobs = []
     for name, (cls, a, _) in {**PLANTS, **CONTROLS}.items():
         target = QK_FUSED_STEP if name.startswith("control-") else f"tests.test_bad_inputs:{name}@{QK_FUSED_STEP}"
-        jobs += [j for j in bi.plan(device, classes=[cls], ops=("qk_norm_rope",), targets=[target], examples=1)
+        jobs += [j for j in plan(device, classes=[cls], ops=("qk_norm_rope",), targets=[target], examples=1)
                  if j.arg == a][:1]
     assert len(jobs) == len(PLANTS) + len(CONTROLS)
-    return dict(zip({**PLANTS, **CONTROLS}, bi.run(jobs, device=device.kind, timeout=5)))
+    return dict(zip({**PLANTS, **CONTROLS}, run(jobs, device=device.kind, timeout=5)))
 
 
 @pytest.mark.parametrize("plant", list(PLANTS))
@@ -213,14 +219,14 @@ def test_a_repro_line_reproduces_as_printed(planted):
 
 
 def test_cli_prints_the_table_and_exits_zero_when_every_call_is_good(device, capsys):
-    assert bi.main(["--device", device.kind, "--classes", "rank-missing-dim", "--ops", "qk_norm_rope",
+    assert main(["--device", device.kind, "--classes", "rank-missing-dim", "--ops", "qk_norm_rope",
                     "--examples", "1"]) == 0
     header, row = capsys.readouterr().out.splitlines()[:2]
-    assert header.split()[:3] == ["class", "op", "expect"] and all(o in header for o in bi.OUTCOMES)
+    assert header.split()[:3] == ["class", "op", "expect"] and all(o in header for o in OUTCOMES)
     assert row.split()[:3] == ["rank-missing-dim", "qk_norm_rope", "error"]
 
 
 def test_cli_groups_and_unknown_classes():
-    assert bi.expand_classes(["tree", "size-b0"]) == [n for n in bi.CLASSES if n.startswith("tree-")] + ["size-b0"]
+    assert expand_classes(["tree", "size-b0"]) == [n for n in CLASSES if n.startswith("tree-")] + ["size-b0"]
     with pytest.raises(ValueError, match="neither a class nor a group"):
-        bi.expand_classes(["strides"])
+        expand_classes(["strides"])

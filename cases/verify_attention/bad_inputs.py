@@ -107,9 +107,9 @@ def nan_unread(kw, a, p, ctx):
 
 def nan_unread_case(case):
     """value-nan-unread's case: two requests and a mixed prefix (rows read and rows not)."""
-    from harness.fuzz.badclass import _replace
+    from harness.fuzz.badclass import replace_fields
 
-    return _replace(case, B=max(2, getattr(case, "B", 1)), prefix="mixed:6")
+    return replace_fields(case, B=max(2, getattr(case, "B", 1)), prefix="mixed:6")
 
 
 def nan_unread_canon(kw):

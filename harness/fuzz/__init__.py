@@ -2,7 +2,7 @@
 break it one way at a time, a worker subprocess that makes each call, and the report.
 
 Entry points (``TARGETS``), each called the way the runners call it (the op's step keyword
-arguments, ``cases/<op>.py::build_inputs``):
+arguments, ``cases/<op>/catalog.py::build_inputs``):
   qk_norm_rope      reference.qk_norm_rope.chain:{qk_norm_rope_step, qk_norm_rope}, fused.qk_norm_rope.wrapper: the same
   mla_fp8_prepare   reference.mla_fp8_prepare.chain:{mla_fp8_prepare_step, mla_fp8_prepare}, fused: the same
   verify_attention  reference.verify_attention.chain:verify_attention, reference.verify_attention.sdpa: the same,
@@ -47,29 +47,13 @@ reproduces it as printed.
     python -m harness.fuzz [--device cpu|cuda] [--classes NAME|GROUP ...] [--ops ...] [--examples N]
     python -m harness.fuzz --list
 
-Modules: ``<op>`` (one per op: its arguments, entry points and valid cases, of the types in
-``declared``), ``args`` (each op's arguments), ``targets`` (entry points, their limits, the valid cases),
-``surgery`` (views with junk in their storage, byte snapshots), ``badclass`` and the three families
-``classes_layout`` / ``classes_values`` / ``classes_call``, ``strategies`` (every class, the plan),
-``call`` (one call, classified), ``runner`` (the worker subprocess and the pool), ``cli`` (the
-report and the command line).
+Layout: each op declares what the fuzzer needs of it in ``cases/<op>/bad_inputs.py`` (its arguments
+``ARGS``, entry points ``TARGETS``, small valid cases, and the op's own steps of some classes), of the
+types in ``harness.fuzz.declared`` (``Arg``, ``Target``). The shared machinery is in this package:
+``args`` (each op's arguments, from those modules), ``targets`` (entry points, their limits, the valid
+cases), ``surgery`` (views with junk in their storage, byte snapshots), ``badclass`` (``BadClass`` and
+the helpers the classes share) and the three families ``classes_layout`` / ``classes_values`` /
+``classes_call``, ``strategies`` (every class, the plan), ``call`` (one call, classified), ``runner``
+(the worker subprocess and the pool), ``cli`` (the report and the command line; ``__main__`` runs
+it). This package re-exports nothing: import each name from its module.
 """
-from __future__ import annotations
-
-from harness.fuzz.args import ARGS, FP8, OPS, Arg, arg, args_of, tensor_args
-from harness.fuzz.badclass import BadClass, Ctx
-from harness.fuzz.call import GOOD, OUTCOMES, build, execute
-from harness.fuzz.cli import failing_classes, main, report, table
-from harness.fuzz.runner import DEFAULT_TIMEOUT_S, ROOT, Result, Worker, repro_line, run, worker_main
-from harness.fuzz.strategies import CLASSES, BadInput, Job, bad_inputs, draw, expand_classes, plan
-from harness.fuzz.surgery import cat, changed, fill_, fill_rows_nan, interleaved_view, offset_view, rows_view, \
-    snapshot
-from harness.fuzz.targets import TARGETS, Target, base_cases, op_spec, resolve_target, target_limit, targets_for
-
-__all__ = [
-    "ARGS", "BadClass", "BadInput", "CLASSES", "Ctx", "DEFAULT_TIMEOUT_S", "FP8", "GOOD", "Job", "OPS", "OUTCOMES",
-    "ROOT", "Result", "TARGETS", "Arg", "Target", "Worker", "arg", "args_of", "bad_inputs", "base_cases", "build",
-    "cat", "changed", "draw", "execute", "expand_classes", "failing_classes", "fill_", "fill_rows_nan",
-    "interleaved_view", "main", "offset_view", "op_spec", "plan", "repro_line", "report", "resolve_target",
-    "rows_view", "run", "snapshot", "table", "target_limit", "targets_for", "tensor_args", "worker_main",
-]

@@ -1,15 +1,14 @@
 """The arguments of each op's public call, as the classes see them: name, kind, layout, and the
-case fields under which a call reads the argument (each op's ``ARGS`` in ``harness/fuzz/<op>.py``)."""
+case fields under which a call reads the argument (each op's ``ARGS`` in ``cases/<op>/bad_inputs.py``)."""
 from __future__ import annotations
 
 import importlib
 import importlib.util
 
-
-from harness.fuzz.declared import DECODE, FP8, Arg  # noqa: F401  (re-exported)
+from harness.fuzz.declared import Arg
 from harness.ops import BUILTIN
 
-# the ops with a harness/fuzz/<op>.py, in harness.ops.BUILTIN order, and that module of each
+# the ops with a cases/<op>/bad_inputs.py, in harness.ops.BUILTIN order, and that module of each
 MODULES = {op: importlib.import_module(f"cases.{op}.bad_inputs") for op in BUILTIN
            if importlib.util.find_spec(f"cases.{op}.bad_inputs") is not None}
 OPS = tuple(MODULES)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from harness.fuzz.args import args_of, tensor_args
+from harness.fuzz.args import args_of
 from reference.checks import VerifyParityInputError
 
 
@@ -55,11 +55,12 @@ class Ctx:
         return self.device.torch_device
 
 
-def _replace(case, **fields):
+def replace_fields(case, **fields):
+    """``dataclasses.replace`` of the ``fields`` the case has (the others, another op's, dropped)."""
     return dataclasses.replace(case, **{k: v for k, v in fields.items() if hasattr(case, k)})
 
 
-def _tokens(case, n: int = 2):
+def with_tokens(case, n: int = 2):
     """At least ``n`` tokens (and index entries): qk/mla T, verify B·L and a prefix of n keys."""
     if hasattr(case, "prefix"):
         kind, k = case.prefix.split(":")
@@ -69,31 +70,34 @@ def _tokens(case, n: int = 2):
     return dataclasses.replace(case, T=max(case.T, n))
 
 
-def _two_rows(op, a, case, p):
+def two_rows(op, a, case, p):
     """At least two rows in every tensor (a view of one row is contiguous whatever its strides, and
     a value in the only row leaves nothing finite to measure): two tokens, positions, prefix keys."""
     if args_of(op, "indptr"):  # per-request structure: two draft rows per request
-        return _tokens(dataclasses.replace(case, L=max(2, case.L)))
-    return _replace(_tokens(case), max_pos=max(2, getattr(case, "max_pos", 2)))
+        return with_tokens(dataclasses.replace(case, L=max(2, case.L)))
+    return replace_fields(with_tokens(case), max_pos=max(2, getattr(case, "max_pos", 2)))
 
 
-def _set(kw, a, fn):
+def set_arg(kw, a, fn):
+    """Replace argument ``a`` of the keyword arguments ``kw`` by ``fn`` of it (an ``apply``'s one step)."""
     kw[a] = fn(kw[a])
 
 
-def _junks(*kinds):
+def junk_params(*kinds):
+    """A class's ``params``: ``{"junk": kind}``, one of ``kinds`` (nan | huge | negative: ``surgery.junk_value``)."""
     return lambda op, a: st.sampled_from(kinds).map(lambda j: {"junk": j})
 
 
-def _first_real(t: torch.Tensor, k: int = 0) -> int:
+def first_real(t: torch.Tensor, k: int = 0) -> int:
     """Position of the k-th non-negative entry (padding entries are negative)."""
     return int(torch.nonzero(t.cpu() >= 0).flatten()[k])
 
 
-_E = "error"
-_A = "answer"
-_any_tensor = tensor_args
+# a class's ``expect``: a typed error, or the answer of the reference chain on the legal input
+ERROR = "error"
+ANSWER = "answer"
 
 
-def _c(name, doc, expect, args, apply, **kw):
+def bad(name, doc, expect, args, apply, **kw):
+    """``BadClass(...)`` under a short name, the way the families list their classes."""
     return BadClass(name, doc, expect, args, apply, **kw)

@@ -21,7 +21,8 @@ OUTCOMES = ("typed-error", "correct", "crash", "segfault", "hang", "wrong", "par
 GOOD = ("typed-error", "correct")
 
 
-def _device_fault(exc: BaseException) -> bool:
+def device_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is a device fault (a CUDA error, an illegal memory access): a segfault outcome."""
     text = f"{type(exc).__name__} {exc}"
     return "AcceleratorError" in text or "CUDA error" in text or "illegal memory access" in text
 
@@ -83,7 +84,7 @@ def execute(job: Job, device) -> dict:
         exc = e
     if exc is not None:
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        if _device_fault(exc):
+        if device_fault(exc):
             return {"outcome": "segfault", "detail": f"device fault: {text}", "fatal": True}
         moved = changed(snap, bad)
         if moved:

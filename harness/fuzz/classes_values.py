@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from harness.fuzz.args import FP8, MODULES, args_of
-from harness.fuzz.badclass import BadClass, _A, _E, _c, _first_real, _junks, _replace, _set, _tokens, \
-    _two_rows
-from harness.fuzz.surgery import _elem, _junk, fill_, fill_rows_nan
+from harness.fuzz.args import MODULES, args_of
+from harness.fuzz.badclass import ANSWER, ERROR, BadClass, bad, first_real, junk_params, replace_fields, set_arg, \
+    two_rows, with_tokens
+from harness.fuzz.declared import FP8
+from harness.fuzz.surgery import element_at, fill_, fill_rows_nan, junk_value
 from reference import checks
 
 
@@ -44,14 +45,14 @@ def _value_at(kind: str):
     def apply(kw, a, p, ctx):
         t = kw[a]
         if a in ("cos", "sin"):  # a row the positions read
-            rows = (int(kw["positions"][_first_real(kw["positions"])]),)
+            rows = (int(kw["positions"][first_real(kw["positions"])]),)
         elif a in ("k_buffer", "v_buffer"):  # a pool row the prefix reads
             rows = (int(kw["kv_indices"][0]),)
         else:
             rows = (min(int(p["at"] * t.shape[0]), t.shape[0] - 1),)
         if kind in ("nan", "inf"):
             sub = t[rows]
-            idx = rows + _elem(sub, p["at"])
+            idx = rows + element_at(sub, p["at"])
             val = float("nan") if kind == "nan" else p["sign"] * float("inf")
             fill_(t[idx], val)
             return
@@ -86,7 +87,7 @@ def _dup_write(kw, a, p, ctx):
     if a == "slot_map":
         t[2] = t[1]
     else:
-        i, j = _first_real(t, 0), _first_real(t, 1)
+        i, j = first_real(t, 0), first_real(t, 1)
         t[j] = t[i]
     kw[a] = t
 
@@ -101,7 +102,7 @@ def _entry(kind: str):
     """An entry of an index argument set to -1 (negative), its bound (past-end) or a huge value."""
     def apply(kw, a, p, ctx):
         t = kw[a].clone()
-        i = _first_real(t) if t.numel() else 0
+        i = first_real(t) if t.numel() else 0
         if kind == "negative":
             v = -1
         elif kind == "past-end":
@@ -122,12 +123,12 @@ def _padding_junk(kw, a, p, ctx):
 
 def _real_entry(op, a, case, p):
     """Two tokens, at least one of them not padding (an entry to break)."""
-    case = _tokens(case)
-    return _replace(case, padding=min(getattr(case, "padding", 0), case.T - 1)) if hasattr(case, "T") else case
+    case = with_tokens(case)
+    return replace_fields(case, padding=min(getattr(case, "padding", 0), case.T - 1)) if hasattr(case, "T") else case
 
 
 def _padding_prepare(op, a, case, p):
-    return _replace(_tokens(case), padding=max(1, case.padding))
+    return replace_fields(with_tokens(case), padding=max(1, case.padding))
 
 
 def _indptr_non_monotone(kw, a, p, ctx):
@@ -148,66 +149,67 @@ def _indptr_ends(kw, a, p, ctx):
 
 def _unused_tail(kw, a, p, ctx):
     t = kw["kv_indices"]
-    kw["kv_indices"] = torch.cat([t, torch.full((3,), _junk(t.dtype, p["junk"]), dtype=t.dtype, device=t.device)])
+    kw["kv_indices"] = torch.cat([t, torch.full((3,), junk_value(t.dtype, p["junk"]), dtype=t.dtype, device=t.device)])
 
 
 CLASSES: tuple[BadClass, ...] = (  # in report order
     # ------------------------------------------------------------------ values in tensors
-    _c("value-nan-data", "a NaN in an input tensor (an element the op reads): propagates as the oracle says", _A,
-       lambda op: _value_args(op, "nan"), _value_at("nan"), params=_values_params, prepare=_two_rows),
-    _c("value-inf-data", "a ±Inf in an input tensor", _A, lambda op: _value_args(op, "inf"), _value_at("inf"),
-       params=_values_params, prepare=_two_rows),
-    _c("value-subnormal-data", "a row of subnormals", _A, lambda op: _value_args(op, "subnormal"),
-       _value_at("subnormal"), params=_values_params, prepare=_two_rows),
-    _c("value-huge-data", "a row of huge values (bf16 max for mla's casts, 1e15 where fp32 sums of squares and "
-       "scores must stay finite, the fp8 max in fp8 pools)", _A, lambda op: _value_args(op, "huge"),
-       _value_at("huge"), params=_values_params, prepare=_two_rows),
-    _c("value-nan-masked-key", "NaN in the score of a draft key the causal mask hides from every draft but the last "
-       "(a dim of k that v does not share): only the last draft's output is NaN", _A,
-       lambda op: args_of(op, "data", only=("k",)) if args_of(op, "indptr") else (), _nan_masked_key,
-       prepare=lambda op, a, case, p: _replace(case, L=max(2, case.L), is_causal=True)),
-    _c("value-nan-unread", "NaN in every row a call must not read (rope-table rows off the positions, pool rows "
-       "off the prefix: slot 0 included, ring / KV rows it does not write)", _A,
-       lambda op: MODULES[op].UNREAD, _nan_unread,
-       prepare=lambda op, a, case, p: getattr(MODULES[op], "nan_unread_case", lambda case: case)(case),
-       canon=lambda kw, a, p, ctx: getattr(MODULES[ctx.op], "nan_unread_canon", lambda kw: None)(kw)),
+    bad("value-nan-data", "a NaN in an input tensor (an element the op reads): propagates as the oracle says", ANSWER,
+        lambda op: _value_args(op, "nan"), _value_at("nan"), params=_values_params, prepare=two_rows),
+    bad("value-inf-data", "a ±Inf in an input tensor", ANSWER, lambda op: _value_args(op, "inf"), _value_at("inf"),
+        params=_values_params, prepare=two_rows),
+    bad("value-subnormal-data", "a row of subnormals", ANSWER, lambda op: _value_args(op, "subnormal"),
+        _value_at("subnormal"), params=_values_params, prepare=two_rows),
+    bad("value-huge-data", "a row of huge values (bf16 max for mla's casts, 1e15 where fp32 sums of squares and "
+        "scores must stay finite, the fp8 max in fp8 pools)", ANSWER, lambda op: _value_args(op, "huge"),
+        _value_at("huge"), params=_values_params, prepare=two_rows),
+    bad("value-nan-masked-key", "NaN in the score of a draft key the causal mask hides from every draft but the last "
+        "(a dim of k that v does not share): only the last draft's output is NaN", ANSWER,
+        lambda op: args_of(op, "data", only=("k",)) if args_of(op, "indptr") else (), _nan_masked_key,
+        prepare=lambda op, a, case, p: replace_fields(case, L=max(2, case.L), is_causal=True)),
+    bad("value-nan-unread", "NaN in every row a call must not read (rope-table rows off the positions, pool rows "
+        "off the prefix: slot 0 included, ring / KV rows it does not write)", ANSWER,
+        lambda op: MODULES[op].UNREAD, _nan_unread,
+        prepare=lambda op, a, case, p: getattr(MODULES[op], "nan_unread_case", lambda case: case)(case),
+        canon=lambda kw, a, p, ctx: getattr(MODULES[ctx.op], "nan_unread_canon", lambda kw: None)(kw)),
     # ------------------------------------------------------------------ scalars
-    _c("value-nan-scale", "NaN for a float scalar (eps, kv_descale, sm_scale, k_scale, v_scale)", _E,
-       lambda op: args_of(op, "float"), lambda kw, a, p, ctx: kw.update({a: float("nan")}), value=lambda p: "nan"),
-    _c("value-inf-scale", "+Inf for a float scalar (eps=inf included)", _E, lambda op: args_of(op, "float"),
-       lambda kw, a, p, ctx: kw.update({a: float("inf")}), value=lambda p: "inf"),
-    _c("value-negative-scale", "a negative float scalar", _E, lambda op: args_of(op, "float"),
-       lambda kw, a, p, ctx: kw.update({a: -0.5}), value=lambda p: "-0.5"),
-    _c("value-zero-scale", "0.0 for a float scalar", _E, lambda op: args_of(op, "float"),
-       lambda kw, a, p, ctx: kw.update({a: 0.0}), value=lambda p: "0.0"),
-    _c("value-subnormal-scale", "a float scalar subnormal in fp32, the dtype it is applied in (a GPU may flush it "
-       "to 0; kv_descale's reciprocal overflows)", _E, lambda op: args_of(op, "float"),
-       lambda kw, a, p, ctx: kw.update({a: p["v"]}), params=lambda op, a: st.sampled_from((1e-40, 3e-39)).map(
+    bad("value-nan-scale", "NaN for a float scalar (eps, kv_descale, sm_scale, k_scale, v_scale)", ERROR,
+        lambda op: args_of(op, "float"), lambda kw, a, p, ctx: kw.update({a: float("nan")}), value=lambda p: "nan"),
+    bad("value-inf-scale", "+Inf for a float scalar (eps=inf included)", ERROR, lambda op: args_of(op, "float"),
+        lambda kw, a, p, ctx: kw.update({a: float("inf")}), value=lambda p: "inf"),
+    bad("value-negative-scale", "a negative float scalar", ERROR, lambda op: args_of(op, "float"),
+        lambda kw, a, p, ctx: kw.update({a: -0.5}), value=lambda p: "-0.5"),
+    bad("value-zero-scale", "0.0 for a float scalar", ERROR, lambda op: args_of(op, "float"),
+        lambda kw, a, p, ctx: kw.update({a: 0.0}), value=lambda p: "0.0"),
+    bad("value-subnormal-scale", "a float scalar subnormal in fp32, the dtype it is applied in (a GPU may flush it "
+        "to 0; kv_descale's reciprocal overflows)", ERROR, lambda op: args_of(op, "float"),
+        lambda kw, a, p, ctx: kw.update({a: p["v"]}), params=lambda op, a: st.sampled_from((1e-40, 3e-39)).map(
            lambda v: {"v": v}), value=lambda p: repr(p["v"])),
-    _c("value-scale-past-fp32", "a float scalar finite as a Python float, infinite in fp32 (1e39)", _E,
-       lambda op: args_of(op, "float"), lambda kw, a, p, ctx: kw.update({a: 1e39}), value=lambda p: "1e+39"),
+    bad("value-scale-past-fp32", "a float scalar finite as a Python float, infinite in fp32 (1e39)", ERROR,
+        lambda op: args_of(op, "float"), lambda kw, a, p, ctx: kw.update({a: 1e39}), value=lambda p: "1e+39"),
     # ------------------------------------------------------------------ index ranges
-    _c("index-negative", "a negative entry where negative is not padding", _E,
-       lambda op: args_of(op, "index", "map"), _entry("negative"), prepare=_real_entry,
-       value=lambda p: p["_value"]),
-    _c("index-past-end", "an entry one past the table / pool", _E, lambda op: args_of(op, "index", "slots", "map"),
-       _entry("past-end"), prepare=_real_entry, value=lambda p: p["_value"]),
-    _c("index-huge", "an entry near the index dtype's max (2**31 - 1, 2**40)", _E,
-       lambda op: args_of(op, "index", "slots", "map"), _entry("huge"), prepare=_real_entry,
-       value=lambda p: p["_value"]),
-    _c("index-duplicate-writes", "two tokens write the same slot", _E, lambda op: args_of(op, "slots", "map"),
-       _dup_write, prepare=lambda op, a, case, p: _replace(_tokens(case), padding=0), error=checks.RangeError),
-    _c("index-duplicate-reads", "two tokens read the same position / pool row: legal", _A,
-       lambda op: args_of(op, "index"), _dup_read, prepare=lambda op, a, case, p: _tokens(case)),
-    _c("index-padding-junk", "padding write slots as the dtype's most negative value instead of -1: legal", _A,
-       lambda op: args_of(op, "slots"), _padding_junk, prepare=_padding_prepare,
-       canon=lambda kw, a, p, ctx: _set(kw, a, lambda t: torch.where(t < 0, torch.full_like(t, -1), t))),
-    _c("index-unused-tail", "kv_indices longer than kv_indptr[-1], the unused tail junk: legal", _A,
-       lambda op: args_of(op, "index", only=("kv_indices",)), _unused_tail,
-       params=_junks("huge", "negative"), canon=lambda kw, a, p, ctx: None),
-    _c("index-indptr-non-monotone", "an indptr that falls", _E, lambda op: args_of(op, "indptr"),
-       _indptr_non_monotone, prepare=lambda op, a, case, p: _replace(case, B=max(2, getattr(case, "B", 1)))),
-    _c("index-indptr-ends", "an indptr not starting at 0 or ending past the tokens / indices", _E,
-       lambda op: args_of(op, "indptr"), _indptr_ends,
-       params=lambda op, a: st.sampled_from(("first", "last")).map(lambda e: {"end": e})),
+    bad("index-negative", "a negative entry where negative is not padding", ERROR,
+        lambda op: args_of(op, "index", "map"), _entry("negative"), prepare=_real_entry,
+        value=lambda p: p["_value"]),
+    bad("index-past-end", "an entry one past the table / pool", ERROR, lambda op: args_of(op, "index", "slots", "map"),
+        _entry("past-end"), prepare=_real_entry, value=lambda p: p["_value"]),
+    bad("index-huge", "an entry near the index dtype's max (2**31 - 1, 2**40)", ERROR,
+        lambda op: args_of(op, "index", "slots", "map"), _entry("huge"), prepare=_real_entry,
+        value=lambda p: p["_value"]),
+    bad("index-duplicate-writes", "two tokens write the same slot", ERROR, lambda op: args_of(op, "slots", "map"),
+        _dup_write, prepare=lambda op, a, case, p: replace_fields(with_tokens(case), padding=0),
+        error=checks.RangeError),
+    bad("index-duplicate-reads", "two tokens read the same position / pool row: legal", ANSWER,
+        lambda op: args_of(op, "index"), _dup_read, prepare=lambda op, a, case, p: with_tokens(case)),
+    bad("index-padding-junk", "padding write slots as the dtype's most negative value instead of -1: legal", ANSWER,
+        lambda op: args_of(op, "slots"), _padding_junk, prepare=_padding_prepare,
+        canon=lambda kw, a, p, ctx: set_arg(kw, a, lambda t: torch.where(t < 0, torch.full_like(t, -1), t))),
+    bad("index-unused-tail", "kv_indices longer than kv_indptr[-1], the unused tail junk: legal", ANSWER,
+        lambda op: args_of(op, "index", only=("kv_indices",)), _unused_tail,
+        params=junk_params("huge", "negative"), canon=lambda kw, a, p, ctx: None),
+    bad("index-indptr-non-monotone", "an indptr that falls", ERROR, lambda op: args_of(op, "indptr"),
+        _indptr_non_monotone, prepare=lambda op, a, case, p: replace_fields(case, B=max(2, getattr(case, "B", 1)))),
+    bad("index-indptr-ends", "an indptr not starting at 0 or ending past the tokens / indices", ERROR,
+        lambda op: args_of(op, "indptr"), _indptr_ends,
+        params=lambda op, a: st.sampled_from(("first", "last")).map(lambda e: {"end": e})),
 )

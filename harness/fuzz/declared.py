@@ -1,4 +1,4 @@
-"""What each op's ``harness/fuzz/<op>.py`` declares: the arguments of its public call
+"""What each op's ``cases/<op>/bad_inputs.py`` declares: the arguments of its public call
 (``Arg``) and its public entry points (``Target``); ``args`` and ``targets`` collect them per op."""
 from __future__ import annotations
 

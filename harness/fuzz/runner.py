@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.fuzz.call import GOOD, _device_fault, execute
+from harness.fuzz.call import GOOD, device_fault, execute
 from harness.fuzz.strategies import CLASSES, Job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def worker_main(device_kind: str) -> int:
         except Exception as e:  # noqa: BLE001 - the harness itself failed on this job: say so
             where = traceback.extract_tb(e.__traceback__)[-1]
             res = {"outcome": "segfault", "detail": f"device fault: {type(e).__name__}: {e}", "fatal": True} \
-                if _device_fault(e) else \
+                if device_fault(e) else \
                 {"outcome": "crash", "detail": f"harness error building or checking the call "
                                                f"({Path(where.filename).name}:{where.lineno}): {type(e).__name__}: {e}"}
         res["seconds"] = round(time.perf_counter() - t0, 4)

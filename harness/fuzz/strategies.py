@@ -11,7 +11,7 @@ from harness.fuzz import classes_call
 from harness.fuzz import classes_layout
 from harness.fuzz import classes_values
 from harness.fuzz.args import OPS, arg
-from harness.fuzz.badclass import BadClass, _replace
+from harness.fuzz.badclass import BadClass, replace_fields
 from harness.fuzz.targets import base_cases, resolve_target, targets_for
 
 CLASSES: dict[str, BadClass] = {c.name: c for c in (
@@ -48,7 +48,7 @@ def bad_inputs(op: str, cls: str, a: str, device) -> st.SearchStrategy[BadInput]
     needs = dict(arg(op, a).needs) if a != "*" else {}
 
     def build(case, p):
-        case = c.prepare(op, a, _replace(case, **needs), p)
+        case = c.prepare(op, a, replace_fields(case, **needs), p)
         return BadInput(op, cls, a, case, tuple(sorted(p.items())))
 
     return st.builds(build, base_cases(op, device), c.params(op, a))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.fuzz.args import FP8
+from harness.fuzz.declared import FP8
 
 
-def _junk(dtype: torch.dtype, kind: str):
+def junk_value(dtype: torch.dtype, kind: str):
     """A junk value of ``kind`` (nan | huge | negative) that ``dtype`` holds."""
     if dtype == torch.bool:
         return True
@@ -41,7 +41,7 @@ def cat(ts: list[torch.Tensor], dim: int) -> torch.Tensor:
 
 
 def _filled(shape, like: torch.Tensor, junk: str) -> torch.Tensor:
-    return fill_(torch.empty(shape, dtype=like.dtype, device=like.device), _junk(like.dtype, junk))
+    return fill_(torch.empty(shape, dtype=like.dtype, device=like.device), junk_value(like.dtype, junk))
 
 
 def rows_view(t: torch.Tensor, junk: str, pad: int = 3) -> torch.Tensor:
@@ -78,7 +78,7 @@ def fill_rows_nan(t: torch.Tensor, rows: torch.Tensor) -> None:
         t.view(int_dtype).index_fill_(0, rows.to(t.device), bits)
 
 
-def _elem(t: torch.Tensor, at: float) -> tuple[int, ...]:
+def element_at(t: torch.Tensor, at: float) -> tuple[int, ...]:
     """The element at fraction ``at`` of ``t`` in row-major order."""
     i = min(int(at * t.numel()), t.numel() - 1)
     return tuple(int(x) for x in np.unravel_index(i, tuple(t.shape)))

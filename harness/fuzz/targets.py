@@ -1,4 +1,4 @@
-"""The public entry points of each op (``TARGETS``, declared in ``harness/fuzz/<op>.py``), how
+"""The public entry points of each op (``TARGETS``, declared in ``cases/<op>/bad_inputs.py``), how
 each is called with the op's step keyword arguments, the legal inputs it may refuse (its declared
 limits), and the small valid cases every target of an op takes (``base_cases``, the op module's)."""
 from __future__ import annotations
