@@ -55,7 +55,19 @@ def gpu_present() -> bool:
     return torch.cuda.is_available()
 
 
+_STAND_IN: list[Device] = []  # the GPU a dry run answers as (``stand_in_gpu``)
+
+
+def stand_in_gpu(device: Device) -> None:
+    """Answer as ``device`` from now on in this process: ``select`` and ``kernel_arch`` report it
+    instead of asking GPU 0. A dry run (``harness.gpu.warmup_worker``) calls it before any kernel
+    module is imported, so that the kernels specialise for the target it compiles for."""
+    _STAND_IN[:] = [device]
+
+
 def _gpu_device() -> Device:
+    if _STAND_IN:
+        return _STAND_IN[0]
     props = torch.cuda.get_device_properties(0)
     if torch.version.hip:
         arch = props.gcnArchName.split(":")[0]

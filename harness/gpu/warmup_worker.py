@@ -63,7 +63,7 @@ def dry_run(target: str) -> None:
             return 0
 
     driver.set_active(_Driver())
-    devices._gpu_device = lambda: dry_device(target)
+    devices.stand_in_gpu(dry_device(target))
 
 
 def dry_device(target: str):
