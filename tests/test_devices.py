@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import ROOT, subprocess_env
 
-# one process: select the GPU with the mode, then the CPU seconds a wait on a ~0.3 s kernel costs
+# one process: select the GPU with the mode, then the CPU seconds a wait on a ~1 s kernel costs
 _WAIT = """
 import time, torch
 from harness import devices
@@ -16,7 +16,7 @@ devices.select("cuda")
 torch.cuda._sleep(1_000_000)  # context, module load
 torch.cuda.synchronize()
 c0, w0 = time.process_time(), time.perf_counter()
-torch.cuda._sleep(int(0.3 * torch.cuda.get_device_properties(0).clock_rate * 1e3))
+torch.cuda._sleep(int(1.0 * torch.cuda.get_device_properties(0).clock_rate * 1e3))
 torch.cuda.synchronize()
 print(time.process_time() - c0, time.perf_counter() - w0)
 """
@@ -32,13 +32,17 @@ def _wait_seconds(mode: str) -> tuple[float, float]:
 
 @pytest.mark.gpu
 def test_blocking_sync_leaves_the_core_while_waiting():
-    """Under ``blocking`` a wait on the GPU costs almost no CPU time; under ``spin`` it costs the
-    wait. Planted: ``cuda_sync_mode`` not setting the flag (or setting SPIN for both) makes the
-    blocking wait cost ~0.3 s of CPU and fails the first assertion."""
+    """Under ``blocking`` a wait of ~1 s on the GPU costs almost no CPU time; under ``spin`` it costs
+    the wait. The bounds are absolute CPU seconds, not fractions of the wall time: on a shared host
+    (the suite's xdist workers, other processes' kernels on the same GPU) the wall time stretches
+    and a spinning process is not always on a core, but a sleeping one costs nothing either way, and
+    a spinning one still burns far more than 0.3 s of a ~1 s wait. Planted: ``cuda_sync_mode`` not
+    setting the flag (or setting SPIN for both) makes the blocking wait cost ~1 s of CPU and fails
+    the first assertion."""
     cpu, wall = _wait_seconds("blocking")
-    assert wall > 0.1 and cpu < 0.25 * wall, (cpu, wall)
+    assert wall > 0.5 and cpu < 0.1, (cpu, wall)
     cpu, wall = _wait_seconds("spin")
-    assert wall > 0.1 and cpu > 0.5 * wall, (cpu, wall)
+    assert wall > 0.5 and cpu > 0.3, (cpu, wall)
 
 
 def test_an_unknown_sync_mode_is_named():

@@ -74,8 +74,16 @@ def test_counted_write_that_did_not_happen_fails_exact_kv_writes(registry, devic
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 def test_clean_implementations_pass_every_run(registry, device, impl, name):
     """Every run (first, poisoned-alloc rerun, poisoned buffers of 0xFF bytes) of a clean implementation
-    passes, writes off and all-padding cases (nothing changes) included."""
-    res = runners.run_case(registry.ops[OP], registry.impls[f"{OP}/{impl}"], CATALOG[name], device)
+    passes, writes off and all-padding cases (nothing changes) included. Where the fused kernel has no
+    conversion for the case's fp8 format (fnuz on NVIDIA: Triton has no fp8e4b8 there) it refuses the
+    case, naming the format, and runs nothing."""
+    from fused.mla_fp8_prepare import wrapper as f
+
+    case = CATALOG[name]
+    res = runners.run_case(registry.ops[OP], registry.impls[f"{OP}/{impl}"], case, device)
+    if impl == "fused" and case.fp8_format not in f.kernel_fp8_formats(device):
+        assert case.fp8_format in res.refused and not res.records, res
+        return
     kv = [r for r in res.records if r.check.startswith("exact:kv_writes")]
     assert len(kv) == 3 and all(r.passed for r in kv), kv
 
