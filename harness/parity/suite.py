@@ -107,7 +107,8 @@ def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov:
 _WORKER: tuple | None = None
 
 
-def _worker_init(device_kind: str, fp8_format: str, plugin_specs: tuple[str, ...]) -> None:
+def worker_init(device_kind: str, fp8_format: str, plugin_specs: tuple[str, ...]) -> None:
+    """A spawned worker's start (``spawn_map``; ``harness.gpu.warmup_worker`` too): its device and registry."""
     global _WORKER
     import torch
 
@@ -159,7 +160,7 @@ def spawn_map(fn, tasks: list, jobs: int, dev: Device, plugin_specs: tuple[str, 
     blas = os.environ.get("OPENBLAS_NUM_THREADS")
     os.environ["OPENBLAS_NUM_THREADS"] = "1"  # inherited by the spawned workers (read when numpy loads)
     try:
-        yield from pool.run(fn, tasks, jobs, initializer=_worker_init, initargs=(dev.kind, dev.fp8_format, plugin_specs),
+        yield from pool.run(fn, tasks, jobs, initializer=worker_init, initargs=(dev.kind, dev.fp8_format, plugin_specs),
                             timeout_s=timeout_s, stack_dir=stack_dir, name=name, isolate=isolate)
     finally:
         if blas is None:
