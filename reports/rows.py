@@ -65,6 +65,17 @@ class ParityRow:
     repro: str
 
 
+def parity_row(record, *, status: str, known: str = "", **where) -> ParityRow:
+    """The row of one check's record (a ``harness.compare.Record``): its check, measures, worst and
+    detail copied as they are, with its ``status`` and ``known`` (the ledger entry that explains it);
+    ``where``: the other columns (op, impl, kind, case, seconds, fp8_policy, precision, repro and the
+    provenance's). Every ``ParityRow`` of a run is made here (``harness.parity.suite``)."""
+    return ParityRow(check=record.check, status=status, err=record.err, ref_err=record.ref_err,
+                     allowed=record.allowed, max_abs=record.max_abs, max_rel=record.max_rel,
+                     mismatch_frac=record.mismatch_frac, nan_inf_mismatch=record.nan_inf_mismatch,
+                     worst=record.worst, detail=record.detail, known=known, **where)
+
+
 def git_sha(root: Path | None = None) -> str:
     """``HEAD`` (12 hex), and for a tree with uncommitted changes to tracked files ``+dirty.<8 hex>``:
     a hash of ``git diff HEAD``, so that two runs of different uncommitted code never share a sha

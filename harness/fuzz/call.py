@@ -55,7 +55,7 @@ def execute(job: Job, device) -> dict:
     """One call of a job's target on its broken input, classified: {"outcome", "detail"}."""
     from harness.devices import synchronize
     from harness.registry import Impl
-    from harness.parity.records import check_outputs
+    from harness.parity.records import CaseContext, check_outputs
 
     spec = op_spec(job.op)
     t = resolve_target(job.target)
@@ -120,7 +120,8 @@ def execute(job: Job, device) -> dict:
     keep = t.outputs or tuple(o.name for o in spec.outputs)
     sub = dataclasses.replace(spec, outputs=tuple(o for o in spec.outputs if o.name in keep))
     impl = Impl(job.op, t.name, t.kind, fn)
-    recs = check_outputs(sub, impl, case, out, oracle, _cpu(ref_out), bad, _cpu(ref_in), before)
+    ctx = CaseContext(sub, impl, case, device, base, _cpu(ref_out), _cpu(ref_in), oracle)
+    recs = check_outputs(ctx, out, bad, before)
     bad_recs = [r for r in recs if not r.passed]
     if bad_recs:
         r = bad_recs[0]

@@ -91,7 +91,7 @@ def init_worker(kind: str, fp8_format: str, plugin_specs: tuple[str, ...], targe
     from harness.parity import suite
 
     if not target:
-        suite._worker_init(kind, fp8_format, plugin_specs)
+        suite.worker_init(kind, fp8_format, plugin_specs)
         return
     dry_run(target)
     from harness.ops import default_registry

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from harness import compare
+from harness.devices import Device
 from harness.registry import Impl, OpSpec
 
 
@@ -26,6 +27,25 @@ class Allowance:
     allowance came from). A numeric check takes the variant with the largest allowance."""
     outs: tuple[dict, ...]
     label: str
+
+
+@dataclass(frozen=True)
+class CaseContext:
+    """What every record of one implementation's run on one case reads about the case (one per
+    (implementation, case): ``harness.parity.runners.CaseSetup.context``). ``pristine``: the case's
+    inputs as built (each run gets copies); ``ref_out`` and ``ref_inputs``: the reference's outputs
+    and its inputs after its call (its writes, for the effect checks), on the host; ``oracle``: the
+    fp64 oracle's outputs; ``allowance``: the chain the numeric outputs' allowance comes from (None:
+    ``ref_out``, the exact chain; ``CaseSetup.allowance`` of the implementation's precision class)."""
+    spec: OpSpec
+    impl: Impl
+    case: object
+    device: Device
+    pristine: dict
+    ref_out: dict
+    ref_inputs: dict
+    oracle: dict
+    allowance: Allowance | None = None
 
 
 def writable_buffers(spec: OpSpec, inputs: dict) -> tuple[str, ...]:
@@ -61,13 +81,12 @@ def _rows(buf: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return buf[rows.to(buf.device)]
 
 
-def _output_records(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, suffix: str = "",
-                    allowance: Allowance | None = None, inputs: dict | None = None,
-                    before: dict | None = None) -> list[compare.Record]:
+def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suffix: str = "") -> list[compare.Record]:
     """The records of ``spec.outputs``: a function of ``out``'s outputs (None, or shape, dtype and bytes)
     and, for an output with ``OutputSpec.observed``, of the writable buffers in ``inputs`` and ``before``."""
+    spec, case, oracle, ref_out, allowance = ctx.spec, ctx.case, ctx.oracle, ctx.ref_out, ctx.allowance
     recs = []
-    is_ref = impl.kind == "reference"
+    is_ref = ctx.impl.kind == "reference"
     for o in spec.outputs:
         if not o.when(case):
             continue
@@ -92,17 +111,18 @@ def _output_records(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: 
     return recs
 
 
-def _effect_records(spec: OpSpec, impl: Impl, case, oracle, inputs: dict, ref_inputs: dict, before: dict,
-                    suffix: str = "", seen: dict | None = None) -> list[compare.Record]:
+def _effect_records(ctx: CaseContext, inputs: dict, before: dict, suffix: str = "",
+                    seen: dict | None = None) -> list[compare.Record]:
     """The records of ``spec.effects``: a function of the inputs ``spec.effects`` reads (host
     copies of them land in ``seen``), the effect buffers and ``before``'s. Compared on the buffers' device."""
+    spec = ctx.spec
     recs = []
-    is_ref = impl.kind == "reference"
+    is_ref = ctx.impl.kind == "reference"
     view = _HostView(inputs)
     if seen is not None:
         view._host = seen
-    for eff in spec.effects(case, view, oracle):
-        buf, rbuf = inputs[eff.buffer].detach(), ref_inputs[eff.buffer].cpu()
+    for eff in spec.effects(ctx.case, view, ctx.oracle):
+        buf, rbuf = inputs[eff.buffer].detach(), ctx.ref_inputs[eff.buffer].cpu()
         rows = eff.rows.cpu().long()
         if rows.numel():
             got, want = _rows(buf, rows), rbuf[rows]
@@ -120,12 +140,10 @@ def _effect_records(spec: OpSpec, impl: Impl, case, oracle, inputs: dict, ref_in
     return recs
 
 
-def check_outputs(spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
-                   ref_inputs: dict, before: dict, suffix: str = "", allowance: Allowance | None = None
-                   ) -> list[compare.Record]:
-    """``allowance``: the chain the numeric outputs' allowance comes from (None: ``ref_out``, the exact chain)."""
-    return (_output_records(spec, impl, case, out, oracle, ref_out, suffix, allowance, inputs, before)
-            + _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, suffix))
+def check_outputs(ctx: CaseContext, out: dict, inputs: dict, before: dict, suffix: str = "") -> list[compare.Record]:
+    """The records of one run: its outputs ``out``, its ``inputs`` after the call (the effect buffers
+    written) and the writable buffers' ``before`` copies; each check's name ends with ``suffix``."""
+    return _output_records(ctx, out, inputs, before, suffix) + _effect_records(ctx, inputs, before, suffix)
 
 
 def _same(pairs) -> bool:
@@ -157,26 +175,25 @@ class FirstRun:
     bytes are copies taken when the records were made: a later call may write a buffer the first
     one returned or was given (a persistent output, a captured pointer)."""
 
-    def __init__(self, spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
-                 ref_inputs: dict, before: dict, allowance: Allowance | None):
-        self.out_recs = _output_records(spec, impl, case, out, oracle, ref_out, allowance=allowance, inputs=inputs,
-                                        before=before)
+    def __init__(self, ctx: CaseContext, out: dict, inputs: dict, before: dict):
+        self.ctx = ctx
+        self.out_recs = _output_records(ctx, out, inputs, before)
         self.seen: dict = {}  # host copies of the inputs spec.effects read
-        self.eff_recs = _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, seen=self.seen)
+        self.eff_recs = _effect_records(ctx, inputs, before, seen=self.seen)
         self.seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.seen.items()}  # CPU: not copies
         self.keys = set(inputs)
         self.out = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
-        self.written = {b: inputs[b].detach().clone() for b in writable_buffers(spec, inputs)}
+        self.written = {b: inputs[b].detach().clone() for b in writable_buffers(ctx.spec, inputs)}
         self.before = before
 
     @staticmethod
     def _renamed(recs: list, suffix: str) -> list[compare.Record]:
         return [dataclasses.replace(r, check=r.check + suffix, extra=dict(r.extra)) for r in recs]
 
-    def check(self, spec: OpSpec, impl: Impl, case, out: dict, oracle, ref_out: dict, inputs: dict,
-              ref_inputs: dict, before: dict, suffix: str, allowance: Allowance | None) -> list[compare.Record]:
-        """``check_outputs`` of a later run, the first run's records where its bytes are the same."""
-        outputs = [o for o in spec.outputs if o.when(case)]
+    def check(self, out: dict, inputs: dict, before: dict, suffix: str) -> list[compare.Record]:
+        """``check_outputs`` of a later run of the same context, the first run's records where its bytes are the same."""
+        ctx = self.ctx
+        outputs = [o for o in ctx.spec.outputs if o.when(ctx.case)]
         outs = [(self.out.get(o.name), out.get(o.name)) for o in outputs]
         keys_same = set(inputs) == self.keys and set(before) == set(self.before)
         buffers = [] if not keys_same else ([(v, inputs[b]) for b, v in self.written.items()]
@@ -188,19 +205,20 @@ class FirstRun:
         if outs_same:
             recs = self._renamed(self.out_recs, suffix)
         else:
-            recs = _output_records(spec, impl, case, out, oracle, ref_out, suffix, allowance, inputs, before)
+            recs = _output_records(ctx, out, inputs, before, suffix)
         host = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
         if keys_same and _same([(v, host(inputs[k])) for k, v in self.seen.items()]
                                + ([] if buffers_seen_same else buffers)):
             return recs + self._renamed(self.eff_recs, suffix)
-        return recs + _effect_records(spec, impl, case, oracle, inputs, ref_inputs, before, suffix)
+        return recs + _effect_records(ctx, inputs, before, suffix)
 
 
-def untouched_inputs(spec: OpSpec, impl: Impl, inputs: dict, pristine: dict, suffix: str = "") -> list[compare.Record]:
+def untouched_inputs(ctx: CaseContext, inputs: dict, suffix: str = "") -> list[compare.Record]:
     """``untouched:<input>`` for every input tensor the call may not write: not the op's writable
     buffers or caller-provided outputs, not ``impl.may_write``, and not a view sharing storage with
     one of those (MLA's v is a view of k: a declared write to k shows through v). Each named input
-    is compared whole with its pristine copy (the run's inputs are copies of it), on the device."""
+    is compared whole with its pristine copy (``ctx.pristine``: the run's inputs are copies of it), on the device."""
+    spec, impl, pristine = ctx.spec, ctx.impl, ctx.pristine
     allowed = set(spec.writable) | set(spec.out_args) | set(impl.may_write)
     storages = {t.untyped_storage().data_ptr() for n in allowed if isinstance(t := inputs.get(n), torch.Tensor)} - {0}
     recs = []

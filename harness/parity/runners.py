@@ -35,7 +35,7 @@ from harness import compare, poison, tolerance
 from harness.parity import stages
 from harness.devices import Device, synchronize
 from harness.registry import Impl, OpSpec, can_handle_takes_inputs
-from harness.parity.records import Allowance, FirstRun, untouched_inputs, writable_buffers
+from harness.parity.records import Allowance, CaseContext, FirstRun, untouched_inputs, writable_buffers
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,11 @@ class CaseSetup:
     ``fresh()`` copies, never these: ``copy.deepcopy`` keeps strides, offsets and shared storages,
     as ``gpu_runners.Inputs`` relies on too), the reference's outputs and writes, and the oracle. Building
     inputs (seeded CPU random draws, then the copy to the device) and the fp64 oracle cost more
-    than the kernels on a GPU: measured on the H200, 4 builds per run were 46 % of parity time."""
+    than the kernels on a GPU: measured on the H200, 4 builds per run were 46 % of parity time.
+    ``context(impl)``: what the records of one implementation's run read (``records.CaseContext``)."""
 
     def __init__(self, spec: OpSpec, case, dev: Device):
-        self.spec, self.dev = spec, dev
+        self.spec, self.case, self.dev = spec, case, dev
         with stages.timed("inputs"):
             self.pristine = spec.build_inputs(case, dev)
         with stages.timed("reference"):
@@ -102,6 +103,11 @@ class CaseSetup:
 
     def fresh(self) -> dict:
         return copy.deepcopy(self.pristine)
+
+    def context(self, impl: Impl) -> CaseContext:
+        """The case as ``impl``'s records read it, its precision class's allowance made (``allowance``) if not yet."""
+        return CaseContext(self.spec, impl, self.case, self.dev, self.pristine, self.ref_out, self.ref_after,
+                           self.oracle, self.allowance(impl.precision))
 
     def allowance(self, precision: str) -> Allowance | None:
         """The chain a ``precision`` implementation's numeric allowance comes from: None for the
@@ -172,17 +178,16 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
     recs: list[compare.Record] = []
     try:
         st = case_setup()
-        ref_out, oracle = st.ref_out, st.oracle
-        allow = st.allowance(impl.precision)
+        ctx = st.context(impl)
         with stages.timed("copy"):
             inputs = st.fresh()
             before = {b: inputs[b].detach().clone() for b in writable_buffers(spec, inputs)}
         with stages.timed("impl"):
             out, seconds = _call(impl.fn, inputs, dev)
         with stages.timed("compare"):
-            first = FirstRun(spec, impl, case, out, oracle, ref_out, inputs, st.ref_after, before, allow)
+            first = FirstRun(ctx, out, inputs, before)
             recs += first.out_recs + first.eff_recs
-            recs += untouched_inputs(spec, impl, inputs, st.pristine)
+            recs += untouched_inputs(ctx, inputs)
         alloc = poisoned_alloc and impl.kind not in POISONED_ALLOC_SKIPS
         if determinism or alloc:  # one rerun serves both: a clean run cannot depend on the poison
             with stages.timed("copy"):
@@ -197,12 +202,11 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
                         "determinism", {**out, **{b: inputs[b] for b in writable_buffers(spec, inputs)}},
                         {**out2, **{b: again[b] for b in writable_buffers(spec, again)}}))
                 if alloc:
-                    recs += first.check(spec, impl, case, out2, oracle, ref_out, again, st.ref_after,
-                                        again_before, suffix="@poisoned-alloc", allowance=allow)
-                    recs += untouched_inputs(spec, impl, again, st.pristine, suffix="@poisoned-alloc")
+                    recs += first.check(out2, again, again_before, suffix="@poisoned-alloc")
+                    recs += untouched_inputs(ctx, again, suffix="@poisoned-alloc")
         if poisoned:
             with stages.timed("copy"):
-                p = provide_outputs(spec, st.fresh(), ref_out, dev)
+                p = provide_outputs(spec, st.fresh(), ctx.ref_out, dev)
                 _poison(spec, p)
                 p_before = {b: p[b].detach().clone() for b in writable_buffers(spec, p)}
             with stages.timed("poisoned"):
@@ -212,9 +216,8 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
                     if p_out.get(name) is not None and p_out[name].data_ptr() != p[name].data_ptr():
                         recs.append(compare.Record(f"poisoned:{name}-aliased", False,
                                                    detail=f"caller-provided {name} was not written in place"))
-                recs += first.check(spec, impl, case, p_out, oracle, ref_out, p, st.ref_after, p_before,
-                                    suffix="@poisoned", allowance=allow)
-                recs += untouched_inputs(spec, impl, p, st.pristine, suffix="@poisoned")
+                recs += first.check(p_out, p, p_before, suffix="@poisoned")
+                recs += untouched_inputs(ctx, p, suffix="@poisoned")
     except Exception as exc:  # an implementation crash is a failure of that implementation, with its trace
         recs.append(_crash("run", exc))
         seconds = float("nan")

@@ -15,13 +15,13 @@ from tqdm import tqdm
 
 from cases import base
 from cases.profiles import Profile
-from harness import devices, pool
+from harness import compare, devices, pool
 from harness.parity import runners
 from harness.parity import stages
 from harness.devices import Device
 from harness.ledger import verdicts as ledger_verdicts
 from harness.registry import Impl, OpSpec, Registry
-from reports.rows import FAILING, ParityRow, Provenance, git_sha
+from reports.rows import FAILING, ParityRow, Provenance, git_sha, parity_row
 
 
 @dataclass(frozen=True)
@@ -77,29 +77,31 @@ def repro_line(p: Planned, impl: Impl, dev: Device) -> str:
     return f"python -m harness repro '{p.full_id}' --impl {shlex.quote(impl.impl_arg)} --device {dev.kind}"
 
 
+def _where(p: Planned, impl: Impl, dev: Device, seconds: float, prov: Provenance) -> dict:
+    """The columns of every row of one (implementation, case) run but the check's own (``parity_row``)."""
+    return dict(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display, fp8_policy=impl.fp8_policy,
+                precision=impl.precision, repro=repro_line(p, impl, dev), seconds=seconds, **prov.__dict__)
+
+
 def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov: Provenance,
              ledger: tuple = ()) -> list[ParityRow]:
     """The rows of one (implementation, case) run. With a ``ledger`` (harness.ledger), failing checks an
     entry explains are ``known``, and an entry covering the case whose checks all passed adds a failing
-    ``ledger:<id>`` row (the known failure did not happen)."""
-    common = dict(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display, fp8_policy=impl.fp8_policy,
-                  precision=impl.precision, repro=repro_line(p, impl, dev), seconds=res.seconds, **prov.__dict__)
+    ``ledger:<id>`` row (the known failure did not happen). A row without a check's measures (refused,
+    ledger) is that of a record with none (``compare.Record``'s defaults: NaN)."""
+    where = _where(p, impl, dev, res.seconds, prov)
     if res.refused:
-        return [ParityRow(check="can_handle", status="refused", err=float("nan"), ref_err=float("nan"),
-                          allowed=float("nan"), max_abs=float("nan"), max_rel=float("nan"), mismatch_frac=float("nan"),
-                          nan_inf_mismatch=0, worst="", detail=res.refused, known="", **common)]
+        return [parity_row(compare.Record("can_handle", False, detail=res.refused), status="refused", **where)]
     known, silent = ledger_verdicts(ledger, p.spec.name, impl.name, p.case,
                                     [r.check for r in res.records if not r.passed])
-    rows = [ParityRow(check=r.check, status="pass" if r.passed else "known" if r.check in known else "fail",
-                      err=r.err, ref_err=r.ref_err, allowed=r.allowed, max_abs=r.max_abs, max_rel=r.max_rel,
-                      mismatch_frac=r.mismatch_frac, nan_inf_mismatch=r.nan_inf_mismatch, worst=r.worst,
-                      detail=r.detail, known=known.get(r.check, ""), **common)
+    rows = [parity_row(r, status="pass" if r.passed else "known" if r.check in known else "fail",
+                       known=known.get(r.check, ""), **where)
             for r in res.records]
-    nan = float("nan")
-    rows += [ParityRow(check=f"ledger:{e.id}", status="fail", err=nan, ref_err=nan, allowed=nan, max_abs=nan,
-                       max_rel=nan, mismatch_frac=nan, nan_inf_mismatch=0, worst="",
-                       detail=f"known failure did not happen (none of {', '.join(e.checks)} failed): fixed? narrow "
-                              f"or remove the entry. Cause: {e.cause}. Upstream: {e.upstream}", known=e.id, **common)
+    rows += [parity_row(compare.Record(f"ledger:{e.id}", False,
+                                       detail=f"known failure did not happen (none of {', '.join(e.checks)} failed): "
+                                              f"fixed? narrow or remove the entry. Cause: {e.cause}. "
+                                              f"Upstream: {e.upstream}"),
+                        status="fail", known=e.id, **where)
              for e in silent]
     return rows
 
@@ -107,7 +109,8 @@ def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov:
 _WORKER: tuple | None = None
 
 
-def _worker_init(device_kind: str, fp8_format: str, plugin_specs: tuple[str, ...]) -> None:
+def worker_init(device_kind: str, fp8_format: str, plugin_specs: tuple[str, ...]) -> None:
+    """A spawned worker's start (``spawn_map``; ``harness.gpu.warmup_worker`` too): its device and registry."""
     global _WORKER
     import torch
 
@@ -160,7 +163,7 @@ def spawn_map(fn, tasks: list, jobs: int, dev: Device, plugin_specs: tuple[str, 
     blas = os.environ.get("OPENBLAS_NUM_THREADS")
     os.environ["OPENBLAS_NUM_THREADS"] = "1"  # inherited by the spawned workers (read when numpy loads)
     try:
-        yield from pool.run(fn, tasks, jobs, initializer=_worker_init, initargs=(dev.kind, dev.fp8_format, plugin_specs),
+        yield from pool.run(fn, tasks, jobs, initializer=worker_init, initargs=(dev.kind, dev.fp8_format, plugin_specs),
                             timeout_s=timeout_s, stack_dir=stack_dir, name=name, isolate=isolate)
     finally:
         if blas is None:
@@ -256,7 +259,6 @@ def lost_rows(p: Planned, impl: Impl, dev: Device, u: Unfinished, prov: Provenan
     """The row of an implementation whose case gave no result: status ``timeout`` (the case ran past
     its limit) or ``fail`` (the worker process died), check ``timeout`` / ``run``, the detail saying
     where it hung and where the stack is on disk (or which implementation was running instead)."""
-    nan = float("nan")
     lost = u.lost
     if u.blocked_by is not None:
         detail = (f"not run: {impls[u.blocked_by].name} {'timed out' if lost.reason == 'timeout' else 'died'} "
@@ -264,12 +266,9 @@ def lost_rows(p: Planned, impl: Impl, dev: Device, u: Unfinished, prov: Provenan
     else:
         where = lost.innermost()
         detail = lost.detail + (f"; at {where}" if where else "")
-    return [ParityRow(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display,
-                      check="timeout" if lost.reason == "timeout" else "run",
-                      status="timeout" if lost.reason == "timeout" else "fail", err=nan, ref_err=nan, allowed=nan,
-                      max_abs=nan, max_rel=nan, mismatch_frac=nan, nan_inf_mismatch=0, worst="", detail=detail,
-                      seconds=lost.seconds, fp8_policy=impl.fp8_policy, precision=impl.precision, known="",
-                      repro=repro_line(p, impl, dev), **prov.__dict__)]
+    timed_out = lost.reason == "timeout"
+    return [parity_row(compare.Record("timeout" if timed_out else "run", False, detail=detail),
+                       status="timeout" if timed_out else "fail", **_where(p, impl, dev, lost.seconds, prov))]
 
 
 def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,
