@@ -57,7 +57,8 @@ def warmup(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def tests(session: nox.Session) -> None:
-    """The harness's own tests (pytest-xdist: one worker per core, or per GPU on GPU runners)."""
+    """The harness's own tests (pytest-xdist: one worker per core, ``VP_WORKERS`` to change it). On a GPU
+    machine they run on the GPU, every worker sharing it (docs/gpu-tests.md)."""
     _install(session)
     session.install("--no-deps", SGLANG)  # tests/test_sglang.py checks the adapters
     workers = os.environ.get("VP_WORKERS", "auto")

@@ -1,7 +1,7 @@
 """One model family of the store-timing timelines (``cases.timelines``): its attention layer stack.
 
 Every family is in ``cases.timelines.FAMILIES``; one whose prepare step is a fused op is declared
-by that op, in its ``cases/<op>.py`` (``TIMELINE_FAMILIES``), the others in ``cases.timelines``.
+by that op, in its ``cases/<op>/catalog.py`` (``TIMELINE_FAMILIES``), the others in ``cases.timelines``.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ class Family:
     """One model family's attention layer stack (tiny shapes: CI runs it on the interpreter)."""
     name: str
     layout: str  # ring | paged (reference.kv_model)
-    # the op of role ``prepare`` its layers run (a family of that op's ``cases/<op>.py``
+    # the op of role ``prepare`` its layers run (a family of that op's ``cases/<op>/catalog.py``
     # TIMELINE_FAMILIES), or ``projection``: plain q/k/v matmuls, no fused op
     prepare: str
     H: int  # num_heads

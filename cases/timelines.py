@@ -25,7 +25,7 @@ MODES = {"P": "extend", "D": "decode", "V": "target_verify"}
 
 
 # every family: first those of a fused prepare step, declared by their op (``TIMELINE_FAMILIES`` of
-# cases/<op>.py, in harness.ops.BUILTIN order), then those with plain q/k/v projections
+# cases/<op>/catalog.py, in harness.ops.BUILTIN order), then those with plain q/k/v projections
 FAMILIES: dict[str, Family] = {f.name: f for op in BUILTIN
                                for f in getattr(importlib.import_module(f"cases.{op}.catalog"), "TIMELINE_FAMILIES", ())}
 FAMILIES |= {

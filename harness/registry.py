@@ -76,11 +76,11 @@ class GpuPlan:
     cases: tuple[str, ...]  # catalog names for launches and graph: realistic verify batches
     full: str  # catalog name for the determinism rerun: the largest real shape of the catalog
     fused_launches: int  # device kernels of one fused call, by design
-    # the reference chain's launch functions: names in reference/<op>.py, or ``module:name`` for one of
+    # the reference chain's launch functions: names in reference/<op>/chain.py, or ``module:name`` for one of
     # another module of the chain
     stages: tuple[str, ...]
     expected_stages: Callable[[Any, dict], int]  # calls of them in one reference call of (case, inputs)
-    step: str  # the function of fused/<op>.py that takes ``gate_fn``
+    step: str  # the function of fused/<op>/wrapper.py that takes ``gate_fn``
     reference_not_capturable: str = ""  # why the reference chain cannot be captured ("": it can)
     # inputs -> [(module, attribute, value)] patched while a call runs as a CUDA graph runs it, beyond
     # the generic ones (``harness.gpu.runners.capture_safe``); called outside capture
@@ -129,10 +129,10 @@ class OpSpec:
     parity_weight: float = 1
     # relative cost of running one case (any unit, e.g. the elements it reads), for scheduling only:
     # the suite hands the costliest cases to its workers first, so that a long case does not start last
-    # and leave the others idle; None: plan order (``cases/<op>.py::case_cost`` when it has one)
+    # and leave the others idle; None: plan order (``cases/<op>/catalog.py::case_cost`` when it has one)
     case_cost: Callable[[Any], float] | None = None
     bench: str = ""  # module of its benchmark (harness.bench.perf's per-op API); "": none
-    # role "prepare": zero-argument factory of its harness.timelines.runner.Prepare adapter (harness/prepares/<op>.py)
+    # role "prepare": zero-argument factory of its harness.timelines.runner.Prepare adapter (cases/<op>/prepare.py)
     timeline: Callable[[], Any] | None = None
 
     def tolerance(self, output: str, dtype) -> tolerance.Tolerance:
@@ -191,7 +191,7 @@ class Impl:
     may_write: tuple[str, ...] = ()  # inputs it may modify in place beyond the op's writable buffers
     source: str = ""  # how it was loaded ("module:attr" of --impl or an entry point); "" for built-ins
     # its Triton kernels for ``python -m harness compile --impl``: a zero-argument callable returning
-    # (name, jit function, signature, constexprs, num_warps[, targets]) tuples, as fused/<op>.py's
+    # (name, jit function, signature, constexprs, num_warps[, targets]) tuples, as fused/<op>/wrapper.py's
     # compile_specs() does; None: it declares none
     compile_specs: Callable[[], list] | None = None
 

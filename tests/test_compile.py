@@ -29,7 +29,7 @@ KERNEL_PLUGIN = textwrap.dedent('''
     import triton.language as tl
 
     from harness.registry import Impl
-    from reference import qk_norm_rope as r
+    from reference.qk_norm_rope import chain as r
 
 
     @triton.jit

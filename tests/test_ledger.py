@@ -101,7 +101,7 @@ def test_load_by_name_and_by_module_attr_and_refuses_junk():
 PLUGIN = textwrap.dedent('''
     from harness.ledger import KnownFailure
     from harness.registry import Impl
-    from reference import qk_norm_rope as r
+    from reference.qk_norm_rope import chain as r
 
     def fn(**kw):
         if kw["q"].shape[0] % 2:

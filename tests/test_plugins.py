@@ -31,7 +31,7 @@ from tests.helpers import ROOT, subprocess_env
 
 PLUGIN = textwrap.dedent('''
     from harness.registry import Impl
-    from reference import qk_norm_rope as r
+    from reference.qk_norm_rope import chain as r
 
     def good(**kw):
         return r.qk_norm_rope_step(**kw)
@@ -58,7 +58,7 @@ PLUGIN = textwrap.dedent('''
 # a verify_attention plugin for the timelines: the reference chain, and one 1 % off
 ATTN_PLUGIN = textwrap.dedent('''
     from harness.registry import Impl
-    from reference import verify_attention as r
+    from reference.verify_attention import chain as r
 
     def off(**kw):
         out = r.verify_attention(**kw)

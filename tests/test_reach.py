@@ -119,7 +119,7 @@ import hashlib, json, sys
 for m in sys.argv[1:]:
     __import__(m)
 from cases import profiles
-from harness import suite
+from harness.parity import suite
 from harness.ops import default_registry
 reg, prof = default_registry(with_plugins=False), profiles.current("ci")
 print(json.dumps({op: hashlib.sha256("\\n".join(p.full_id for p in suite.plan_cases(reg.ops[op], prof)).encode())

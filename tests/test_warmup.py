@@ -58,7 +58,7 @@ JIT_RUN = textwrap.dedent('''
     warmup_worker.dry_run("sm90")
     from triton import knobs
     from cases import profiles
-    from harness import suite
+    from harness.parity import suite
     from harness.ops import default_registry
 
     reg = default_registry(with_plugins=False)
@@ -84,7 +84,7 @@ SAME_VARIANTS = textwrap.dedent('''
     from harness import warmup_worker
     warmup_worker.dry_run("sm90")
     from triton import knobs
-    from harness import runners, suite
+    from harness.parity import runners, suite
     from harness.ops import default_registry
     from cases import profiles
 

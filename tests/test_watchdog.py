@@ -30,7 +30,7 @@ HANG_PLUGIN = textwrap.dedent('''
     from pathlib import Path
 
     from harness.registry import Impl
-    from reference import qk_norm_rope as r
+    from reference.qk_norm_rope import chain as r
 
 
     def hangs_on_8_heads(**kw):
@@ -52,7 +52,7 @@ HANG_ATTN_PLUGIN = textwrap.dedent('''
     import time
 
     from harness.registry import Impl
-    from reference import verify_attention as r
+    from reference.verify_attention import chain as r
 
 
     def attn_hangs(**kw):

@@ -1,4 +1,4 @@
-"""Deliberately broken implementations, one module per op: ``cases/mutants/<op>.py`` holds a
+"""Deliberately broken implementations, one module per op: ``cases/<op>/mutants.py`` holds a
 list ``MUTANTS`` of ``Impl(kind="mutant")`` (and, for store-timing bugs only a timeline shows,
 ``TIMELINE_MUTANTS``, registered after every op's ``MUTANTS``). Each names, in its ``doc``, the seed and the bug
 class, and in ``catches`` the checks that must flag it. ``nox -s mutants`` (and

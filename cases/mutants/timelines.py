@@ -4,7 +4,7 @@ mutants whose bug only a timeline or the KV read side shows.
 A path mutant is a ``harness.backend.Backend`` with one wrong decision, run on *clean,
 registered* implementations: no per-kernel parity test can see it (the kernels are right); the
 timelines must. Op-level store-timing mutants (``Impl``s whose bug only a timeline or the KV read
-side shows) are each op's ``TIMELINE_MUTANTS`` in ``cases/mutants/<op>.py``.
+side shows) are each op's ``TIMELINE_MUTANTS`` in ``cases/<op>/mutants.py``.
 """
 from __future__ import annotations
 
@@ -95,5 +95,5 @@ PATH_MUTANTS = [
 ]
 
 
-# The kill matrix's targeted catalog subset and timelines per op: its OpSpec.kill (harness/ops/<op>.py).
+# The kill matrix's targeted catalog subset and timelines per op: its OpSpec.kill (cases/<op>/spec.py).
 PATH_TIMELINE = "accept-0-to-L"  # a path mutant runs its families' timeline of this script

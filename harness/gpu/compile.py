@@ -1,7 +1,7 @@
 """Ahead-of-time compile of every Triton kernel for NVIDIA and AMD targets, from any machine.
 
 The interpreter accepts code that a compiler rejects (and vice versa); CI has no GPU, so it
-compiles each kernel variant listed by ``fused/<op>.py::compile_specs()`` for sm90 (H100/H200)
+compiles each kernel variant listed by ``fused/<op>/wrapper.py::compile_specs()`` for sm90 (H100/H200)
 and gfx942/gfx950 (MI300/MI355) with ``triton.compile`` and an explicit ``GPUTarget``, and those a
 plugin's implementations declare (``Impl.compile_specs``, ``python -m harness compile --impl``).
 Runs in its own process: kernels must be defined with the interpreter off (``prepare`` before
@@ -20,7 +20,7 @@ TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": 
 @dataclass(frozen=True)
 class CompileResult:
     op: str
-    impl: str  # "fused" (fused/<op>.py) or the plugin implementation's name
+    impl: str  # "fused" (fused/<op>/wrapper.py) or the plugin implementation's name
     kernel: str
     target: str
     ok: bool
@@ -36,7 +36,7 @@ def prepare() -> None:
 
 
 def run(ops: list[str], targets: list[str], impls: tuple = ()) -> list[CompileResult]:
-    """Every variant of ``fused/<op>.py::compile_specs()`` for each op, then of each of ``impls``'
+    """Every variant of ``fused/<op>/wrapper.py::compile_specs()`` for each op, then of each of ``impls``'
     ``compile_specs()`` (an Impl declaring none is skipped: the caller says so), for each target."""
     prepare()
     import triton

@@ -16,7 +16,7 @@ One module per op, ``cases/mutants/gpu/<op>.py`` with a list ``MUTANTS``:
       one branch in, the eager call on the replay inputs takes the other. Each branch is a
       correct path, so parity cannot tell; the graph check compares the decisions.
 
-Not registered by ``cases.mutants.register`` (it loads ``cases/mutants/<op>.py`` per op, and no
+Not registered by ``cases.mutants.register`` (it loads ``cases/<op>/mutants.py`` per op, and no
 op is called "gpu"): every one passes the CPU parity suite and the timelines by construction,
 so the CPU kill matrix would list them as survivors (nor ``cases/mutants/gpu/<op>.py``: the package is not an op). ``harness.gpu.checks`` registers them
 (``register``); the kill matrix prints ``skip_note()`` instead.
@@ -40,7 +40,7 @@ def interpreted() -> bool:
 
 
 def fused_step_with(op: str, step: str, **planted):
-    """An implementation of ``op``: the function ``step`` of ``fused/<op>.py`` called with ``planted``
+    """An implementation of ``op``: the function ``step`` of ``fused/<op>/wrapper.py`` called with ``planted``
     (the hook carrying the bug: a ``gate_fn``, a ``kernel_fn``) and the caller's arguments."""
     def fn(**kw):
         return getattr(importlib.import_module(f"fused.{op}.wrapper"), step)(**planted, **kw)
@@ -54,7 +54,7 @@ def two_launches(op: str, fn, doc: str) -> Impl:
 
 
 def gate_flips_per_call(op: str, step: str, gate_fn, doc: str) -> Impl:
-    """``op``'s ``mutant-gate-flips-per-call``: ``fused/<op>.py``'s ``step`` with ``gate_fn``, a gate
+    """``op``'s ``mutant-gate-flips-per-call``: ``fused/<op>/wrapper.py``'s ``step`` with ``gate_fn``, a gate
     whose decision changes between calls (the graph check, ``gpu:graph-gate``, flags it)."""
     return Impl(op, "mutant-gate-flips-per-call", "mutant", fused_step_with(op, step, gate_fn=gate_fn), doc=doc,
                 catches=(GRAPH_GATE,))

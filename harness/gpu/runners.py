@@ -9,7 +9,7 @@
                kernel, and the backend runs exactly one path (``fused/verify_attention/wrapper.py``).
                The reference chains are pure torch, where one launch of the unfused chain is
                several aten kernels; for them the check counts calls of the chain's launch
-               functions listed in ``reference/<op>.py`` — qk 2 (target-verify), mla 5, verify 3
+               functions listed in ``reference/<op>/chain.py`` — qk 2 (target-verify), mla 5, verify 3
                per request — and requires at least one device kernel per launch.
   graph        one call captured with ``torch.cuda.graph`` on static buffers; NEW inputs (another
                seed, same shapes) copied into them; replay. Outputs and the buffers the op writes
@@ -46,7 +46,7 @@ from harness.registry import GpuPlan
 REPLAY_SEED_OFFSET = 7919  # replay inputs: the case's seed + this + the run's seed
 
 
-OpPlan = GpuPlan  # an op's plan: its OpSpec.gpu (harness/ops/<op>.py)
+OpPlan = GpuPlan  # an op's plan: its OpSpec.gpu (cases/<op>/spec.py)
 # the built-in ops' plans by op name (what the checks run of each and expect)
 PLANS: dict[str, GpuPlan] = {name: spec.gpu for name, spec in builtin_specs().items() if spec.gpu}
 # op -> why its reference chain cannot be captured, for those that cannot
@@ -126,7 +126,7 @@ def stage_calls(op: str):
             return fn(*args, **kw)
         return wrapper
 
-    where = []  # (module, attribute): a bare name is one of reference/<op>.py
+    where = []  # (module, attribute): a bare name is one of reference/<op>/chain.py
     for n in PLANS[op].stages:
         mod, _, attr = n.rpartition(":")
         where.append((importlib.import_module(mod) if mod else ref, attr))

@@ -1,6 +1,6 @@
 """How a family's prepare step enters the timeline model and the end-to-end engine: ``Prepare``
 (the family without a fused prepare: plain q/k/v projections, the backend storing the rows) and the
-adapters of the ops of role ``prepare`` (``harness/prepares/<op>.py``, ``OpSpec.timeline``), looked
+adapters of the ops of role ``prepare`` (``cases/<op>/prepare.py``, ``OpSpec.timeline``), looked
 up by ``prepare_of``; ``attention_spec`` is the registry's one op of role ``attn``, ``accept_spec``
 its one op of role ``accept`` (the timelines' accept(n) step)."""
 from __future__ import annotations
