@@ -23,6 +23,7 @@ from reference import checks
 from reference.verify_attention import chain as ref
 from reference.verify_attention import batched as ref_batched
 from reference.verify_attention import sdpa as ref_sdpa
+from reference.verify_attention.oracle import verify_attention_oracle
 from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "verify_attention"
@@ -84,7 +85,7 @@ def test_reference_chain_agrees_with_oracle_and_sdpa(device):
     worst = 0.0
     for c in CATALOG.values():
         kw = cases.build_inputs(c, device)
-        o = ref.verify_attention_oracle(**kw)["o"]
+        o = verify_attention_oracle(**kw)["o"]
         tol = tolerance.lookup(OP, "o", torch.bfloat16)
         r = compare.numeric("o", ref.verify_attention(**kw)["o"], o, None, tol, is_reference=True)
         s = compare.numeric("o", ref_sdpa.verify_attention_sdpa(**kw)["o"], o, None, tol, is_reference=True)
@@ -112,24 +113,24 @@ def test_batched_chain_equals_the_per_request_loop(device, monkeypatch):
     split bound one key short fails it."""
     taken = 0
     fp32 = []
-    finish = ref._finish
-    monkeypatch.setattr(ref, "_finish", lambda res, q, o: (fp32.append(res.clone()), finish(res, q, o))[1])
+    finish = ref.finish
+    monkeypatch.setattr(ref, "finish", lambda res, q, o: (fp32.append(res.clone()), finish(res, q, o))[1])
     for c in CATALOG.values():
         kw = cases.build_inputs(c, device)
         qo, kvp = kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist()
-        if kw.get("custom_mask") is not None or not ref_batched.batchable(qo, kvp, kw["q"].shape[1], kw["v"].shape[2]):
+        if kw.get("custom_mask") is not None or not ref.batchable(qo, kvp, kw["q"].shape[1], kw["v"].shape[2]):
             continue
         taken += 1
         batched = ref.verify_attention(**kw)["o"].float()
-        with monkeypatch.context() as m:  # the loop form; the _finish capture stays
-            m.setattr(ref_batched, "BATCHED_SCORE_BYTES", 0)
+        with monkeypatch.context() as m:  # the loop form; the finish capture stays
+            m.setattr(ref, "BATCHED_SCORE_BYTES", 0)
             ref.verify_attention(**kw)
         b32, l32 = fp32[-2], fp32[-1]
-        S = ref.verify_attention_oracle(**{**kw, "v": _abs_values(kw["v"]), "v_buffer": _abs_values(kw["v_buffer"])})
+        S = verify_attention_oracle(**{**kw, "v": _abs_values(kw["v"]), "v_buffer": _abs_values(kw["v_buffer"])})
         S = S["o"].abs().to(b32.device, torch.float32)
         assert ((b32 - l32).abs() <= S * 2 ** -12).all(), (c.name, float(((b32 - l32).abs() / S).max()))
         tol = tolerance.lookup(OP, "o", torch.bfloat16)
-        oracle = ref.verify_attention_oracle(**kw)["o"]
+        oracle = verify_attention_oracle(**kw)["o"]
         r = compare.numeric("o", batched.to(torch.bfloat16), oracle, None, tol, is_reference=True)
         assert r.passed, (c.name, r.err, r.detail)
     assert taken >= len(CATALOG) // 2, taken
@@ -208,7 +209,7 @@ def test_sdpa_head_chunks_change_nothing(device, monkeypatch):
         assert torch.equal(whole, one), name
         # and both are right: a chunk reading the wrong KV head would agree with itself (planted: j = 0)
         tol = tolerance.lookup(OP, "o", torch.bfloat16)
-        assert compare.numeric("o", one, ref.verify_attention_oracle(**kw)["o"], None, tol, is_reference=True).passed
+        assert compare.numeric("o", one, verify_attention_oracle(**kw)["o"], None, tol, is_reference=True).passed
 
 
 @pytest.mark.parametrize("name", ["gqa-hkv4-h16-d64-l8", "k3-mla-h4-l2-e4m3fnuz", "qwen35-tp-h4-l3"])
@@ -219,7 +220,7 @@ def test_combine_head_blocking_changes_nothing(device, name):
     kw = cases.build_inputs(CATALOG[name], device)
     H, Hkv = kw["q"].shape[1], kw["k_buffer"].shape[1]
     tol = tolerance.lookup(OP, "o", torch.bfloat16)
-    oracle = ref.verify_attention_oracle(**kw)["o"]
+    oracle = verify_attention_oracle(**kw)["o"]
     for kind in ("shared_kv", "split_kv"):
         if fused.can_handle(kind, **kw) is not True:
             continue
@@ -599,7 +600,7 @@ def test_bench_baselines_compute_the_op(layout):
 
     B, n, H, L = 2, 40, 4, 4
     kw, D, Dv = bench._inputs(layout, B, n, H, L, dev="cpu")
-    want = ref.verify_attention_oracle(**kw)["o"]
+    want = verify_attention_oracle(**kw)["o"]
     idx = kw["kv_indices"].view(B, n).long()
     mask = bench._dense_mask(n, L, "cpu")
     q4, k4, v4 = kw["q"].view(B, L, H, D), kw["k"].view(B, L, 1, D), kw["v"].reshape(B, L, 1, Dv)
@@ -637,7 +638,7 @@ def _paths(monkeypatch):
     """The chain's two forms: batched (where the case allows it), then the per-request loop (for
     the rest of the test)."""
     yield "batched"
-    monkeypatch.setattr(ref_batched, "BATCHED_SCORE_BYTES", 0)
+    monkeypatch.setattr(ref, "BATCHED_SCORE_BYTES", 0)
     yield "loop"
     monkeypatch.undo()
 
@@ -668,7 +669,7 @@ def test_each_rounding_flag_rounds(device, monkeypatch, flag):
     tol = tolerance.lookup(OP, "o", torch.bfloat16)
     for name in ROUNDS_ON[flag]:
         kw = cases.build_inputs(CATALOG[name], device)
-        oracle = ref.verify_attention_oracle(**kw)["o"]
+        oracle = verify_attention_oracle(**kw)["o"]
         for path in _paths(monkeypatch):
             exact = ref.verify_attention(**kw)["o"]
             got = ref.verify_attention(**kw, **{flag: True})["o"]

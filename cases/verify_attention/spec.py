@@ -30,11 +30,11 @@ KILL = KillPlan(clean=("reference", "fused", "fused-split-kv", "fused-shared-kv"
 
 def _batched(kw: dict) -> bool:
     """Whether the verify reference takes the whole batch at once (three launches) or loops over
-    the requests (three each): ``reference.verify_attention.batched.batchable``."""
-    from reference.verify_attention import batched as rb
+    the requests (three each): ``reference.verify_attention.chain.batchable``."""
+    from reference.verify_attention import chain as r
 
-    return kw.get("custom_mask") is None and rb.batchable(kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist(),
-                                                          kw["q"].shape[1], kw["v"].shape[2])
+    return kw.get("custom_mask") is None and r.batchable(kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist(),
+                                                         kw["q"].shape[1], kw["v"].shape[2])
 
 
 def _capture_patches(inputs):
@@ -55,8 +55,7 @@ def _capture_patches(inputs):
 # the backend runs exactly one path); the chain 3 launches, per request unless batchable
 GPU = GpuPlan(("gpu-qwen35-b64-h16-p1024", "k3-mla-h64-l3-e4m3fn"), "gpu-k3-b16-h64-p16k", 2,
               ("prefix_split_partials", "draft_partial", "combine",
-               "reference.verify_attention.batched:prefix_split_partials_batched",
-               "reference.verify_attention.batched:draft_partial_batched"),
+               "prefix_split_partials_batched", "draft_partial_batched"),
               lambda c, kw: 3 if _batched(kw) else 3 * c.B, "verify_attention",
               reference_not_capturable="the chain loops over requests on host copies of qo_indptr / kv_indptr "
                                        "(.tolist(): a device->host sync, which capture forbids)",
@@ -134,16 +133,16 @@ def _batched_can_handle(case, device):
     """The batched chain's entry: one verify width, no tree (topk 1), and its padded scores within the
     memory the reference allows its own batched form (``BATCHED_SCORE_BYTES``)."""
     from cases.verify_attention import catalog as c
-    from reference.verify_attention import batched as rb
+    from reference.verify_attention import chain as r
 
     if case.topk != 1:
         return f"topk {case.topk} > 1 needs a tree mask; the batched chain has none"
     if len(set(c.widths(case))) != 1:
         return "ragged verify widths (the batched chain pads prefixes, not drafts)"
     n_max = max(c.prefix_lengths(case.prefix, case.B, case.seed))
-    need = rb.score_bytes(case.B, case.H, case.L, n_max, case.Dv)
-    if need > rb.BATCHED_SCORE_BYTES:
-        return f"padded scores {need} bytes > BATCHED_SCORE_BYTES {rb.BATCHED_SCORE_BYTES}"
+    need = r.score_bytes(case.B, case.H, case.L, n_max, case.Dv)
+    if need > r.BATCHED_SCORE_BYTES:
+        return f"padded scores {need} bytes > BATCHED_SCORE_BYTES {r.BATCHED_SCORE_BYTES}"
     return True
 
 
