@@ -13,6 +13,7 @@ import torch
 from fused import device_checks
 from fused.qk_norm_rope import kernels as kern
 from reference.qk_norm_rope import chain as ref
+from reference.qk_norm_rope import swa
 
 FAST_LAUNCH_ENV = "VP_FAST_LAUNCH"
 _SIGNATURE = tuple(inspect.signature(kern._qk_norm_rope_kernel.fn).parameters.values())
@@ -73,7 +74,7 @@ def pointer_args(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, cos, si
                 cos_ptr=cos, sin_ptr=sin, pos_ptr=positions,
                 loc_ptr=positions if ring is None and swa_cache is None else loc)
     if swa_cache is not None:
-        ptrs.update(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8))
+        ptrs.update(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(swa.SWA_FP8))
     if flags is not None:
         ptrs["flag_ptr"] = flags
     return ptrs

@@ -91,7 +91,7 @@ def _paged_fp8_store(
     FP8_MAX: tl.constexpr,
     AMAX_FLOOR: tl.constexpr,
 ):
-    """The non-unified store (reference.qk_norm_rope.chain.SwaLayout): per 64-value nope tile a ue8m0
+    """The non-unified store (reference.qk_norm_rope.swa.SwaLayout): per 64-value nope tile a ue8m0
     exponent e = ceil(log2(max(|max|, 1e-8) / 448)) from the fp32 quotient's bits (no log2),
     codes fp8(clamp(x · 2**-e, ±448)), the rope dims' bf16 bytes; the pad byte is left alone."""
     write = mask_t & (loc >= 0) & (loc < n_slots)  # a slot past the pool (unchecked input): skipped

@@ -119,8 +119,8 @@ class Micro(torch.nn.Module):
 
     def rope(self, y: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(T, ..., D) -> bf16 with RoPE on the last rope_dim dims (mla / qwen; dsv4's is inside its op)."""
-        return qk_ref._rope_fp32(y.float(), self.cos[positions], self.sin[positions], self.rope_dim,
-                                 self.rope_style).to(torch.bfloat16)
+        return qk_ref.rope_fp32(y.float(), self.cos[positions], self.sin[positions], self.rope_dim,
+                                self.rope_style).to(torch.bfloat16)
 
     def attn_out(self, i: int, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """Residual after attention: x (T, dm) bf16, o (T, H, Dv) bf16 -> (T, dm) bf16."""
