@@ -16,6 +16,7 @@ from harness.parity import runners
 from harness.devices import Device
 from reference import checks
 from reference.mla_fp8_prepare import chain as ref
+from reference.mla_fp8_prepare.encoder import encode_fp8_oracle, fp8_code_values
 from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "mla_fp8_prepare"
@@ -78,7 +79,7 @@ def test_kernel_alone_matches_chain_on_edge_values(device):
 def test_cast_matches_independent_encoder_on_every_bf16(fmt, policy, descale):
     """All 65,536 bf16 inputs (every tie, boundary, subnormal, overflow, ±inf, NaN payload)."""
     got = ref.cast_fp8(ALL_BF16, ref.FP8_DTYPES[fmt], policy, ref.inv_descale(descale)).view(torch.uint8)
-    want = ref.encode_fp8_oracle(ref.scaled_k_fp32(ALL_BF16, descale), fmt, policy)
+    want = encode_fp8_oracle(ref.scaled_k_fp32(ALL_BF16, descale), fmt, policy)
     bad = torch.nonzero(got != want).flatten()
     assert bad.numel() == 0, f"x={ALL_BF16[bad[:5]].tolist()} got={got[bad[:5]].tolist()} want={want[bad[:5]].tolist()}"
 
@@ -86,7 +87,7 @@ def test_cast_matches_independent_encoder_on_every_bf16(fmt, policy, descale):
 @pytest.mark.parametrize("fmt", cases.FP8_FORMATS)
 def test_decode_table_agrees_with_torch(fmt):
     dt = ref.FP8_DTYPES[fmt]
-    mine = ref.fp8_code_values(fmt)
+    mine = fp8_code_values(fmt)
     theirs = torch.arange(256, dtype=torch.uint8).view(dt).double()
     assert torch.equal(torch.isnan(mine), torch.isnan(theirs))
     ok = ~torch.isnan(mine)
@@ -109,7 +110,7 @@ ENCODER_FACTS = [
 @pytest.mark.parametrize("fmt,policy,x,code", ENCODER_FACTS)
 def test_encoder_and_chain_on_hand_checked_values(fmt, policy, x, code):
     xt = torch.tensor([x], dtype=torch.float64)
-    assert int(ref.encode_fp8_oracle(xt, fmt, policy)) == code
+    assert int(encode_fp8_oracle(xt, fmt, policy)) == code
     assert int(ref.cast_fp8(xt.float(), ref.FP8_DTYPES[fmt], policy).view(torch.uint8)) == code
 
 
@@ -342,7 +343,7 @@ def test_edge_values_reach_every_class(device, fmt):
     c = cases.MlaFp8PrepareCase(T=16, H=8, fp8_format=fmt, specials=1.0, seed=5)
     kw = cases.build_inputs(c, device)
     x = kw["q_nope"].cpu().double().flatten()
-    vals = ref.fp8_code_values(fmt)
+    vals = fp8_code_values(fmt)
     pos = vals[:0x80][~torch.isnan(vals[:0x80])].sort().values
     fmax, tie = float(pos[-1]), float(pos[-1] + (pos[-1] - pos[-2]) / 2)
     mids = (pos[1:] + pos[:-1]) / 2

@@ -63,8 +63,9 @@ def _rms(x: torch.Tensor, w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w.to(dtype)
 
 
-def _fake_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """fp8 e4m3fn round trip of x / scale, times scale; straight-through gradient."""
+def fake_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """fp8 e4m3fn round trip of x / scale, times scale; straight-through gradient (the training forward
+    of a prepare step that writes fp8 rows)."""
     q = (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
     return x + (q - x).detach()
 
