@@ -242,13 +242,13 @@ def test_bench_splits_keep_two_programs_per_sm_at_most():
     """Planted: the old rounding up (5 splits, 320 programs at B 64 prefix 16K) fails."""
     from cases.verify_attention import bench as vb
 
-    assert vb._splits(64, 16384, 1, 132) == 4  # 256 programs, not 320 (5 splits: a partial third wave)
-    assert vb._splits(64, 4096, 2, 132) == 2
-    assert vb._splits(8, 16384, 1, 132) == 33
-    assert vb._splits(1, 1024, 1, 132) == 4  # each split >= 256 tokens
-    assert vb._splits(600, 300, 1, 132) == 1
+    assert vb.splits_for(64, 16384, 1, 132) == 4  # 256 programs, not 320 (5 splits: a partial third wave)
+    assert vb.splits_for(64, 4096, 2, 132) == 2
+    assert vb.splits_for(8, 16384, 1, 132) == 33
+    assert vb.splits_for(1, 1024, 1, 132) == 4  # each split >= 256 tokens
+    assert vb.splits_for(600, 300, 1, 132) == 1
     for B, n, blocks in ((1, 65536, 1), (8, 4096, 2), (64, 1024, 1), (24, 70000, 4)):
-        assert vb._splits(B, n, blocks, 132) * B * blocks <= 2 * 132 or vb._splits(B, n, blocks, 132) == 1
+        assert vb.splits_for(B, n, blocks, 132) * B * blocks <= 2 * 132 or vb.splits_for(B, n, blocks, 132) == 1
 
 
 def test_device_timers_refuse_a_machine_without_a_gpu(monkeypatch):

@@ -26,7 +26,7 @@ def test_specialised_ints_are_the_kernels():
 
     from fused.qk_norm_rope import kernels as k
 
-    kernel = k._qk_norm_rope_kernel
+    kernel = k.qk_norm_rope_kernel
     dns = getattr(kernel, "do_not_specialize", None) or kernel.kwargs["do_not_specialize"]  # JIT / interpreter
     jit = JITFunction(kernel.fn, do_not_specialize=dns)
     specialised = {p.name for p in jit.params if not p.is_constexpr and not p.do_not_specialize}
@@ -131,7 +131,7 @@ def test_second_launch_takes_the_compiled_kernel_with_the_jits_arguments(device,
 
     name, kw = next(_variants(device))
     fake = _FakeJit()
-    monkeypatch.setattr(k, "_qk_norm_rope_kernel", fake)
+    monkeypatch.setattr(k, "qk_norm_rope_kernel", fake)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(d, "_compiled", {})
     monkeypatch.setattr(d, "plans", {})
@@ -276,7 +276,7 @@ def test_a_plan_serves_only_the_metadata_it_checked(device, monkeypatch, variant
 
     name, kw = list(_variants(device))[variant]
     jit = _VariantJit()
-    monkeypatch.setattr(k, "_qk_norm_rope_kernel", jit)
+    monkeypatch.setattr(k, "qk_norm_rope_kernel", jit)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     checks = []
     validate = f.ref.validate

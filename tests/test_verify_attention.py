@@ -15,6 +15,7 @@ from hypothesis import given
 
 from cases import base
 from cases.verify_attention import catalog as cases
+from fused.verify_attention import config as fused_config
 from fused.verify_attention import wrapper as fused
 from cases.verify_attention import mutants as va_mutants
 from harness import compare, poison, tolerance
@@ -224,13 +225,13 @@ def test_combine_head_blocking_changes_nothing(device, name):
     for kind in ("shared_kv", "split_kv"):
         if fused.can_handle(kind, **kw) is not True:
             continue
-        base = fused._launch(kind, **kw)["o"].float()
+        base = fused.launch(kind, **kw)["o"].float()
         for cbh in (1, 2, 4):
             if cbh > H or (Hkv > 1 and (H // Hkv) % cbh):
                 with pytest.raises(ValueError, match="combine_block_h"):
-                    fused._launch(kind, **kw, combine_block_h=cbh)
+                    fused.launch(kind, **kw, combine_block_h=cbh)
                 continue
-            got = fused._launch(kind, **kw, combine_block_h=cbh)["o"]
+            got = fused.launch(kind, **kw, combine_block_h=cbh)["o"]
             ulp = torch.maximum(base.abs(), got.float().abs()).clamp(min=2 ** -126) * 2 ** -7
             assert ((got.float() - base).abs() <= ulp).all(), (kind, cbh)
             assert compare.numeric("o", got, oracle, None, tol, is_reference=False).passed, (kind, cbh)
@@ -375,8 +376,8 @@ def test_fallback_gives_the_same_answer(device, name):
 def test_dispatch_routes_like_the_gate(device, monkeypatch):
     """Which kernel ran: spy on both launches for a shared-KV, a split-KV and a tree case."""
     seen = []
-    real = fused._launch
-    monkeypatch.setattr(fused, "_launch", lambda kind, **kw: seen.append(kind) or real(kind, **kw))
+    real = fused.launch
+    monkeypatch.setattr(fused, "launch", lambda kind, **kw: seen.append(kind) or real(kind, **kw))
     for name, want in (("qwen35-tp-h4-l1", ["shared_kv"]), ("gqa-hkv2-h4-d128", ["split_kv"]),
                        ("group-6-odd", ["split_kv"]), ("tree-topk2-qwen35", [])):
         seen.clear()
@@ -395,7 +396,7 @@ def test_shared_and_split_kernels_agree_closely(device):
 def test_padding_rule_meets_tl_dot_rows():
     for bh in (1, 2, 4, 8, 16):
         for L in range(1, 10):
-            lp = fused.l_pad_for(L, bh)
+            lp = fused_config.l_pad_for(L, bh)
             assert bh * lp >= 16 and lp >= L and lp & (lp - 1) == 0
 
 
@@ -468,7 +469,7 @@ def test_catalog_covers_the_issue():
     assert {1, 2, 4} <= {c.Hkv for c in small}
     assert {"bf16", "e4m3fn", "e4m3fnuz"} <= {c.kv_dtype for c in small}
     lens = {n for c in small for n in cases.prefix_lengths(c.prefix, c.B, c.seed)}
-    block_n = fused.block_config(64, "interpreter")[1]  # the tile-boundary cases straddle the interpreter's tiles
+    block_n = fused_config.block_config(64, "interpreter")[1]  # the tile-boundary cases straddle the interpreter's tiles
     assert {0, 1, block_n - 1, block_n, block_n + 1, 2 * block_n - 1, 2 * block_n, 2 * block_n + 1} <= lens
     assert max(n for c in big for n in cases.prefix_lengths(c.prefix, c.B, c.seed)) >= 200_000
     assert max(n for c in small for n in cases.prefix_lengths(c.prefix, c.B, c.seed)) <= 2 * block_n + 1
@@ -599,7 +600,7 @@ def test_bench_baselines_compute_the_op(layout):
     from cases.verify_attention import bench
 
     B, n, H, L = 2, 40, 4, 4
-    kw, D, Dv = bench._inputs(layout, B, n, H, L, dev="cpu")
+    kw, D, Dv = bench.bench_inputs(layout, B, n, H, L, dev="cpu")
     want = verify_attention_oracle(**kw)["o"]
     idx = kw["kv_indices"].view(B, n).long()
     mask = bench._dense_mask(n, L, "cpu")
@@ -613,14 +614,14 @@ def test_combine_block_h_default_fills_sixteen_rows_on_sm90_only():
     """sm90: the fewest heads whose padded drafts fill 16 rows, never more than BLOCK_H (so it
     divides the group); the interpreter and unlisted arches: BLOCK_H (one program per head block).
     Planted: capping at 64 instead of BLOCK_H (16 heads for a group of 2) fails."""
-    f = fused.combine_block_h_for
+    f = fused_config.combine_block_h_for
     assert [f(L, 16, "sm90") for L in (1, 2, 3, 4, 5, 8, 16)] == [16, 8, 4, 4, 2, 2, 1]
     assert f(1, 2, "sm90") == 2 and f(4, 1, "sm90") == 1
     assert f(4, 16, "interpreter") == 16 and f(4, 8, "gfx942") == 8
     for L in range(1, 17):
         for bh in (1, 2, 4, 8, 16):
             c = f(L, bh, "sm90")
-            assert bh % c == 0 and c * fused.l_pad_for(L, c) >= 16
+            assert bh % c == 0 and c * fused_config.l_pad_for(L, c) >= 16
 
 
 # ----------------------------------------------------------------------------- precision classes

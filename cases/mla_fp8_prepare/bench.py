@@ -110,7 +110,7 @@ def _implementations(kw: dict, compiled_chain):
     q8 = torch.empty(T, H, DN + R, dtype=kw["kv_buffer"].dtype, device=dev)
 
     def fused():
-        f._launch(q8=q8, k_mul=k_mul, **kw)
+        f.launch(q8=q8, k_mul=k_mul, **kw)
 
     def reference():  # _chain eager: the reference's launches (the descale already on device)
         _chain(kw["q_nope"], kw["q_rope"], kw["k_nope"], kw["k_rope"], kw["kv_buffer"], kw["loc"], inv)

@@ -19,7 +19,7 @@ DIR/qk_norm_rope_bench.csv (wide, one row per shape) and DIR/perf.csv (PerfRow).
 it says so and exits 0.
 
     python -m cases.qk_norm_rope.bench --vs-sglang --out DIR [--T ..] [--H ..] [--modes verify decode]
-        [--configs default,2x4,8x8] [--before OLD/fused/qk_norm_rope.py]
+        [--configs default,2x4,8x8] [--before OLD/fused/qk_norm_rope/wrapper.py]
 
 Ours against SGLang's own ``fused_qk_norm_rope_swa_store`` (``harness.adapters.sglang.load``: the
 installed wheel's kernel file), DeepSeek-V4 shapes, T 1..4096 x H 8..128, verify (no store) and
@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from cases.qk_norm_rope.bench_shape import D, EPS, R, ROPE_STYLE, reference_chain
 from harness.bench import perf
 from reports.rows import PerfRow
 
@@ -53,7 +54,6 @@ GRAPH_REP_MS = 20  # do_bench_cudagraph's rep per graph timing
 PEERS = ("sglang-qk-norm-rope",)
 EXTRA_TIMINGS = 0
 L = 4  # tokens per request in a verify batch: 3 drafts + 1 bonus (cases.qk_norm_rope.catalog's verify entries)
-D, R, ROPE_STYLE, EPS = 512, 64, "interleaved", 1e-6  # DeepSeek-V4
 B_FULL, H_FULL = (1, 8, 64), (8, 16, 32, 64)
 B_QUICK, H_QUICK = (1, 64), (16, 64)
 
@@ -79,14 +79,6 @@ BenchRow = perf.wide_row_type(__name__, (("B", int), ("L", int), ("T", int), ("H
                                ("sglang_graph_us", float), ("sglang_over_fused_graph", float)))
 
 
-def _chain(q, kv, kv_norm_weight, cos, sin, positions):
-    """The reference chain's two launches (what torch.compile gets); no validation."""
-    from reference.qk_norm_rope import chain as r
-
-    q_out = r.q_norm_rope(q, None, EPS, cos, sin, positions, R, ROPE_STYLE)
-    return q_out, r.kv_norm_rope(kv, kv_norm_weight, EPS, cos, sin, positions, R, ROPE_STYLE)
-
-
 def _implementations(kw: dict, compiled_chain) -> dict:
     """Zero-argument callables, each doing the whole op once on the same inputs."""
     from fused.qk_norm_rope import wrapper as f
@@ -96,12 +88,12 @@ def _implementations(kw: dict, compiled_chain) -> dict:
     def fused():
         q_out = torch.empty_like(kw["q"])
         kv_out = torch.empty(kw["kv"].shape, dtype=kw["kv"].dtype, device=kw["kv"].device)
-        f._launch(q_out=q_out, kv_out=kv_out, q=kw["q"], kv=kw["kv"], kv_norm_weight=kw["kv_norm_weight"],
-                  q_norm_weight=None, eps=EPS, rope_dim=R, cos=kw["cos"], sin=kw["sin"], positions=kw["positions"],
-                  rope_style=ROPE_STYLE)
+        f.launch(q_out=q_out, kv_out=kv_out, q=kw["q"], kv=kw["kv"], kv_norm_weight=kw["kv_norm_weight"],
+                 q_norm_weight=None, eps=EPS, rope_dim=R, cos=kw["cos"], sin=kw["sin"], positions=kw["positions"],
+                 rope_style=ROPE_STYLE)
         return q_out, kv_out
 
-    return {"fused": fused, "reference": lambda: _chain(*args), "compiled": lambda: compiled_chain(*args)}
+    return {"fused": fused, "reference": lambda: reference_chain(*args), "compiled": lambda: compiled_chain(*args)}
 
 
 def _peers(kw: dict, dev) -> dict:
@@ -125,7 +117,7 @@ WIDE_CSV = "qk_norm_rope_bench.csv"
 
 
 def measurements(shape_list: list[perf.VerifyShape], ctx: perf.Context):
-    compiled_chain = perf.compile_static(_chain)
+    compiled_chain = perf.compile_static(reference_chain)
     for s in shape_list:
         kw = _inputs(s, ctx.dev)
         impls = _implementations(kw, compiled_chain)

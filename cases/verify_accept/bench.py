@@ -110,7 +110,7 @@ def _implementations(kw: dict, compiled_chain) -> dict:
     def fused():
         out = torch.empty((B, drafts.shape[1] + 1), dtype=r.OUT_DTYPE, device=dev)
         n = torch.empty((B,), dtype=r.OUT_DTYPE, device=dev)
-        f._launch(output_ids=out, accept_length=n, **kw)
+        f.launch(output_ids=out, accept_length=n, **kw)
         return out, n
 
     args = (kw["target_logits"], drafts, kw["qo_indptr"])

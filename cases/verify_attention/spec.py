@@ -43,12 +43,12 @@ def _capture_patches(inputs):
     from fused.verify_attention import wrapper as f
     from reference.verify_attention import chain as ref
 
-    meta = f._shape_of(**inputs)  # host metadata of this batch (reads indptrs: outside capture)
+    meta = f.shape_of(**inputs)  # host metadata of this batch (reads indptrs: outside capture)
 
     def shapes_only(*, q, k, v, qo_indptr, **_):
         return qo_indptr.shape[0] - 1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2]
 
-    return [(ref, "validate", shapes_only), (f, "_shape_of", lambda **_: meta)]
+    return [(ref, "validate", shapes_only), (f, "shape_of", lambda **_: meta)]
 
 
 # GPU-only checks (harness.gpu.runners): 2 launches on every path (a prefix kernel plus one combine;
@@ -62,7 +62,7 @@ GPU = GpuPlan(("gpu-qwen35-b64-h16-p1024", "k3-mla-h64-l3-e4m3fn"), "gpu-k3-b16-
               capture_patches=_capture_patches)
 
 
-def _kernel_can_handle(kind):
+def kernel_can_handle(kind):
     """Impl-level can_handle: the kernel's own shape rule on the case's shape, plus topk == 1
     (neither kernel reads a tree mask; in the backend the gate keeps them away from trees)."""
     def can_handle(case, device):
@@ -199,13 +199,13 @@ def register(reg: Registry) -> None:
     reg.add(Impl("verify_attention", "reference-batched", "reference", rb.verify_attention_batched,
                  can_handle=_batched_can_handle,
                  doc="the same chain's three launches over the whole batch at once (one verify width, no tree)"))
-    reg.add(Impl("verify_attention", "fused-split-kv", "fused", _split_kv, can_handle=_kernel_can_handle("split_kv"),
+    reg.add(Impl("verify_attention", "fused-split-kv", "fused", _split_kv, can_handle=kernel_can_handle("split_kv"),
                  doc="per-head split-KV Triton kernel, grid (B, H, S) + combine"))
     reg.add(Impl("verify_attention", "fused-shared-kv", "fused", _shared_kv,
-                 can_handle=_kernel_can_handle("shared_kv"),
+                 can_handle=kernel_can_handle("shared_kv"),
                  doc="grouped shared-KV Triton kernel, grid (B, H/BLOCK_H, S) + combine"))
     reg.add(Impl("verify_attention", "fused-shared-kv-bf16p", "fused", _shared_kv_bf16p,
-                 can_handle=_kernel_can_handle("shared_kv"), precision="bf16-p",
+                 can_handle=kernel_can_handle("shared_kv"), precision="bf16-p",
                  doc="the shared-KV kernel with P·V as one bf16(P) dot per tile (FlashAttention's rounding)"))
     reg.add(Impl("verify_attention", "fused", "fused", _dispatch,
                  doc="backend: gate, then shared-KV -> split-KV -> reference by can_handle"))

@@ -68,9 +68,9 @@ def vec_width(D: int, *strides: int) -> int:
     return 8 if all(v % 8 == 0 for v in (D, *strides)) else 1
 
 
-def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
-            rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None, config=None,
-            head_launches=None, flags=None) -> list:
+def launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
+           rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None, config=None,
+           head_launches=None, flags=None) -> list:
     """The one launch. Arguments already validated, outputs allocated (the benchmark calls this
     directly). ``config``: (BLOCK_T, num_warps) instead of ``block_config``'s (the benchmark's
     candidates). ``head_launches``: ((programs along the head axis, the kernel's H), ...) instead of
@@ -111,7 +111,7 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
             VEC=vec_width(D, rope_dim, *strides), **extra,
         )
         if interpreted:
-            kern._qk_norm_rope_kernel[(n_t, programs)](**args, num_warps=num_warps)
+            kern.qk_norm_rope_kernel[(n_t, programs)](**args, num_warps=num_warps)
         else:
             grid = (n_t, programs, 1)
             launches.append((dispatch.compiled_launch(grid, args, num_warps), grid, args))
@@ -162,10 +162,10 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     if q_out is None:
         q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
-    launches = _launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight,
-                       q_norm_weight=q_norm_weight, eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions,
-                       rope_style=rope_style, ring=ring, loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size,
-                       flags=device_checks.record(q.device) if mode == "device" else None)
+    launches = launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight,
+                      q_norm_weight=q_norm_weight, eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions,
+                      rope_style=rope_style, ring=ring, loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size,
+                      flags=device_checks.record(q.device) if mode == "device" else None)
     if key is not None and len(launches) == 1 and launches[0][0] is not None:
         dispatch.remember(key, dispatch.Plan(*launches[0], device_checked=mode == "device",
                                              q_meta=((T, H, D), q.dtype, q.device),
@@ -265,7 +265,7 @@ def compile_specs():
                  "HAS_STORE": store == "ring", "IS_NEOX": neox, "BLOCK_R": 64, "PARTNER_IN_REGS": True, "VEC": 8,
                  "PAGED_FP8_STORE": store == "paged",
                  "FP8_MAX": swa.SWA_FP8_MAX, "AMAX_FLOOR": swa.SWA_AMAX_FLOOR, "CHECK_VALUES": check, "BLOCK_S": 256}
-        specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)},block_t={block_t},"
+        specs.append((f"qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)},block_t={block_t},"
                       f"warps={warps}{',device-checked' if check else ''}]",
-                      kern._qk_norm_rope_kernel, sig, const, warps))
+                      kern.qk_norm_rope_kernel, sig, const, warps))
     return specs

@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import pandas as pd
 
+    from fused.verify_attention import config as vc
     from fused.verify_attention import wrapper as f
     from harness import devices
     from harness.gpu import profiling
@@ -58,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     from cases.verify_attention import bench as vb
 
     devices.select("auto")
-    arch = f.arch()
+    arch = vc.arch()
     H, L = 16, 4
     shape = vb.Shape(args.layout, B=args.b, prefix=args.prefix, H=H)
-    kw, D, Dv = vb._inputs(args.layout, args.b, args.prefix, H, L)
-    table = f.BLOCK_CONFIG.setdefault(arch, dict(f.BLOCK_CONFIG[f._DEFAULT_ARCH]))
+    kw, D, Dv = vb.bench_inputs(args.layout, args.b, args.prefix, H, L)
+    table = vc.BLOCK_CONFIG.setdefault(arch, dict(vc.BLOCK_CONFIG[vc.DEFAULT_ARCH]))
     key = min((d for d in table if d >= D), default=max(table))
     baseline_cfg = table[key]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -71,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def launch(cfg, splits=None, cbh=None):
         table[key] = cfg
-        block_h = f.block_h_for(H, D)
-        splits = splits or vb._splits(args.b, args.prefix, H // block_h if args.kind == "shared_kv" else H, sms)
-        fn = lambda: f._launch(args.kind, **kw, num_kv_splits=splits, combine_block_h=cbh, check=False,  # noqa: E731
-                               validate=False)
+        block_h = vc.block_h_for(H, D)
+        splits = splits or vb.splits_for(args.b, args.prefix, H // block_h if args.kind == "shared_kv" else H, sms)
+        fn = lambda: f.launch(args.kind, **kw, num_kv_splits=splits, combine_block_h=cbh, check=False,  # noqa: E731
+                              validate=False)
         return fn, splits
 
     want = launch(baseline_cfg)[0]()["o"].float()
