@@ -15,6 +15,7 @@ import torch
 
 from fused.qk_norm_rope import wrapper as f
 from fused.qk_norm_rope import dispatch as d
+from reference.qk_norm_rope import chain as qk_chain
 
 
 def test_specialised_ints_are_the_kernels():
@@ -70,8 +71,8 @@ def test_fast_launch_writes_the_jits_bytes(device, monkeypatch):
     from fused import device_checks as dc
 
     checks = []
-    validate = f.ref.validate
-    monkeypatch.setattr(f.ref, "validate", lambda **a: checks.append(1) or validate(**a))
+    validate = qk_chain.validate
+    monkeypatch.setattr(qk_chain, "validate", lambda **a: checks.append(1) or validate(**a))
     for name, kw in _variants(device):
         for layout, args in (("aligned", kw), ("unaligned-q", _unaligned(kw))):
             for checked in (True, "device"):
@@ -279,8 +280,8 @@ def test_a_plan_serves_only_the_metadata_it_checked(device, monkeypatch, variant
     monkeypatch.setattr(k, "qk_norm_rope_kernel", jit)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     checks = []
-    validate = f.ref.validate
-    monkeypatch.setattr(f.ref, "validate", lambda **a: checks.append(1) or validate(**a))
+    validate = qk_chain.validate
+    monkeypatch.setattr(qk_chain, "validate", lambda **a: checks.append(1) or validate(**a))
     base = {**kw, "checked": "device"}
     served = []
     for mname, change in _mutations(kw).items():

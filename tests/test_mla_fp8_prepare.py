@@ -65,7 +65,7 @@ def test_kernel_alone_matches_chain_on_edge_values(device):
         args = dict(q_nope=kw["q_nope"], q_rope=kw["q_rope"], k_nope=kw["k_nope"], k_rope=kw["k_rope"],
                     loc=kw["decode_kernel_loc"], kv_descale=kw["kv_descale"])
         buf_f, buf_r = kw["kv_buffer"].clone(), kw["kv_buffer"].clone()
-        q8_f = fused.mla_fp8_prepare.wrapper(kv_buffer=buf_f, **args)
+        q8_f = fused.mla_fp8_prepare(kv_buffer=buf_f, **args)
         q8_r = ref.mla_fp8_prepare(kv_buffer=buf_r, **args)
         assert torch.equal(q8_f.view(torch.uint8), q8_r.view(torch.uint8)), (fmt, descale)
         assert torch.equal(buf_f.view(torch.uint8), buf_r.view(torch.uint8)), (fmt, descale)
@@ -188,7 +188,7 @@ def test_every_path_writes_each_row_once_at_the_physical_slot(device, branch, po
 
     def spy(**a):
         calls.append(a["loc"])
-        return fused.mla_fp8_prepare.wrapper(**a)
+        return fused.mla_fp8_prepare(**a)
 
     before = kw["kv_buffer"].cpu().clone()
     out = fused.mla_fp8_prepare_step(**kw, kernel_fn=spy)
@@ -246,7 +246,7 @@ BAD = [
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 @bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
-    fn = ref.mla_fp8_prepare if impl == "reference" else fused.mla_fp8_prepare.wrapper
+    fn = ref.mla_fp8_prepare if impl == "reference" else fused.mla_fp8_prepare
     assert_bad_input_named(fn, _kw(device), arg, make, err, kept="kv_buffer")
 
 
@@ -257,14 +257,14 @@ def test_kernel_refuses_inner_strides_and_the_chain_takes_them(device):
     wide[..., ::2] = kw["q_nope"]
     kw["q_nope"] = wide[..., ::2]
     with pytest.raises(checks.LayoutError) as info:
-        fused.mla_fp8_prepare.wrapper(**kw)
+        fused.mla_fp8_prepare(**kw)
     assert info.value.arg == "q_nope"
     ref.mla_fp8_prepare(**kw)  # the contract takes any strides
 
 
 def test_kernel_refuses_the_nan_policy(device):
     with pytest.raises(checks.VerifyParityInputError) as info:
-        fused.mla_fp8_prepare.wrapper(**_kw(device, fp8_policy="nan"))
+        fused.mla_fp8_prepare(**_kw(device, fp8_policy="nan"))
     assert info.value.arg == "fp8_policy"
 
 

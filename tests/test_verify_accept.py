@@ -242,6 +242,7 @@ def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
 
     from harness.gpu import profiling
     from harness.bench import perf
+    from harness.bench import perf_rows as pr
     from cases.verify_accept import bench as vb
     from harness.parity.suite import provenance
 
@@ -256,7 +257,7 @@ def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
                if r.case == s.case)
     wide = pd.read_csv(tmp_path / "verify_accept_bench.csv")
     assert wide["mismatches"].tolist() == [0, 0] and wide["V"].tolist() == [300, 4097]
-    assert not perf.launch_failures(rows, {OP: vb.EXPECTED_LAUNCHES})
+    assert not pr.launch_failures(rows, {OP: vb.EXPECTED_LAUNCHES})
 
 
 def test_bench_shapes_and_no_gpu(monkeypatch, tmp_path, capsys):

@@ -365,7 +365,7 @@ def test_fallback_gives_the_same_answer(device, name):
     """Where a kernel refuses, the dispatcher falls back (split-KV or reference) — same bytes as the
     path it fell back to, and within tolerance of the oracle."""
     kw = cases.build_inputs(CATALOG[name], device)
-    got = fused.verify_attention.wrapper(**kw)["o"]
+    got = fused.verify_attention(**kw)["o"]
     if fused.can_handle("split_kv", **kw) is True and kw["topk"] == 1:
         want = fused.verify_split_kv(**kw)["o"]
     else:
@@ -381,7 +381,7 @@ def test_dispatch_routes_like_the_gate(device, monkeypatch):
     for name, want in (("qwen35-tp-h4-l1", ["shared_kv"]), ("gqa-hkv2-h4-d128", ["split_kv"]),
                        ("group-6-odd", ["split_kv"]), ("tree-topk2-qwen35", [])):
         seen.clear()
-        fused.verify_attention.wrapper(**cases.build_inputs(CATALOG[name], device))
+        fused.verify_attention(**cases.build_inputs(CATALOG[name], device))
         assert seen == want, name
 
 
@@ -434,7 +434,7 @@ BAD = [
 @bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
     fn = {"reference": ref.verify_attention, "split_kv": fused.verify_split_kv, "shared_kv": fused.verify_shared_kv,
-          "dispatch": fused.verify_attention.wrapper, "sdpa": ref_sdpa.verify_attention_sdpa}[impl]
+          "dispatch": fused.verify_attention, "sdpa": ref_sdpa.verify_attention_sdpa}[impl]
     assert_bad_input_named(fn, _kw(device), arg, make, err)
 
 

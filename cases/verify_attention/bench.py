@@ -32,6 +32,8 @@ import torch
 
 from harness.gpu import profiling
 from harness.bench import perf
+from harness.bench import perf_rows as pr
+from harness.bench import wide_rows as wr
 from reports.rows import PerfRow
 
 OP = "verify_attention"
@@ -220,12 +222,12 @@ def measurements(shape_list: list[Shape], ctx: perf.Context):
         del kw
         if not ctx.dev.interpreted:
             torch.cuda.empty_cache()
-        yield perf.Measured(s, t, kv_bytes_read(s.layout, B, n, D, Dv),
-                            dict(D=D, Dv=Dv, s_shared=s_shared, diff=diff, t_prefix=t_prefix, t_combine=t_combine,
-                                 t_graph=t_graph, copy_gbps=ctx.copy_gbps))
+        yield wr.Measured(s, t, kv_bytes_read(s.layout, B, n, D, Dv),
+                          dict(D=D, Dv=Dv, s_shared=s_shared, diff=diff, t_prefix=t_prefix, t_combine=t_combine,
+                               t_graph=t_graph, copy_gbps=ctx.copy_gbps))
 
 
-def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
+def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     s, x = m.shape, m.extra
     sh, sp = rows["fused-shared-kv"], rows["fused-split-kv"]
     ms = {k: v.p50_us / 1e3 for k, v in m.timings.items()}
@@ -233,13 +235,13 @@ def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]
     row = BenchRow(s.layout, s.B, s.prefix, s.H, x["D"], x["Dv"], L, x["s_shared"], m.bytes_moved / 1e9,
                    ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"], ms["fused-split-kv"], ms["reference"],
                    ms["compiled"], ms["sdpa"],
-                   *(perf.ratio(ms[k], ms["fused-shared-kv"]) for k in ("fused-split-kv", "reference", "compiled",
-                                                                         "sdpa")),
-                   perf.ratio(ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"]), peer["sglang-shared-kv"],
-                   peer["sglang-split-kv"], perf.ratio(peer["sglang-shared-kv"], ms["fused-shared-kv-bf16p"]),
+                   *(pr.ratio(ms[k], ms["fused-shared-kv"]) for k in ("fused-split-kv", "reference", "compiled",
+                                                                       "sdpa")),
+                   pr.ratio(ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"]), peer["sglang-shared-kv"],
+                   peer["sglang-split-kv"], pr.ratio(peer["sglang-shared-kv"], ms["fused-shared-kv-bf16p"]),
                    sh.gbps / 1e3, 100 * sh.frac_of_copy, 100 * sp.frac_of_copy, x["diff"], x["t_prefix"] / 1e3,
                    x["t_combine"] / 1e3, x["t_graph"] / 1e3,
-                   100 * perf.bandwidth(m.bytes_moved, x["t_graph"], x["copy_gbps"])[1])
+                   100 * pr.bandwidth(m.bytes_moved, x["t_graph"], x["copy_gbps"])[1])
     line = (f"shared {row.shared_ms:8.3f} ms ({row.shared_pct_copy:5.1f}% copy) | "
             f"bf16p {row.shared_bf16p_ms:8.3f} ms ({row.shared_over_bf16p:5.2f}x) | "
             f"sglang shared {row.sglang_shared_ms:8.3f} ms ({row.sglang_shared_over_bf16p:5.2f}x bf16p) "

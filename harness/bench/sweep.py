@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from fused.verify_attention import wrapper as f
     from harness import devices
     from harness.gpu import profiling
-    from harness.bench import perf
+    from harness.bench import perf_rows as pr
     from cases.verify_attention import bench as vb
 
     devices.select("auto")
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             p20, p50, p80 = profiling.time_quantiles_us(fn, warmup=5, rep=40)
             diff = float((got - want).abs().max())
-            gbps, frac = perf.bandwidth(kv_bytes, p50, copy_gbps)
+            gbps, frac = pr.bandwidth(kv_bytes, p50, copy_gbps)
             rows.append(dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3], splits=splits,
                              combine_block_h=cbh or "", p20_us=p20, p50_us=p50, p80_us=p80, gbps=gbps,
                              frac_of_copy=frac, max_abs_diff=diff, error=""))
