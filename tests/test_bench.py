@@ -13,6 +13,7 @@ import pytest
 from harness import devices
 from harness.gpu import profiling
 from harness.bench import perf
+from harness.bench import perf_rows as pr
 from cases.mla_fp8_prepare import bench as mla_fp8_prepare
 from cases.qk_norm_rope import bench as qk_norm_rope
 from cases.verify_attention import bench as verify_attention
@@ -25,16 +26,16 @@ PROV = Provenance(git_sha="abc123", device="cuda:NVIDIA H200", arch="sm90", fp8_
                   triton="3.6", shim="", profile="bench-quick", seed=0)
 
 
-def _t(p50: float, launches: int = 1) -> perf.Timing:
-    return perf.Timing(0.9 * p50, p50, 1.2 * p50, launches)
+def _t(p50: float, launches: int = 1) -> pr.Timing:
+    return pr.Timing(0.9 * p50, p50, 1.2 * p50, launches)
 
 
 # ----------------------------------------------------------------------------- PerfRow assembly
 
 def test_perf_rows_ratios_bandwidth_and_provenance():
     timings = {"fused": _t(10.0), "reference": _t(40.0, 5), "compiled": _t(20.0, 2), "aten5": _t(50.0, 5)}
-    rows = perf.perf_rows("mla_fp8_prepare", "B=8,L=4,H=16", timings, bytes_moved=4_800_000, copy_gbps=4000.0,
-                          prov=PROV)
+    rows = pr.perf_rows("mla_fp8_prepare", "B=8,L=4,H=16", timings, bytes_moved=4_800_000, copy_gbps=4000.0,
+                        prov=PROV)
     by = {r.impl: r for r in rows}
     assert list(by) == ["fused", "reference", "compiled", "aten5"]
     f = by["fused"]
@@ -54,8 +55,8 @@ def test_perf_rows_ratios_bandwidth_and_provenance():
 
 
 def test_perf_rows_missing_timings_are_nan_not_zero():
-    rows = perf.perf_rows("op", "c", {"fused": _t(10.0), "reference": perf.NOT_MEASURED}, bytes_moved=1000,
-                          copy_gbps=100.0, prov=PROV)
+    rows = pr.perf_rows("op", "c", {"fused": _t(10.0), "reference": pr.NOT_MEASURED}, bytes_moved=1000,
+                        copy_gbps=100.0, prov=PROV)
     by = {r.impl: r for r in rows}
     assert math.isnan(by["fused"].speedup_vs_reference)  # reference out of memory
     assert math.isnan(by["fused"].speedup_vs_compiled)  # no compiled impl at all
@@ -66,33 +67,33 @@ def test_perf_rows_missing_timings_are_nan_not_zero():
 
 
 def test_ratio_edges():
-    assert perf.ratio(6.0, 3.0) == 2.0
-    assert math.isnan(perf.ratio(1.0, 0.0))
-    assert math.isnan(perf.ratio(math.nan, 1.0))
-    assert math.isnan(perf.ratio(1.0, math.nan))
+    assert pr.ratio(6.0, 3.0) == 2.0
+    assert math.isnan(pr.ratio(1.0, 0.0))
+    assert math.isnan(pr.ratio(math.nan, 1.0))
+    assert math.isnan(pr.ratio(1.0, math.nan))
 
 
 def test_launch_failures_flag_only_expected_impls():
     timings = {"fused": _t(1.0, 2), "reference": _t(2.0, 7)}
-    rows = perf.perf_rows("qk_norm_rope", "B=1", timings, bytes_moved=1, copy_gbps=1.0, prov=PROV)
-    verify = {"fused-shared-kv": _t(1.0, 2), "fused-split-kv": perf.NOT_MEASURED}
-    rows += perf.perf_rows("verify_attention", "gqa", verify, bytes_moved=1, copy_gbps=1.0, prov=PROV)
-    bad = perf.launch_failures(rows, {m.OP: m.EXPECTED_LAUNCHES for m in MODULES})
+    rows = pr.perf_rows("qk_norm_rope", "B=1", timings, bytes_moved=1, copy_gbps=1.0, prov=PROV)
+    verify = {"fused-shared-kv": _t(1.0, 2), "fused-split-kv": pr.NOT_MEASURED}
+    rows += pr.perf_rows("verify_attention", "gqa", verify, bytes_moved=1, copy_gbps=1.0, prov=PROV)
+    bad = pr.launch_failures(rows, {m.OP: m.EXPECTED_LAUNCHES for m in MODULES})
     assert bad == ["qk_norm_rope fused B=1: 2 kernel launches, expected 1",
                    "verify_attention fused-split-kv gqa: -1 kernel launches, expected 2 (not measured)"]
     # timed both ways: still one line per (op, impl, shape); planted: graph rows counted too doubles it
-    both = perf.perf_rows("qk_norm_rope", "B=1", timings, bytes_moved=1, copy_gbps=1.0, prov=PROV, graph=True)
-    assert len(both) == 4 and perf.launch_failures(both, {"qk_norm_rope": {"fused": 1}}) == bad[:1]
-    ok = perf.perf_rows("qk_norm_rope", "B=1", {"fused": _t(1.0, 1)}, bytes_moved=1, copy_gbps=1.0, prov=PROV)
-    assert perf.launch_failures(ok, {"qk_norm_rope": {"fused": 1}}) == []
+    both = pr.perf_rows("qk_norm_rope", "B=1", timings, bytes_moved=1, copy_gbps=1.0, prov=PROV, graph=True)
+    assert len(both) == 4 and pr.launch_failures(both, {"qk_norm_rope": {"fused": 1}}) == bad[:1]
+    ok = pr.perf_rows("qk_norm_rope", "B=1", {"fused": _t(1.0, 1)}, bytes_moved=1, copy_gbps=1.0, prov=PROV)
+    assert pr.launch_failures(ok, {"qk_norm_rope": {"fused": 1}}) == []
 
 
 def test_summary_geomean_min_and_launches():
     rows = []
     for case, ref in (("a", 20.0), ("b", 80.0)):  # fused 10 us: x2 and x8 -> geomean x4
-        rows += perf.perf_rows("qk_norm_rope", case, {"fused": _t(10.0), "reference": _t(ref, 3), "compiled": _t(5.0)},
-                               bytes_moved=1000, copy_gbps=1.0, prov=PROV)
-    s = perf.summary(pd.DataFrame([dataclasses.asdict(r) for r in rows])).set_index("impl")
+        rows += pr.perf_rows("qk_norm_rope", case, {"fused": _t(10.0), "reference": _t(ref, 3), "compiled": _t(5.0)},
+                             bytes_moved=1000, copy_gbps=1.0, prov=PROV)
+    s = pr.summary(pd.DataFrame([dataclasses.asdict(r) for r in rows])).set_index("impl")
     assert s.loc["fused", "shapes"] == 2
     assert s.loc["fused", "x_reference_geomean"] == pytest.approx(4.0)
     assert s.loc["fused", "x_reference_min"] == pytest.approx(2.0)
@@ -101,8 +102,8 @@ def test_summary_geomean_min_and_launches():
 
 
 def test_perf_csv_reads_back_as_perf_rows(tmp_path):
-    rows = perf.perf_rows("qk_norm_rope", "B=1,L=4,H=8,D=512", {"fused": _t(3.0), "reference": perf.NOT_MEASURED},
-                          bytes_moved=10_000, copy_gbps=4000.0, prov=PROV)
+    rows = pr.perf_rows("qk_norm_rope", "B=1,L=4,H=8,D=512", {"fused": _t(3.0), "reference": pr.NOT_MEASURED},
+                        bytes_moved=10_000, copy_gbps=4000.0, prov=PROV)
     frame = frames.read([write_csv(rows, tmp_path / "perf.csv")], PerfRow)
     assert list(frame.columns) == columns(PerfRow)
     assert frame["impl"].tolist() == ["fused", "reference"]
@@ -203,7 +204,7 @@ def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path, monk
         monkeypatch.setattr(mod, "_peers", lambda kw, dev: {})
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
     rows = perf.run_shapes(mod, [shape], ctx, tmp_path)
-    eager, graph = ([r for r in rows if r.mode == mode] for mode in perf.MODES)
+    eager, graph = ([r for r in rows if r.mode == mode] for mode in pr.MODES)
     assert [r.impl for r in eager] == list(mod.IMPLS)
     assert [r.impl for r in graph] == (list(mod.IMPLS) if hasattr(mod, "GRAPH_REP_MS") else [])
     assert len(eager) + len(graph) == len(rows)
@@ -224,7 +225,7 @@ def test_run_loop_rows(mod, shape, csv, device, fake_measurement, tmp_path, monk
         assert wide["shared_graph_pct_copy"][0] == pytest.approx(100 * kv / 4e-6 / 1e9 / 100.0)
         assert wide["shared_bf16p_ms"][0] == 0.002 and wide["shared_over_bf16p"][0] == 1.0  # its own column
     # the faked single launch is right for the one-launch kernels and wrong for verify's two
-    bad = perf.launch_failures(rows, {mod.OP: mod.EXPECTED_LAUNCHES})
+    bad = pr.launch_failures(rows, {mod.OP: mod.EXPECTED_LAUNCHES})
     assert len(bad) == (len(verify_attention.EXPECTED_LAUNCHES) if mod is verify_attention else 0)
 
 
@@ -242,13 +243,13 @@ def test_bench_splits_keep_two_programs_per_sm_at_most():
     """Planted: the old rounding up (5 splits, 320 programs at B 64 prefix 16K) fails."""
     from cases.verify_attention import bench as vb
 
-    assert vb._splits(64, 16384, 1, 132) == 4  # 256 programs, not 320 (5 splits: a partial third wave)
-    assert vb._splits(64, 4096, 2, 132) == 2
-    assert vb._splits(8, 16384, 1, 132) == 33
-    assert vb._splits(1, 1024, 1, 132) == 4  # each split >= 256 tokens
-    assert vb._splits(600, 300, 1, 132) == 1
+    assert vb.splits_for(64, 16384, 1, 132) == 4  # 256 programs, not 320 (5 splits: a partial third wave)
+    assert vb.splits_for(64, 4096, 2, 132) == 2
+    assert vb.splits_for(8, 16384, 1, 132) == 33
+    assert vb.splits_for(1, 1024, 1, 132) == 4  # each split >= 256 tokens
+    assert vb.splits_for(600, 300, 1, 132) == 1
     for B, n, blocks in ((1, 65536, 1), (8, 4096, 2), (64, 1024, 1), (24, 70000, 4)):
-        assert vb._splits(B, n, blocks, 132) * B * blocks <= 2 * 132 or vb._splits(B, n, blocks, 132) == 1
+        assert vb.splits_for(B, n, blocks, 132) * B * blocks <= 2 * 132 or vb.splits_for(B, n, blocks, 132) == 1
 
 
 def test_device_timers_refuse_a_machine_without_a_gpu(monkeypatch):
@@ -337,12 +338,12 @@ def test_qk_norm_rope_peer_is_measured_beside_ours(device, fake_measurement, tmp
     monkeypatch.setattr(qk_norm_rope, "_peers", lambda kw, dev: {"sglang-qk-norm-rope": lambda: None})
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
     rows = perf.run_shapes(qk_norm_rope, [qk_norm_rope.Shape(B=1, H=8)], ctx, tmp_path)
-    for mode in perf.MODES:
+    for mode in pr.MODES:
         assert [r.impl for r in rows if r.mode == mode] == list(qk_norm_rope.IMPLS) + ["sglang-qk-norm-rope"]
     wide = pd.read_csv(tmp_path / "qk_norm_rope_bench.csv")
     assert wide["sglang_us"][0] == 2.0 and wide["sglang_graph_us"][0] == 4.0 and wide["fused_graph_us"][0] == 4.0
     assert wide["sglang_over_fused_graph"][0] == 1.0
-    t = perf.table(pd.DataFrame([dataclasses.asdict(r) for r in rows]), {"qk_norm_rope": perf.ours(qk_norm_rope)})
+    t = pr.table(pd.DataFrame([dataclasses.asdict(r) for r in rows]), {"qk_norm_rope": perf.ours(qk_norm_rope)})
     assert t["x_sglang-qk-norm-rope"].tolist() == [1.0] and t["x_sglang-qk-norm-rope_eager"].tolist() == [1.0]
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from harness.bench import before as before_module
 from cases.qk_norm_rope import bench as b
+from cases.qk_norm_rope import bench_shape
 from cases.qk_norm_rope import bench_vs_sglang as vs
 
 
@@ -55,7 +59,7 @@ def test_eager_loops_are_interleaved():
 
 
 def test_decode_moves_the_ring_rows_too():
-    assert vs.vs_bytes("decode", 4, 8) - vs.vs_bytes("verify", 4, 8) == 4 * b.D * 2 + 4 * 8
+    assert vs.vs_bytes("decode", 4, 8) - vs.vs_bytes("verify", 4, 8) == 4 * bench_shape.D * 2 + 4 * 8
 
 
 def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):
@@ -73,23 +77,65 @@ def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):
     assert (frame["bytes_differing_sglang"] == 0).all()  # the same fp32 math, one bf16 rounding
 
 
-def test_before_brings_its_own_kernels():
+QK_WRAPPER = Path(b.__file__).parents[2] / "fused" / "qk_norm_rope" / "wrapper.py"
+# this tree's imports -> those of the layout before the house (issue 34): fused/qk_norm_rope.py beside
+# fused/kernels/qk_norm_rope.py and fused/qk_norm_rope_dispatch.py, the reference one module
+OLDER_IMPORTS = {"from fused.qk_norm_rope import dispatch\n": "from fused import qk_norm_rope_dispatch as dispatch\n",
+                 "from fused.qk_norm_rope import kernels as kern\n": "from fused.kernels import qk_norm_rope as kern\n",
+                 "from reference.qk_norm_rope import chain as ref\n": "from reference import qk_norm_rope as ref\n",
+                 "from reference.qk_norm_rope import swa\n": "from reference import qk_norm_rope as swa\n"}
+
+
+def _older_tree(tmp_path) -> Path:
+    """Our qk_norm_rope files laid out as a tree from before the house was: the op module
+    fused/qk_norm_rope.py (its one launch still ``_launch``), its kernels and dispatch under the
+    older names, every import of theirs naming the older modules."""
+    (tmp_path / "fused" / "kernels").mkdir(parents=True)
+    for ours, older in (("wrapper.py", "qk_norm_rope.py"), ("dispatch.py", "qk_norm_rope_dispatch.py"),
+                        ("kernels.py", "kernels/qk_norm_rope.py")):
+        text = (QK_WRAPPER.parent / ours).read_text()
+        for new, old in OLDER_IMPORTS.items():
+            text = text.replace(new, old)
+        if ours == "wrapper.py":
+            text = re.sub(r"\blaunch\b", "_launch", text)
+        imports = [line for line in text.splitlines() if line.startswith(("from ", "import "))]
+        assert not [line for line in imports if ".qk_norm_rope" in line], imports  # nothing of ours left
+        (tmp_path / "fused" / older).write_text(text)
+    return tmp_path / "fused" / "qk_norm_rope.py"
+
+
+@pytest.mark.parametrize("layout", ["house", "older"])
+def test_before_brings_its_own_kernels(tmp_path, layout):
     """``--before`` times the other file with the kernels and the dispatch beside it (``fused/`` of
     that tree), never ours: on a GPU its launches go through its dispatch, which launches the kernel
-    that dispatch imported. Ours are back in place afterwards. Planted: loading the file alone (our
-    kernels under its wrapper) fails; swapping the kernels but not the dispatch (ours launched under
-    its name on a GPU) fails."""
+    that dispatch imported. Both layouts: this tree's (fused/qk_norm_rope/wrapper.py) and the one
+    before the house (fused/qk_norm_rope.py, whose imports name modules our tree no longer has).
+    Ours are back in place afterwards, the older names gone again, and the module's launch writes
+    our bytes. Planted: loading the file alone (our kernels under its wrapper; the older layout's
+    imports unresolved) fails; swapping the kernels but not the dispatch (ours launched under its
+    name on a GPU) fails; the older names left behind fail."""
     import sys
 
     import fused
-    import fused.kernels
+    import reference
     from fused.qk_norm_rope import dispatch as our_dispatch
     from fused.qk_norm_rope import kernels as ours
+    from reference.qk_norm_rope import chain
 
-    before = before_module.load_module(b.__file__.replace("cases/qk_norm_rope/bench.py", "fused/qk_norm_rope/wrapper.py"))
+    path = QK_WRAPPER if layout == "house" else _older_tree(tmp_path)
+    before = before_module.load_module(path)
     assert before.kern is not ours and before.kern.__name__ == "qk_norm_rope_before_kernels"
     assert before.dispatch is not our_dispatch and before.dispatch.__name__ == "qk_norm_rope_before_dispatch"
     assert before.dispatch.kern is before.kern  # the kernel its compiled launches run
     assert before.dispatch._compiled is not our_dispatch._compiled  # no CompiledKernel of ours under its key
+    assert Path(before.kern.__file__).parent == path.parent / ("kernels" if layout == "older" else "")
     assert fused.qk_norm_rope.kernels is ours and sys.modules["fused.qk_norm_rope.kernels"] is ours
     assert fused.qk_norm_rope.dispatch is our_dispatch and sys.modules["fused.qk_norm_rope.dispatch"] is our_dispatch
+    assert "fused.kernels" not in sys.modules and not hasattr(fused, "kernels")
+    assert "fused.qk_norm_rope_dispatch" not in sys.modules and not hasattr(fused, "qk_norm_rope_dispatch")
+    assert reference.qk_norm_rope is sys.modules["reference.qk_norm_rope"] and reference.qk_norm_rope.chain is chain
+    if layout == "older":
+        assert before.ref.validate is chain.validate and before.ref.SwaLayout is before.swa.SwaLayout
+        assert before.launch is before._launch
+    kw = vs.vs_inputs("decode", 2, 2, torch.device("cpu"))
+    assert vs.byte_differences(kw, [None], before) == {"before": 0}

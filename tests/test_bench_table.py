@@ -1,5 +1,5 @@
 """The benchmarks' graph/eager modes and the summary table of ``python -m harness bench``
-(``harness.bench.perf.table``), from given timings and from a whole run with the measurement
+(``harness.bench.perf_rows.table``), from given timings and from a whole run with the measurement
 faked (no timing is asserted anywhere)."""
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from harness import devices
 from harness.gpu import profiling
 from harness.bench import perf
+from harness.bench import perf_rows as pr
 from cases.mla_fp8_prepare import bench as mla_fp8_prepare
 from cases.qk_norm_rope import bench as qk_norm_rope
 from cases.verify_accept import bench as verify_accept
@@ -22,8 +23,8 @@ PROV = Provenance(git_sha="abc123", device="cuda:NVIDIA H200", arch="sm90", fp8_
                   triton="3.6", shim="", profile="bench-quick", seed=0)
 
 
-def _t(eager: float, graph: float = math.nan, launches: int = 1) -> perf.Timing:
-    return perf.Timing(0.9 * eager, eager, 1.2 * eager, launches, graph)
+def _t(eager: float, graph: float = math.nan, launches: int = 1) -> pr.Timing:
+    return pr.Timing(0.9 * eager, eager, 1.2 * eager, launches, graph)
 
 
 def _frame(rows: list[PerfRow]) -> pd.DataFrame:
@@ -34,19 +35,19 @@ def _two_ops() -> pd.DataFrame:
     """mla_fp8_prepare timed both ways (its reference not captured), with an external impl; qk_norm_rope eager only."""
     mla = {"fused": _t(10.0, 4.0), "reference": _t(40.0), "compiled": _t(20.0, 8.0, 3), "aten5": _t(50.0, 20.0, 5),
            "sglang": _t(30.0, 6.0)}
-    rows = perf.perf_rows("mla_fp8_prepare", "B=64,L=4,H=64", mla, bytes_moved=4_000_000, copy_gbps=4000.0,
-                          prov=PROV, graph=True)
-    rows += perf.perf_rows("qk_norm_rope", "B=1,L=4,H=8,D=512", {"fused": _t(5.0), "reference": _t(15.0),
-                                                                "compiled": _t(10.0)},
-                           bytes_moved=1_000_000, copy_gbps=4000.0, prov=PROV)
+    rows = pr.perf_rows("mla_fp8_prepare", "B=64,L=4,H=64", mla, bytes_moved=4_000_000, copy_gbps=4000.0,
+                        prov=PROV, graph=True)
+    rows += pr.perf_rows("qk_norm_rope", "B=1,L=4,H=8,D=512", {"fused": _t(5.0), "reference": _t(15.0),
+                                                              "compiled": _t(10.0)},
+                         bytes_moved=1_000_000, copy_gbps=4000.0, prov=PROV)
     return _frame(rows)
 
 
 def test_perf_rows_pair_eager_and_graph_and_keep_a_missing_graph_nan():
-    by = {(r.impl, r.mode): r for r in perf.perf_rows("op", "c", {"fused": _t(10.0, 4.0), "reference": _t(40.0),
-                                                                  "compiled": _t(20.0, 8.0)},
-                                                      bytes_moved=4_000_000, copy_gbps=4000.0, prov=PROV, graph=True)}
-    assert sorted(by) == sorted((i, m) for i in ("fused", "reference", "compiled") for m in perf.MODES)
+    by = {(r.impl, r.mode): r for r in pr.perf_rows("op", "c", {"fused": _t(10.0, 4.0), "reference": _t(40.0),
+                                                                "compiled": _t(20.0, 8.0)},
+                                                    bytes_moved=4_000_000, copy_gbps=4000.0, prov=PROV, graph=True)}
+    assert sorted(by) == sorted((i, m) for i in ("fused", "reference", "compiled") for m in pr.MODES)
     g, e = by["fused", "graph"], by["fused", "eager"]
     assert (g.p50_us, e.p50_us) == (4.0, 10.0) and math.isnan(g.p20_us) and math.isnan(g.p80_us)
     assert g.speedup_vs_compiled == pytest.approx(2.0) and e.speedup_vs_compiled == pytest.approx(2.0)  # same mode
@@ -54,14 +55,14 @@ def test_perf_rows_pair_eager_and_graph_and_keep_a_missing_graph_nan():
     assert math.isnan(by["reference", "graph"].p50_us) and math.isnan(by["reference", "graph"].frac_of_copy)
     assert g.frac_of_copy == pytest.approx(0.25) and e.frac_of_copy == pytest.approx(0.1)  # 4 MB in 4 us / 10 us
     assert g.launches == e.launches == 1
-    eager_only = perf.perf_rows("op", "c", {"fused": _t(10.0, 4.0)}, bytes_moved=1, copy_gbps=1.0, prov=PROV)
+    eager_only = pr.perf_rows("op", "c", {"fused": _t(10.0, 4.0)}, bytes_moved=1, copy_gbps=1.0, prov=PROV)
     assert [r.mode for r in eager_only] == ["eager"]
 
 
 def test_table_has_graph_and_eager_columns_from_the_right_mode():
     """Planted: the table taking the eager p50 for its graph column (or the graph ratios from the eager
     rows) fails here: the two modes differ in every number."""
-    t = perf.table(_two_ops(), {"mla_fp8_prepare": ("fused",), "qk_norm_rope": ("fused",)})
+    t = pr.table(_two_ops(), {"mla_fp8_prepare": ("fused",), "qk_norm_rope": ("fused",)})
     assert list(t.columns[:5]) == ["op", "case", "impl", "graph_us", "eager_us"]
     assert list(t.columns[-2:]) == ["pct_copy_graph", "pct_copy_eager"]
     assert [c for c in t.columns if c.startswith("x_")] == [
@@ -79,16 +80,16 @@ def test_table_has_graph_and_eager_columns_from_the_right_mode():
     assert math.isnan(qk["graph_us"]) and math.isnan(qk["x_reference"]) and math.isnan(qk["pct_copy_graph"])
     assert qk["eager_us"] == 5.0 and qk["x_reference_eager"] == pytest.approx(3.0)
     assert math.isnan(qk["x_sglang_eager"])  # qk_norm_rope has no such impl
-    header, _, qk_line = (line.split() for line in perf.print_table(t).splitlines())
+    header, _, qk_line = (line.split() for line in pr.print_table(t).splitlines())
     assert header[3] == "graph_us" and qk_line[:5] == ["qk_norm_rope", "B=1,L=4,H=8,D=512", "fused", "missing", "5"]
 
 
 def test_table_rows_are_ours_only():
-    t = perf.table(_two_ops(), {"mla_fp8_prepare": ("fused", "sglang")})
+    t = pr.table(_two_ops(), {"mla_fp8_prepare": ("fused", "sglang")})
     assert t["impl"].tolist() == ["fused", "sglang"]  # qk_norm_rope names none of its impls ours here
     assert "x_sglang" not in t.columns and t.loc[1, "graph_us"] == 6.0
     assert perf.ours(mla_fp8_prepare) == ("fused",) and perf.ours(qk_norm_rope) == ("fused",)
-    assert perf.table(_two_ops(), {}).empty
+    assert pr.table(_two_ops(), {}).empty
 
 
 def test_perf_csv_modes_read_back_and_old_csvs_read_as_eager(tmp_path):

@@ -15,6 +15,7 @@ import torch
 
 from fused.qk_norm_rope import wrapper as f
 from fused.qk_norm_rope import dispatch as d
+from reference.qk_norm_rope import chain as qk_chain
 
 
 def test_specialised_ints_are_the_kernels():
@@ -26,7 +27,7 @@ def test_specialised_ints_are_the_kernels():
 
     from fused.qk_norm_rope import kernels as k
 
-    kernel = k._qk_norm_rope_kernel
+    kernel = k.qk_norm_rope_kernel
     dns = getattr(kernel, "do_not_specialize", None) or kernel.kwargs["do_not_specialize"]  # JIT / interpreter
     jit = JITFunction(kernel.fn, do_not_specialize=dns)
     specialised = {p.name for p in jit.params if not p.is_constexpr and not p.do_not_specialize}
@@ -70,8 +71,8 @@ def test_fast_launch_writes_the_jits_bytes(device, monkeypatch):
     from fused import device_checks as dc
 
     checks = []
-    validate = f.ref.validate
-    monkeypatch.setattr(f.ref, "validate", lambda **a: checks.append(1) or validate(**a))
+    validate = qk_chain.validate
+    monkeypatch.setattr(qk_chain, "validate", lambda **a: checks.append(1) or validate(**a))
     for name, kw in _variants(device):
         for layout, args in (("aligned", kw), ("unaligned-q", _unaligned(kw))):
             for checked in (True, "device"):
@@ -131,7 +132,7 @@ def test_second_launch_takes_the_compiled_kernel_with_the_jits_arguments(device,
 
     name, kw = next(_variants(device))
     fake = _FakeJit()
-    monkeypatch.setattr(k, "_qk_norm_rope_kernel", fake)
+    monkeypatch.setattr(k, "qk_norm_rope_kernel", fake)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(d, "_compiled", {})
     monkeypatch.setattr(d, "plans", {})
@@ -276,11 +277,11 @@ def test_a_plan_serves_only_the_metadata_it_checked(device, monkeypatch, variant
 
     name, kw = list(_variants(device))[variant]
     jit = _VariantJit()
-    monkeypatch.setattr(k, "_qk_norm_rope_kernel", jit)
+    monkeypatch.setattr(k, "qk_norm_rope_kernel", jit)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     checks = []
-    validate = f.ref.validate
-    monkeypatch.setattr(f.ref, "validate", lambda **a: checks.append(1) or validate(**a))
+    validate = qk_chain.validate
+    monkeypatch.setattr(qk_chain, "validate", lambda **a: checks.append(1) or validate(**a))
     base = {**kw, "checked": "device"}
     served = []
     for mname, change in _mutations(kw).items():

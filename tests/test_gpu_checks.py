@@ -211,14 +211,14 @@ def test_launch_check_passes_fused_and_flags_the_mutant(reg, device, op, mutant,
 def test_reference_chain_launches_counted_as_designed(reg, device, op, name, want):
     """The chain's launches: per request in the loop form (a batch too large for the batched form:
     here forced by a zero size bound), once over the batch in the batched form."""
-    from reference.verify_attention import batched as va_batched
+    from reference.verify_attention import chain as va_chain
 
     loop = name.endswith("-loop")
     case, impl = _case(reg, op, name.removesuffix("-loop")), reg.impls[f"{op}/reference"]
     inputs = reg.ops[op].build_inputs(case, device)
     with pytest.MonkeyPatch.context() as mp:
         if loop:
-            mp.setattr(va_batched, "BATCHED_SCORE_BYTES", 0)
+            mp.setattr(va_chain, "BATCHED_SCORE_BYTES", 0)
         with gr.capture_safe(op, inputs), gr.stage_calls(op) as calls:
             impl.fn(**inputs)
         assert len(calls) == gr.PLANS[op].expected_stages(case, inputs) == want, calls

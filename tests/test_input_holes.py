@@ -24,8 +24,8 @@ from reference import checks
 from reference.mla_fp8_prepare import chain as rm
 from reference.qk_norm_rope import chain as rq
 from reference.verify_attention import chain as rv
-from reference.verify_attention import batched as rvb
 from reference.verify_attention import sdpa as rvs
+from reference.verify_attention.oracle import verify_attention_oracle
 
 # ----------------------------------------------------------------------------- inputs
 
@@ -248,7 +248,7 @@ def test_batched_reference_is_immune_to_rows_it_does_not_read(device, value):
     _poison_unread(clean, 0.0)
     dirty = _poison_unread(va_kw(device, o=None), value)
     dirty["kv_indices"].copy_(clean["kv_indices"])
-    assert rvb.batchable(dirty["qo_indptr"].tolist(), dirty["kv_indptr"].tolist(), 4, 64)  # the batched path runs
+    assert rv.batchable(dirty["qo_indptr"].tolist(), dirty["kv_indptr"].tolist(), 4, 64)  # the batched path runs
     want = rv.verify_attention(**clean)["o"]
     got = rv.verify_attention(**dirty)["o"]
     assert not got.isnan().any() and torch.equal(_bits(got), _bits(want))
@@ -261,7 +261,7 @@ def test_batched_reference_keeps_an_inf_of_another_split_out_of_this_one(device)
     kw["v_buffer"][int(kw["kv_indices"][kw["kv_indptr"][2] - 1])] = float("inf")  # last key of request 1
     batched = rv.verify_attention(**kw)["o"]
     loop = rv.verify_attention(**kw, _stages=(rv.prefix_split_partials, rv.draft_partial, rv.combine))["o"]
-    oracle = rv.verify_attention_oracle(**kw)["o"]
+    oracle = verify_attention_oracle(**kw)["o"]
     assert oracle.isinf().any()
     for got in (batched, loop):
         assert torch.equal(got.isnan(), oracle.isnan()) and torch.equal(got.isinf(), oracle.isinf())
@@ -296,7 +296,7 @@ def _assert_like_the_oracle(kw):
     within the chain's allowance."""
     from harness import compare, ops
 
-    oracle = rv.verify_attention_oracle(**kw)["o"]
+    oracle = verify_attention_oracle(**kw)["o"]
     chain = rv.verify_attention(**kw)["o"]
     got = rvs.verify_attention_sdpa(**kw)["o"]
     same = zip(_placement(chain.double().cpu()), _placement(oracle.cpu()))  # the oracle is on the CPU
@@ -459,7 +459,7 @@ def test_an_empty_prefix_is_answered_everywhere(device, name, indices):
     if indices == "empty":
         kw["kv_indices"] = kw["kv_indices"][:0]
     got = fn(**kw)["o"]
-    oracle = rv.verify_attention_oracle(**kw)["o"]
+    oracle = verify_attention_oracle(**kw)["o"]
     rec = compare.numeric("o", got, oracle, rv.verify_attention(**kw)["o"],
                           ops.lookup_tolerance("verify_attention", "o", torch.bfloat16))
     assert rec.passed and got.isfinite().all(), (rec.err, rec.allowed, rec.worst)

@@ -16,6 +16,7 @@ from harness.parity import runners
 from harness.devices import Device
 from reference import checks
 from reference.mla_fp8_prepare import chain as ref
+from reference.mla_fp8_prepare.encoder import encode_fp8_oracle, fp8_code_values
 from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "mla_fp8_prepare"
@@ -64,7 +65,7 @@ def test_kernel_alone_matches_chain_on_edge_values(device):
         args = dict(q_nope=kw["q_nope"], q_rope=kw["q_rope"], k_nope=kw["k_nope"], k_rope=kw["k_rope"],
                     loc=kw["decode_kernel_loc"], kv_descale=kw["kv_descale"])
         buf_f, buf_r = kw["kv_buffer"].clone(), kw["kv_buffer"].clone()
-        q8_f = fused.mla_fp8_prepare.wrapper(kv_buffer=buf_f, **args)
+        q8_f = fused.mla_fp8_prepare(kv_buffer=buf_f, **args)
         q8_r = ref.mla_fp8_prepare(kv_buffer=buf_r, **args)
         assert torch.equal(q8_f.view(torch.uint8), q8_r.view(torch.uint8)), (fmt, descale)
         assert torch.equal(buf_f.view(torch.uint8), buf_r.view(torch.uint8)), (fmt, descale)
@@ -78,7 +79,7 @@ def test_kernel_alone_matches_chain_on_edge_values(device):
 def test_cast_matches_independent_encoder_on_every_bf16(fmt, policy, descale):
     """All 65,536 bf16 inputs (every tie, boundary, subnormal, overflow, ±inf, NaN payload)."""
     got = ref.cast_fp8(ALL_BF16, ref.FP8_DTYPES[fmt], policy, ref.inv_descale(descale)).view(torch.uint8)
-    want = ref.encode_fp8_oracle(ref.scaled_k_fp32(ALL_BF16, descale), fmt, policy)
+    want = encode_fp8_oracle(ref.scaled_k_fp32(ALL_BF16, descale), fmt, policy)
     bad = torch.nonzero(got != want).flatten()
     assert bad.numel() == 0, f"x={ALL_BF16[bad[:5]].tolist()} got={got[bad[:5]].tolist()} want={want[bad[:5]].tolist()}"
 
@@ -86,7 +87,7 @@ def test_cast_matches_independent_encoder_on_every_bf16(fmt, policy, descale):
 @pytest.mark.parametrize("fmt", cases.FP8_FORMATS)
 def test_decode_table_agrees_with_torch(fmt):
     dt = ref.FP8_DTYPES[fmt]
-    mine = ref.fp8_code_values(fmt)
+    mine = fp8_code_values(fmt)
     theirs = torch.arange(256, dtype=torch.uint8).view(dt).double()
     assert torch.equal(torch.isnan(mine), torch.isnan(theirs))
     ok = ~torch.isnan(mine)
@@ -109,7 +110,7 @@ ENCODER_FACTS = [
 @pytest.mark.parametrize("fmt,policy,x,code", ENCODER_FACTS)
 def test_encoder_and_chain_on_hand_checked_values(fmt, policy, x, code):
     xt = torch.tensor([x], dtype=torch.float64)
-    assert int(ref.encode_fp8_oracle(xt, fmt, policy)) == code
+    assert int(encode_fp8_oracle(xt, fmt, policy)) == code
     assert int(ref.cast_fp8(xt.float(), ref.FP8_DTYPES[fmt], policy).view(torch.uint8)) == code
 
 
@@ -187,7 +188,7 @@ def test_every_path_writes_each_row_once_at_the_physical_slot(device, branch, po
 
     def spy(**a):
         calls.append(a["loc"])
-        return fused.mla_fp8_prepare.wrapper(**a)
+        return fused.mla_fp8_prepare(**a)
 
     before = kw["kv_buffer"].cpu().clone()
     out = fused.mla_fp8_prepare_step(**kw, kernel_fn=spy)
@@ -245,7 +246,7 @@ BAD = [
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 @bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
-    fn = ref.mla_fp8_prepare if impl == "reference" else fused.mla_fp8_prepare.wrapper
+    fn = ref.mla_fp8_prepare if impl == "reference" else fused.mla_fp8_prepare
     assert_bad_input_named(fn, _kw(device), arg, make, err, kept="kv_buffer")
 
 
@@ -256,14 +257,14 @@ def test_kernel_refuses_inner_strides_and_the_chain_takes_them(device):
     wide[..., ::2] = kw["q_nope"]
     kw["q_nope"] = wide[..., ::2]
     with pytest.raises(checks.LayoutError) as info:
-        fused.mla_fp8_prepare.wrapper(**kw)
+        fused.mla_fp8_prepare(**kw)
     assert info.value.arg == "q_nope"
     ref.mla_fp8_prepare(**kw)  # the contract takes any strides
 
 
 def test_kernel_refuses_the_nan_policy(device):
     with pytest.raises(checks.VerifyParityInputError) as info:
-        fused.mla_fp8_prepare.wrapper(**_kw(device, fp8_policy="nan"))
+        fused.mla_fp8_prepare(**_kw(device, fp8_policy="nan"))
     assert info.value.arg == "fp8_policy"
 
 
@@ -342,7 +343,7 @@ def test_edge_values_reach_every_class(device, fmt):
     c = cases.MlaFp8PrepareCase(T=16, H=8, fp8_format=fmt, specials=1.0, seed=5)
     kw = cases.build_inputs(c, device)
     x = kw["q_nope"].cpu().double().flatten()
-    vals = ref.fp8_code_values(fmt)
+    vals = fp8_code_values(fmt)
     pos = vals[:0x80][~torch.isnan(vals[:0x80])].sort().values
     fmax, tie = float(pos[-1]), float(pos[-1] + (pos[-1] - pos[-2]) / 2)
     mids = (pos[1:] + pos[:-1]) / 2

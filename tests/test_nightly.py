@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from harness.nightly import plan as nightly_plan
-from harness.nightly import run as nightly
 from harness.nightly import steps as nightly_steps
 
 

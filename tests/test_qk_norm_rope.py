@@ -14,6 +14,7 @@ from harness.parity import runners
 from harness.registry import Impl
 from reference import checks
 from reference.qk_norm_rope import chain as ref
+from reference.qk_norm_rope import swa
 from tests.helpers import assert_bad_input_named, assert_passes, bad_inputs, failed_checks
 
 OP = "qk_norm_rope"
@@ -128,7 +129,7 @@ BAD = [
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 @bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
-    fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope.wrapper
+    fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope
     assert_bad_input_named(fn, _kw(device), arg, make, err, kept="ring")
 
 
@@ -163,7 +164,7 @@ BAD_PAGED = [
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 @bad_inputs(BAD_PAGED)
 def test_bad_paged_store_input_is_a_typed_error(device, impl, arg, make, err):
-    fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope.wrapper
+    fn = ref.qk_norm_rope if impl == "reference" else fused.qk_norm_rope
     assert_bad_input_named(fn, _paged_kw(device), arg, make, err, kept="swa_cache")
 
 
@@ -171,14 +172,14 @@ def test_ring_and_paged_cache_together_are_rejected(device):
     kw = _paged_kw(device)
     kw["ring"] = torch.zeros(9, 128, dtype=torch.bfloat16, device=kw["q"].device)
     with pytest.raises(checks.VerifyParityInputError) as info:
-        fused.qk_norm_rope.wrapper(**kw)
+        fused.qk_norm_rope(**kw)
     assert info.value.arg == "swa_cache"
 
 
 def test_ring_without_loc_is_rejected(device):
     kw = _kw(device, loc=None)
     with pytest.raises(checks.VerifyParityInputError) as info:
-        fused.qk_norm_rope.wrapper(**kw)
+        fused.qk_norm_rope(**kw)
     assert info.value.arg == "loc"
 
 
@@ -200,7 +201,7 @@ def test_catalog_exercises_the_gates_three_branches():
 def test_swa_layout_is_deepseek_v4():
     """D = 512, R = 64: 448 fp8 + 128 bf16 value bytes, 7 scales + 1 pad; pages padded to whole
     576-byte records (SGLang's KVLayout.V4.page_bytes(64) = 37,440)."""
-    lay = ref.SwaLayout(512, 64, 64)
+    lay = swa.SwaLayout(512, 64, 64)
     assert (lay.value_bytes, lay.scale_bytes, lay.tiles, lay.page_bytes) == (576, 8, 7, 37440)
     assert int(lay.scale_offset(torch.tensor(0))) == 64 * 576
 
@@ -243,7 +244,7 @@ def test_swa_encode_is_byte_exact():
     """The quantiser against a brute-force one: random rows, an all-zero tile (the 1e-8 floor), a
     tile whose |max| is exactly 448·2^-5 (the quotient a power of two: e = -5, not -4), fp8
     rounding ties, fp8 subnormals, negative zeros."""
-    lay = ref.SwaLayout(192, 64, 1)
+    lay = swa.SwaLayout(192, 64, 1)
     g = torch.Generator().manual_seed(0)
     rows = torch.randn(6, 192, generator=g) * torch.tensor([1.0, 1e-3, 30.0, 1.0, 1.0, 1.0])[:, None]
     rows[3, :64] = 0.0
@@ -252,7 +253,7 @@ def test_swa_encode_is_byte_exact():
     rows[5, :64] = torch.tensor([448.0 * 2 ** -6] + [2.0 ** -16 * k for k in range(63)])  # subnormals
     rows[5, 64:80] = -0.0
     kv = rows.bfloat16()
-    codes, scales, rope = ref.swa_encode(kv, lay)
+    codes, scales, rope = swa.swa_encode(kv, lay)
     got = torch.cat((codes, rope, scales), dim=-1)
     for t in range(kv.shape[0]):
         assert got[t].tolist() == _encode_by_search(kv[t].float().tolist(), lay), t
@@ -267,8 +268,8 @@ def test_fused_paged_store_is_an_exact_function_of_its_kv_row(device, D, R, P, p
     kw = cases.build_inputs(c, device)
     kw.pop("forward_mode"), kw.pop("ring")
     pool = kw["swa_cache"].clone()
-    _, kv_out = fused.qk_norm_rope.wrapper(**kw)
-    ref.swa_paged_store(kv_out, pool, kw["loc"], ref.SwaLayout(D, R, P))
+    _, kv_out = fused.qk_norm_rope(**kw)
+    swa.swa_paged_store(kv_out, pool, kw["loc"], swa.SwaLayout(D, R, P))
     assert torch.equal(kw["swa_cache"].cpu(), pool.cpu())
 
 
@@ -290,7 +291,6 @@ def _truncating_fp8_store(**kw):
     """The chain, its paged store rounding each fp8 code toward zero (one code down in magnitude
     wherever RNE rounded away from zero)."""
     from cases.qk_norm_rope import mutants as m
-    from reference.qk_norm_rope import swa
 
     def store(kv_out, swa_cache, loc, lay):
         orig = swa.cast_fp8
@@ -302,7 +302,7 @@ def _truncating_fp8_store(**kw):
 
         swa.cast_fp8 = rtz
         try:
-            ref.swa_paged_store(kv_out, swa_cache, loc, lay)
+            swa.swa_paged_store(kv_out, swa_cache, loc, lay)
         finally:
             swa.cast_fp8 = orig
 
@@ -363,8 +363,8 @@ def _truncating(**kw):
     """Rounds fp32 -> bf16 toward zero, as the raw interpreter does."""
     kw = dict(kw)
     out = kw.pop("q_out")
-    q = ref._rope_fp32(ref._rms_norm_fp32(kw["q"], kw["q_norm_weight"], kw["eps"]), kw["cos"][kw["positions"]],
-                       kw["sin"][kw["positions"]], kw["rope_dim"], kw["rope_style"])
+    q = ref.rope_fp32(ref.rms_norm_fp32(kw["q"], kw["q_norm_weight"], kw["eps"]), kw["cos"][kw["positions"]],
+                      kw["sin"][kw["positions"]], kw["rope_dim"], kw["rope_style"])
     q = (q.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
     res = ref.qk_norm_rope_step(**kw, q_out=out)
     if out is not None:

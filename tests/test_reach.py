@@ -39,11 +39,11 @@ def test_tile_sizes_are_the_kernels():
     """The strategies aim at the compiled kernels' tile edges: the sizes they assume are the kernels'."""
     from fused.mla_fp8_prepare import wrapper as fm
     from fused.qk_norm_rope import wrapper as fq
-    from fused.verify_attention import config
+    from fused.verify_attention import config as fv_config
 
     for d in (16, 64, 100, 128, 256, 512, 1024):
         assert qc.compiled_block_t(d) == fq.block_config(d, interpreted=False)[0], d
-    assert vc.COMPILED_BLOCK_N == {d: cfg[1] for d, cfg in config.BLOCK_CONFIG["sm90"].items()}
+    assert vc.COMPILED_BLOCK_N == {d: cfg[1] for d, cfg in fv_config.BLOCK_CONFIG["sm90"].items()}
     assert mc.mla_tile_edge(4) and mc.mla_tile_edge(5) and not mc.mla_tile_edge(6)
     assert fm.block_config(False)[0] == 4  # the tile mc.mla_tile_edge assumes
 

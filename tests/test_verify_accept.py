@@ -109,7 +109,7 @@ def test_argmax_rule_on_hand_checked_rows(device, neg_nan):
     kw = _fact_inputs(device, rows, neg_nan)
     assert ref.row_argmax(kw["target_logits"].cpu())[::2].tolist() == want  # torch.argmax on the CPU
     assert [int(v) for v in ref.verify_accept_oracle(**kw)["output_ids"][:, 0]] == want  # NumPy
-    assert fused.verify_accept.wrapper(**kw)["output_ids"][:, 0].cpu().tolist() == want
+    assert fused.verify_accept(**kw)["output_ids"][:, 0].cpu().tolist() == want
 
 
 def test_argmax_ties_across_chunks(device):
@@ -123,7 +123,7 @@ def test_argmax_ties_across_chunks(device):
         r[a] = r[b] = 7.0
         rows.append(r)
     kw = _fact_inputs(device, rows)
-    assert fused.verify_accept.wrapper(**kw)["output_ids"][:, 0].cpu().tolist() == [min(a, b) for a, b in cols]
+    assert fused.verify_accept(**kw)["output_ids"][:, 0].cpu().tolist() == [min(a, b) for a, b in cols]
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -160,7 +160,7 @@ BAD = [
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 @bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
-    fn = ref.verify_accept if impl == "reference" else fused.verify_accept.wrapper
+    fn = ref.verify_accept if impl == "reference" else fused.verify_accept
     kw = _kw(device)
     new = make(kw)
     for name, t in (new if isinstance(new, dict) else {arg: new}).items():
@@ -177,7 +177,7 @@ def test_padding_drafts_are_not_checked(device):
     pad = next(b for b in range(3) if qo[b + 1] == qo[b])
     d = kw["draft_tokens"].clone()
     d[2 * pad], d[2 * pad + 1] = -1, 50
-    for fn in (ref.verify_accept, fused.verify_accept.wrapper):
+    for fn in (ref.verify_accept, fused.verify_accept):
         out = fn(**{**kw, "draft_tokens": d})
         assert (out["output_ids"][pad] == -1).all() and int(out["accept_length"][pad]) == 0
 
@@ -242,6 +242,7 @@ def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
 
     from harness.gpu import profiling
     from harness.bench import perf
+    from harness.bench import perf_rows as pr
     from cases.verify_accept import bench as vb
     from harness.parity.suite import provenance
 
@@ -256,7 +257,7 @@ def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
                if r.case == s.case)
     wide = pd.read_csv(tmp_path / "verify_accept_bench.csv")
     assert wide["mismatches"].tolist() == [0, 0] and wide["V"].tolist() == [300, 4097]
-    assert not perf.launch_failures(rows, {OP: vb.EXPECTED_LAUNCHES})
+    assert not pr.launch_failures(rows, {OP: vb.EXPECTED_LAUNCHES})
 
 
 def test_bench_shapes_and_no_gpu(monkeypatch, tmp_path, capsys):

@@ -15,6 +15,7 @@ from hypothesis import given
 
 from cases import base
 from cases.verify_attention import catalog as cases
+from fused.verify_attention import config as fused_config
 from fused.verify_attention import wrapper as fused
 from cases.verify_attention import mutants as va_mutants
 from harness import compare, ops, poison
@@ -23,6 +24,7 @@ from reference import checks
 from reference.verify_attention import chain as ref
 from reference.verify_attention import batched as ref_batched
 from reference.verify_attention import sdpa as ref_sdpa
+from reference.verify_attention.oracle import verify_attention_oracle
 from tests.helpers import assert_bad_input_named, bad_inputs, failed_checks
 
 OP = "verify_attention"
@@ -84,7 +86,7 @@ def test_reference_chain_agrees_with_oracle_and_sdpa(device):
     worst = 0.0
     for c in CATALOG.values():
         kw = cases.build_inputs(c, device)
-        o = ref.verify_attention_oracle(**kw)["o"]
+        o = verify_attention_oracle(**kw)["o"]
         tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
         r = compare.numeric("o", ref.verify_attention(**kw)["o"], o, None, tol, is_reference=True)
         s = compare.numeric("o", ref_sdpa.verify_attention_sdpa(**kw)["o"], o, None, tol, is_reference=True)
@@ -112,24 +114,24 @@ def test_batched_chain_equals_the_per_request_loop(device, monkeypatch):
     split bound one key short fails it."""
     taken = 0
     fp32 = []
-    finish = ref._finish
-    monkeypatch.setattr(ref, "_finish", lambda res, q, o: (fp32.append(res.clone()), finish(res, q, o))[1])
+    finish = ref.finish
+    monkeypatch.setattr(ref, "finish", lambda res, q, o: (fp32.append(res.clone()), finish(res, q, o))[1])
     for c in CATALOG.values():
         kw = cases.build_inputs(c, device)
         qo, kvp = kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist()
-        if kw.get("custom_mask") is not None or not ref_batched.batchable(qo, kvp, kw["q"].shape[1], kw["v"].shape[2]):
+        if kw.get("custom_mask") is not None or not ref.batchable(qo, kvp, kw["q"].shape[1], kw["v"].shape[2]):
             continue
         taken += 1
         batched = ref.verify_attention(**kw)["o"].float()
-        with monkeypatch.context() as m:  # the loop form; the _finish capture stays
-            m.setattr(ref_batched, "BATCHED_SCORE_BYTES", 0)
+        with monkeypatch.context() as m:  # the loop form; the finish capture stays
+            m.setattr(ref, "BATCHED_SCORE_BYTES", 0)
             ref.verify_attention(**kw)
         b32, l32 = fp32[-2], fp32[-1]
-        S = ref.verify_attention_oracle(**{**kw, "v": _abs_values(kw["v"]), "v_buffer": _abs_values(kw["v_buffer"])})
+        S = verify_attention_oracle(**{**kw, "v": _abs_values(kw["v"]), "v_buffer": _abs_values(kw["v_buffer"])})
         S = S["o"].abs().to(b32.device, torch.float32)
         assert ((b32 - l32).abs() <= S * 2 ** -12).all(), (c.name, float(((b32 - l32).abs() / S).max()))
         tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
-        oracle = ref.verify_attention_oracle(**kw)["o"]
+        oracle = verify_attention_oracle(**kw)["o"]
         r = compare.numeric("o", batched.to(torch.bfloat16), oracle, None, tol, is_reference=True)
         assert r.passed, (c.name, r.err, r.detail)
     assert taken >= len(CATALOG) // 2, taken
@@ -208,7 +210,7 @@ def test_sdpa_head_chunks_change_nothing(device, monkeypatch):
         assert torch.equal(whole, one), name
         # and both are right: a chunk reading the wrong KV head would agree with itself (planted: j = 0)
         tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
-        assert compare.numeric("o", one, ref.verify_attention_oracle(**kw)["o"], None, tol, is_reference=True).passed
+        assert compare.numeric("o", one, verify_attention_oracle(**kw)["o"], None, tol, is_reference=True).passed
 
 
 @pytest.mark.parametrize("name", ["gqa-hkv4-h16-d64-l8", "k3-mla-h4-l2-e4m3fnuz", "qwen35-tp-h4-l3"])
@@ -219,17 +221,17 @@ def test_combine_head_blocking_changes_nothing(device, name):
     kw = cases.build_inputs(CATALOG[name], device)
     H, Hkv = kw["q"].shape[1], kw["k_buffer"].shape[1]
     tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
-    oracle = ref.verify_attention_oracle(**kw)["o"]
+    oracle = verify_attention_oracle(**kw)["o"]
     for kind in ("shared_kv", "split_kv"):
         if fused.can_handle(kind, **kw) is not True:
             continue
-        base = fused._launch(kind, **kw)["o"].float()
+        base = fused.launch(kind, **kw)["o"].float()
         for cbh in (1, 2, 4):
             if cbh > H or (Hkv > 1 and (H // Hkv) % cbh):
                 with pytest.raises(ValueError, match="combine_block_h"):
-                    fused._launch(kind, **kw, combine_block_h=cbh)
+                    fused.launch(kind, **kw, combine_block_h=cbh)
                 continue
-            got = fused._launch(kind, **kw, combine_block_h=cbh)["o"]
+            got = fused.launch(kind, **kw, combine_block_h=cbh)["o"]
             ulp = torch.maximum(base.abs(), got.float().abs()).clamp(min=2 ** -126) * 2 ** -7
             assert ((got.float() - base).abs() <= ulp).all(), (kind, cbh)
             assert compare.numeric("o", got, oracle, None, tol, is_reference=False).passed, (kind, cbh)
@@ -363,7 +365,7 @@ def test_fallback_gives_the_same_answer(device, name):
     """Where a kernel refuses, the dispatcher falls back (split-KV or reference) — same bytes as the
     path it fell back to, and within tolerance of the oracle."""
     kw = cases.build_inputs(CATALOG[name], device)
-    got = fused.verify_attention.wrapper(**kw)["o"]
+    got = fused.verify_attention(**kw)["o"]
     if fused.can_handle("split_kv", **kw) is True and kw["topk"] == 1:
         want = fused.verify_split_kv(**kw)["o"]
     else:
@@ -374,12 +376,12 @@ def test_fallback_gives_the_same_answer(device, name):
 def test_dispatch_routes_like_the_gate(device, monkeypatch):
     """Which kernel ran: spy on both launches for a shared-KV, a split-KV and a tree case."""
     seen = []
-    real = fused._launch
-    monkeypatch.setattr(fused, "_launch", lambda kind, **kw: seen.append(kind) or real(kind, **kw))
+    real = fused.launch
+    monkeypatch.setattr(fused, "launch", lambda kind, **kw: seen.append(kind) or real(kind, **kw))
     for name, want in (("qwen35-tp-h4-l1", ["shared_kv"]), ("gqa-hkv2-h4-d128", ["split_kv"]),
                        ("group-6-odd", ["split_kv"]), ("tree-topk2-qwen35", [])):
         seen.clear()
-        fused.verify_attention.wrapper(**cases.build_inputs(CATALOG[name], device))
+        fused.verify_attention(**cases.build_inputs(CATALOG[name], device))
         assert seen == want, name
 
 
@@ -394,7 +396,7 @@ def test_shared_and_split_kernels_agree_closely(device):
 def test_padding_rule_meets_tl_dot_rows():
     for bh in (1, 2, 4, 8, 16):
         for L in range(1, 10):
-            lp = fused.l_pad_for(L, bh)
+            lp = fused_config.l_pad_for(L, bh)
             assert bh * lp >= 16 and lp >= L and lp & (lp - 1) == 0
 
 
@@ -432,7 +434,7 @@ BAD = [
 @bad_inputs(BAD)
 def test_bad_input_is_a_typed_error_naming_the_argument(device, impl, arg, make, err):
     fn = {"reference": ref.verify_attention, "split_kv": fused.verify_split_kv, "shared_kv": fused.verify_shared_kv,
-          "dispatch": fused.verify_attention.wrapper, "sdpa": ref_sdpa.verify_attention_sdpa}[impl]
+          "dispatch": fused.verify_attention, "sdpa": ref_sdpa.verify_attention_sdpa}[impl]
     assert_bad_input_named(fn, _kw(device), arg, make, err)
 
 
@@ -467,7 +469,7 @@ def test_catalog_covers_the_issue():
     assert {1, 2, 4} <= {c.Hkv for c in small}
     assert {"bf16", "e4m3fn", "e4m3fnuz"} <= {c.kv_dtype for c in small}
     lens = {n for c in small for n in cases.prefix_lengths(c.prefix, c.B, c.seed)}
-    block_n = fused.block_config(64, "interpreter")[1]  # the tile-boundary cases straddle the interpreter's tiles
+    block_n = fused_config.block_config(64, "interpreter")[1]  # the tile-boundary cases straddle the interpreter's tiles
     assert {0, 1, block_n - 1, block_n, block_n + 1, 2 * block_n - 1, 2 * block_n, 2 * block_n + 1} <= lens
     assert max(n for c in big for n in cases.prefix_lengths(c.prefix, c.B, c.seed)) >= 200_000
     assert max(n for c in small for n in cases.prefix_lengths(c.prefix, c.B, c.seed)) <= 2 * block_n + 1
@@ -598,8 +600,8 @@ def test_bench_baselines_compute_the_op(layout):
     from cases.verify_attention import bench
 
     B, n, H, L = 2, 40, 4, 4
-    kw, D, Dv = bench._inputs(layout, B, n, H, L, dev="cpu")
-    want = ref.verify_attention_oracle(**kw)["o"]
+    kw, D, Dv = bench.bench_inputs(layout, B, n, H, L, dev="cpu")
+    want = verify_attention_oracle(**kw)["o"]
     idx = kw["kv_indices"].view(B, n).long()
     mask = bench._dense_mask(n, L, "cpu")
     q4, k4, v4 = kw["q"].view(B, L, H, D), kw["k"].view(B, L, 1, D), kw["v"].reshape(B, L, 1, Dv)
@@ -612,14 +614,14 @@ def test_combine_block_h_default_fills_sixteen_rows_on_sm90_only():
     """sm90: the fewest heads whose padded drafts fill 16 rows, never more than BLOCK_H (so it
     divides the group); the interpreter and unlisted arches: BLOCK_H (one program per head block).
     Planted: capping at 64 instead of BLOCK_H (16 heads for a group of 2) fails."""
-    f = fused.combine_block_h_for
+    f = fused_config.combine_block_h_for
     assert [f(L, 16, "sm90") for L in (1, 2, 3, 4, 5, 8, 16)] == [16, 8, 4, 4, 2, 2, 1]
     assert f(1, 2, "sm90") == 2 and f(4, 1, "sm90") == 1
     assert f(4, 16, "interpreter") == 16 and f(4, 8, "gfx942") == 8
     for L in range(1, 17):
         for bh in (1, 2, 4, 8, 16):
             c = f(L, bh, "sm90")
-            assert bh % c == 0 and c * fused.l_pad_for(L, c) >= 16
+            assert bh % c == 0 and c * fused_config.l_pad_for(L, c) >= 16
 
 
 # ----------------------------------------------------------------------------- precision classes
@@ -637,7 +639,7 @@ def _paths(monkeypatch):
     """The chain's two forms: batched (where the case allows it), then the per-request loop (for
     the rest of the test)."""
     yield "batched"
-    monkeypatch.setattr(ref_batched, "BATCHED_SCORE_BYTES", 0)
+    monkeypatch.setattr(ref, "BATCHED_SCORE_BYTES", 0)
     yield "loop"
     monkeypatch.undo()
 
@@ -668,7 +670,7 @@ def test_each_rounding_flag_rounds(device, monkeypatch, flag):
     tol = ops.lookup_tolerance(OP, "o", torch.bfloat16)
     for name in ROUNDS_ON[flag]:
         kw = cases.build_inputs(CATALOG[name], device)
-        oracle = ref.verify_attention_oracle(**kw)["o"]
+        oracle = verify_attention_oracle(**kw)["o"]
         for path in _paths(monkeypatch):
             exact = ref.verify_attention(**kw)["o"]
             got = ref.verify_attention(**kw, **{flag: True})["o"]

@@ -39,7 +39,7 @@ def test_dry_run_compiles_each_variant_once_and_a_second_run_only_hits_the_cache
     assert m and m.group(1) == m.group(2) and int(m.group(1)) >= 2, r.stdout
     first = _cubins(tmp_path)
     assert len(first) == int(m.group(1)), (first, r.stdout)
-    assert "_qk_norm_rope_kernel: " in r.stdout and "HAS_STORE(2: False,True)" in r.stdout, r.stdout  # decode stores
+    assert "qk_norm_rope_kernel: " in r.stdout and "HAS_STORE(2: False,True)" in r.stdout, r.stdout  # decode stores
     again = _cli(["warmup", "--target", "sm90", "--jobs", "2", *PLAN], tmp_path)
     assert again.returncode == 0 and f"compiled {m.group(1)}/{m.group(1)} " in again.stdout, again.stdout
     assert _cubins(tmp_path) == first
@@ -124,7 +124,7 @@ def test_head_grouping_does_not_multiply_verify_attention_compiles(tmp_path):
     r = _cli(["warmup", "--target", "sm90", "--list", "--jobs", "1", "--op", "verify_attention", "--generated", "0",
               "--case", "qwen35-tp-", "--impl", "fused-shared-kv"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "_verify_prefix_kernel: " in r.stdout and "BLOCK_H(" in r.stdout, r.stdout
+    assert "verify_prefix_kernel: " in r.stdout and "BLOCK_H(" in r.stdout, r.stdout
     assert not re.search(r"(?i)kv_group_num\(", r.stdout), r.stdout
 
 

@@ -15,7 +15,7 @@ and the KV rows in fp8) against the measured device-to-device copy bandwidth, an
 launches of one call (``count_launches``). The fused kernel must be exactly 1 launch; the
 script exits 1 otherwise. Writes DIR/bench.csv (wide, one row per shape: the eager columns, then
 the ``*_graph_*`` ones), DIR/meta.json, DIR/perf.csv (PerfRow, ``mode`` eager and graph) and
-DIR/table.csv (``harness.bench.perf.table``, also printed). Without a GPU it says so and exits 0.
+DIR/table.csv (``harness.bench.perf_rows.table``, also printed). Without a GPU it says so and exits 0.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 
 from harness.bench import perf
+from harness.bench import perf_rows as pr
+from harness.bench import wide_rows as wr
 from reports.rows import PerfRow
 
 OP = "mla_fp8_prepare"
@@ -43,10 +45,10 @@ DN, R = 512, 64
 KV_DESCALE = 0.37
 
 
-Shape = functools.partial(perf.VerifyShape, L=L)  # Shape(B, H)
+Shape = functools.partial(wr.VerifyShape, L=L)  # Shape(B, H)
 
 
-def shapes(quick: bool, b: list[int] | None = None, h: list[int] | None = None) -> list[perf.VerifyShape]:
+def shapes(quick: bool, b: list[int] | None = None, h: list[int] | None = None) -> list[wr.VerifyShape]:
     """The benchmarked shapes; ``b`` / ``h`` replace the profile's batch / head lists."""
     return [Shape(B, H) for B in (b or (B_QUICK if quick else B_FULL)) for H in (h or (H_QUICK if quick else H_FULL))]
 
@@ -110,7 +112,7 @@ def _implementations(kw: dict, compiled_chain):
     q8 = torch.empty(T, H, DN + R, dtype=kw["kv_buffer"].dtype, device=dev)
 
     def fused():
-        f._launch(q8=q8, k_mul=k_mul, **kw)
+        f.launch(q8=q8, k_mul=k_mul, **kw)
 
     def reference():  # _chain eager: the reference's launches (the descale already on device)
         _chain(kw["q_nope"], kw["q_rope"], kw["k_nope"], kw["k_rope"], kw["kv_buffer"], kw["loc"], inv)
@@ -152,31 +154,31 @@ def _compiled_chain():
 WIDE_CSV = "bench.csv"
 
 
-def measurements(shape_list: list[perf.VerifyShape], ctx: perf.Context):
+def measurements(shape_list: list[wr.VerifyShape], ctx: perf.Context):
     compiled_chain = _compiled_chain()
     for s in shape_list:
         kw = _inputs(s.T, s.H, ctx.dev.torch_device, ctx.dev.fp8_dtype)
         t = perf.measure(_implementations(kw, compiled_chain), ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS,
                          graph_rep_ms=GRAPH_REP_MS)
         del kw
-        yield perf.Measured(s, t, _bytes_moved(s.T, s.H), {"copy_gbps": ctx.copy_gbps})
+        yield wr.Measured(s, t, _bytes_moved(s.T, s.H), {"copy_gbps": ctx.copy_gbps})
 
 
-def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
+def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     s, t, fused = m.shape, m.timings, rows["fused"]
-    aten5_over_fused = perf.ratio(t["aten5"].p50_us, t["fused"].p50_us)
+    aten5_over_fused = pr.ratio(t["aten5"].p50_us, t["fused"].p50_us)
     g = {impl: t[impl].graph_us for impl in IMPLS}
-    graph_over = {impl: perf.ratio(g[impl], g["fused"]) for impl in IMPLS if impl != "fused"}
-    frac = perf.bandwidth(m.bytes_moved, g["fused"], m.extra["copy_gbps"])[1]
+    graph_over = {impl: pr.ratio(g[impl], g["fused"]) for impl in IMPLS if impl != "fused"}
+    frac = pr.bandwidth(m.bytes_moved, g["fused"], m.extra["copy_gbps"])[1]
     row = BenchRow(B=s.B, L=L, T=s.T, H=s.H, bytes_moved=m.bytes_moved, aten5_us=t["aten5"].p50_us,
                    aten5_over_fused=aten5_over_fused, aten5_launches=t["aten5"].launches,
-                   **perf.fused_vs_chain(m, fused),
+                   **wr.fused_vs_chain(m, fused),
                    **{f"{impl}_graph_us": g[impl] for impl in IMPLS},
                    **{f"{impl}_over_fused_graph": x for impl, x in graph_over.items()},
                    fused_graph_frac_of_copy=frac)
     graph = (f"graph: fused {g['fused']:7.2f} us ({frac:5.1%} of copy) | "
              + " | ".join(f"x{x:5.2f} vs {impl}" for impl, x in graph_over.items()))
-    return row, f"{perf.fused_line(m, fused)} | x{aten5_over_fused:5.2f} vs aten5\n    {graph}"
+    return row, f"{wr.fused_line(m, fused)} | x{aten5_over_fused:5.2f} vs aten5\n    {graph}"
 
 
 def finish(out: Path, ctx: perf.Context) -> None:

@@ -24,7 +24,8 @@ import torch
 from hypothesis import strategies as st
 
 from cases.timeline_family import Family
-from reference.mla_fp8_prepare.chain import FP8_DTYPES, fp8_code_values
+from reference.mla_fp8_prepare.chain import FP8_DTYPES
+from reference.mla_fp8_prepare.encoder import fp8_code_values
 
 FP8_FORMATS = tuple(FP8_DTYPES)
 Q_LAYOUTS = ("model", "contiguous", "inner_strided")  # inner_strided: not covered -> fallback

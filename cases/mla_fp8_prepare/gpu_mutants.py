@@ -33,8 +33,8 @@ def _mla_kernel_two_launches(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, 
         FP8_MAX=torch.finfo(kv_buffer.dtype).max, BLOCK_ROWS=block_rows, BLOCK_DN=triton.next_power_of_2(Dn),
         BLOCK_R=triton.next_power_of_2(R), HAS_K_MUL=k_mul is not None, num_warps=num_warps,
     )
-    f._mla_fp8_prepare_kernel[(triton.cdiv(T * H, block_rows),)](H=H, **args)  # BUG: launch 1, q8
-    f._mla_fp8_prepare_kernel[(triton.cdiv(T, block_rows),)](H=0, **args)  # BUG: launch 2, the KV rows
+    f.mla_fp8_prepare_kernel[(triton.cdiv(T * H, block_rows),)](H=H, **args)  # BUG: launch 1, q8
+    f.mla_fp8_prepare_kernel[(triton.cdiv(T, block_rows),)](H=0, **args)  # BUG: launch 2, the KV rows
     return q8
 
 

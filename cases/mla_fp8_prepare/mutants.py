@@ -80,7 +80,7 @@ def _policy_flip(**kw):
     if kw["save_kv_cache"] and kw["fused_switch"] and loc is not None:
         q8 = torch.empty_like(ref.concat_q(kw["q_nope"], kw["q_rope"]), dtype=kw["kv_buffer"].dtype)
         k_mul = f.k_mul_tensor(kw["kv_descale"], q8.device)
-        f._launch(q8=q8, loc=loc, k_mul=k_mul, **_kernel_args(kw, policy=False))  # BUG: whatever the policy
+        f.launch(q8=q8, loc=loc, k_mul=k_mul, **_kernel_args(kw, policy=False))  # BUG: whatever the policy
         pool.record(loc)
         return {"q8": q8, "kv_writes": pool.writes}
     return f.mla_fp8_prepare_step(**kw)
@@ -95,7 +95,7 @@ def _descale_multiplied(**kw):
                          dtype=a["kv_buffer"].dtype, device=a["kv_buffer"].device)
         mul = None if kv_descale is None else torch.tensor([kv_descale], dtype=torch.float32, device=q8.device)  # BUG
         a.pop("fp8_policy")
-        f._launch(q8=q8, k_mul=mul, **a)
+        f.launch(q8=q8, k_mul=mul, **a)
         return q8
 
     return f.mla_fp8_prepare_step(**kw, kernel_fn=kernel)

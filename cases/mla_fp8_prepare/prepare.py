@@ -58,15 +58,15 @@ class MlaFp8Prepare(OneRowPrepare):
         return None, out["q8"].to(torch.bfloat16), True  # fp8 -> bf16, exact; the op wrote every row
 
     def train(self, model, pr, pos, layer):
-        from harness.e2e.model import _fake_fp8
-        from reference.qk_norm_rope.chain import _rope_fp32
+        from harness.e2e.model import fake_fp8
+        from reference.qk_norm_rope.chain import rope_fp32
 
         fam, cos, sin = model.fam, model.cos[pos], model.sin[pos]
         dn, R = fam.D - fam.rope_dim, fam.rope_dim
-        qr = _rope_fp32(pr["q_rope"].view(-1, fam.H, R), cos, sin, R, model.rope_style)
-        kr = _rope_fp32(pr["k_rope"], cos, sin, R, model.rope_style)
-        q = _fake_fp8(torch.cat((pr["q_nope"].view(-1, fam.H, dn), qr), -1), 1.0)
-        k = _fake_fp8(torch.cat((pr["k_nope"], kr), -1), fam.kv_descale)[:, None]
+        qr = rope_fp32(pr["q_rope"].view(-1, fam.H, R), cos, sin, R, model.rope_style)
+        kr = rope_fp32(pr["k_rope"], cos, sin, R, model.rope_style)
+        q = fake_fp8(torch.cat((pr["q_nope"].view(-1, fam.H, dn), qr), -1), 1.0)
+        k = fake_fp8(torch.cat((pr["k_nope"], kr), -1), fam.kv_descale)[:, None]
         return q, k, k[..., : fam.Dv]
 
 

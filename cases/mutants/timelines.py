@@ -19,7 +19,6 @@ class PathMutant(Backend):
     order), ``uses`` the roles of the registered kernels it runs (``kernels``)."""
 
     def path(self, reg, family: str):
-        from harness.timelines import runner as timeline
         from harness.timelines import path as path_mod
 
         return replace(path_mod.clean_path(reg, family, backend=self), name=f"{family}:{self.name}", doc=self.doc)
@@ -27,7 +26,7 @@ class PathMutant(Backend):
     def kernels(self, reg) -> list[str]:
         """Keys of the registered kernels it runs (each must pass per-kernel parity), in registry
         order: its families' clean fused implementations of the roles in ``uses``."""
-        from harness.timelines import runner as timeline
+        from harness.timelines import path as path_mod
 
         keys = set()
         for family in self.families:

@@ -19,7 +19,7 @@ DIR/qk_norm_rope_bench.csv (wide, one row per shape) and DIR/perf.csv (PerfRow).
 it says so and exits 0.
 
     python -m cases.qk_norm_rope.bench --vs-sglang --out DIR [--T ..] [--H ..] [--modes verify decode]
-        [--configs default,2x4,8x8] [--before OLD/fused/qk_norm_rope.py]
+        [--configs default,2x4,8x8] [--before OLD/fused/qk_norm_rope/wrapper.py]
 
 Ours against SGLang's own ``fused_qk_norm_rope_swa_store`` (``harness.adapters.sglang.load``: the
 installed wheel's kernel file), DeepSeek-V4 shapes, T 1..4096 x H 8..128, verify (no store) and
@@ -41,7 +41,10 @@ from pathlib import Path
 
 import torch
 
+from cases.qk_norm_rope.bench_shape import D, EPS, R, ROPE_STYLE, reference_chain
 from harness.bench import perf
+from harness.bench import perf_rows as pr
+from harness.bench import wide_rows as wr
 from reports.rows import PerfRow
 
 OP = "qk_norm_rope"
@@ -53,19 +56,18 @@ GRAPH_REP_MS = 20  # do_bench_cudagraph's rep per graph timing
 PEERS = ("sglang-qk-norm-rope",)
 EXTRA_TIMINGS = 0
 L = 4  # tokens per request in a verify batch: 3 drafts + 1 bonus (cases.qk_norm_rope.catalog's verify entries)
-D, R, ROPE_STYLE, EPS = 512, 64, "interleaved", 1e-6  # DeepSeek-V4
 B_FULL, H_FULL = (1, 8, 64), (8, 16, 32, 64)
 B_QUICK, H_QUICK = (1, 64), (16, 64)
 
 
-Shape = functools.partial(perf.VerifyShape, L=L, suffix=f",D={D}")  # Shape(B, H)
+Shape = functools.partial(wr.VerifyShape, L=L, suffix=f",D={D}")  # Shape(B, H)
 
 
-def shapes(quick: bool) -> list[perf.VerifyShape]:
+def shapes(quick: bool) -> list[wr.VerifyShape]:
     return [Shape(B, H) for B in (B_QUICK if quick else B_FULL) for H in (H_QUICK if quick else H_FULL)]
 
 
-def bytes_moved(s: perf.VerifyShape) -> int:
+def bytes_moved(s: wr.VerifyShape) -> int:
     """q and q_out (T, H, D) bf16, kv and kv_out (T, D) bf16, positions (T) int64, the cos and sin
     rows (T, R/2) fp32, the kv weight (D) bf16."""
     T, H = s.T, s.H
@@ -74,17 +76,9 @@ def bytes_moved(s: perf.VerifyShape) -> int:
 
 # max_abs_diff: fused vs reference chain, q_out and kv_out (bf16 rounding: ~1e-2 at most)
 # *_graph_us: replayed from a CUDA graph; sglang_*: SGLang's kernel (PEERS; NaN where not installed)
-BenchRow = perf.wide_row_type(__name__, (("B", int), ("L", int), ("T", int), ("H", int), ("D", int), ("bytes_moved", int)),
-                              (("max_abs_diff", float), ("fused_graph_us", float), ("sglang_us", float),
-                               ("sglang_graph_us", float), ("sglang_over_fused_graph", float)))
-
-
-def _chain(q, kv, kv_norm_weight, cos, sin, positions):
-    """The reference chain's two launches (what torch.compile gets); no validation."""
-    from reference.qk_norm_rope import chain as r
-
-    q_out = r.q_norm_rope(q, None, EPS, cos, sin, positions, R, ROPE_STYLE)
-    return q_out, r.kv_norm_rope(kv, kv_norm_weight, EPS, cos, sin, positions, R, ROPE_STYLE)
+BenchRow = wr.wide_row_type(__name__, (("B", int), ("L", int), ("T", int), ("H", int), ("D", int), ("bytes_moved", int)),
+                            (("max_abs_diff", float), ("fused_graph_us", float), ("sglang_us", float),
+                             ("sglang_graph_us", float), ("sglang_over_fused_graph", float)))
 
 
 def _implementations(kw: dict, compiled_chain) -> dict:
@@ -96,12 +90,12 @@ def _implementations(kw: dict, compiled_chain) -> dict:
     def fused():
         q_out = torch.empty_like(kw["q"])
         kv_out = torch.empty(kw["kv"].shape, dtype=kw["kv"].dtype, device=kw["kv"].device)
-        f._launch(q_out=q_out, kv_out=kv_out, q=kw["q"], kv=kw["kv"], kv_norm_weight=kw["kv_norm_weight"],
-                  q_norm_weight=None, eps=EPS, rope_dim=R, cos=kw["cos"], sin=kw["sin"], positions=kw["positions"],
-                  rope_style=ROPE_STYLE)
+        f.launch(q_out=q_out, kv_out=kv_out, q=kw["q"], kv=kw["kv"], kv_norm_weight=kw["kv_norm_weight"],
+                 q_norm_weight=None, eps=EPS, rope_dim=R, cos=kw["cos"], sin=kw["sin"], positions=kw["positions"],
+                 rope_style=ROPE_STYLE)
         return q_out, kv_out
 
-    return {"fused": fused, "reference": lambda: _chain(*args), "compiled": lambda: compiled_chain(*args)}
+    return {"fused": fused, "reference": lambda: reference_chain(*args), "compiled": lambda: compiled_chain(*args)}
 
 
 def _peers(kw: dict, dev) -> dict:
@@ -113,7 +107,7 @@ def _peers(kw: dict, dev) -> dict:
     return sglang.qk_bench_calls(kw)
 
 
-def _inputs(s: perf.VerifyShape, dev) -> dict:
+def _inputs(s: wr.VerifyShape, dev) -> dict:
     from cases.qk_norm_rope import catalog as c
 
     case = c.QkNormRopeCase(T=s.T, H=s.H, D=D, R=R, rope_style=ROPE_STYLE, eps=EPS, seed=1000 * s.B + s.H,
@@ -124,8 +118,8 @@ def _inputs(s: perf.VerifyShape, dev) -> dict:
 WIDE_CSV = "qk_norm_rope_bench.csv"
 
 
-def measurements(shape_list: list[perf.VerifyShape], ctx: perf.Context):
-    compiled_chain = perf.compile_static(_chain)
+def measurements(shape_list: list[wr.VerifyShape], ctx: perf.Context):
+    compiled_chain = perf.compile_static(reference_chain)
     for s in shape_list:
         kw = _inputs(s, ctx.dev)
         impls = _implementations(kw, compiled_chain)
@@ -135,18 +129,18 @@ def measurements(shape_list: list[perf.VerifyShape], ctx: perf.Context):
         t.update(perf.measure(_peers(kw, ctx.dev), ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS,
                               graph_rep_ms=GRAPH_REP_MS))
         del kw, impls, qa, ka, qb, kb
-        yield perf.Measured(s, t, bytes_moved(s), {"max_abs_diff": diff})
+        yield wr.Measured(s, t, bytes_moved(s), {"max_abs_diff": diff})
 
 
-def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
+def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     s, diff, t = m.shape, m.extra["max_abs_diff"], m.timings
-    peer = t.get(PEERS[0], perf.NOT_MEASURED)
+    peer = t.get(PEERS[0], pr.NOT_MEASURED)
     fused_g, peer_g = t["fused"].graph_us, peer.graph_us
-    row = BenchRow(B=s.B, L=L, T=s.T, H=s.H, D=D, bytes_moved=m.bytes_moved, **perf.fused_vs_chain(m, rows["fused"]),
+    row = BenchRow(B=s.B, L=L, T=s.T, H=s.H, D=D, bytes_moved=m.bytes_moved, **wr.fused_vs_chain(m, rows["fused"]),
                    max_abs_diff=diff, fused_graph_us=fused_g, sglang_us=peer.p50_us,
-                   sglang_graph_us=peer_g, sglang_over_fused_graph=perf.ratio(peer_g, fused_g))
+                   sglang_graph_us=peer_g, sglang_over_fused_graph=pr.ratio(peer_g, fused_g))
     sglang = f" | graph fused {fused_g:6.2f} us, sglang {peer_g:6.2f} us (x{row.sglang_over_fused_graph:4.2f})"
-    return row, f"{perf.fused_line(m, rows['fused'])} | max|Δ| {diff:.3g}{sglang if PEERS[0] in t else ''}"
+    return row, f"{wr.fused_line(m, rows['fused'])} | max|Δ| {diff:.3g}{sglang if PEERS[0] in t else ''}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from harness.bench import before as before_module
-from cases.qk_norm_rope.bench import D, EPS, R, ROPE_STYLE, _chain
+from cases.qk_norm_rope.bench_shape import D, EPS, R, ROPE_STYLE, reference_chain
 
 VS_T = (1, 5, 16, 64, 320, 1280, 4096)
 VS_H = (8, 16, 32, 128)
@@ -109,7 +109,7 @@ def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, bef
     place), ``floor`` (H + 1 programs storing one word each: the replay cost of a launch), the
     reference chain and its torch.compile (verify only: the chain's ring store indexes
     with a boolean mask, which syncs). Eager: our public wrapper as a caller runs it (value checks
-    on, the default; ``checked=False``; and ``_launch`` alone, outputs preallocated), SGLang's call as its
+    on, the default; ``checked=False``; and ``launch`` alone, outputs preallocated), SGLang's call as its
     model calls it. ``before``: another
     copy of fused/qk_norm_rope/wrapper.py (a module), timed as ``before`` (graph) beside ours."""
     from fused import device_checks
@@ -120,13 +120,13 @@ def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, bef
     q_out, kv_out = torch.empty_like(q), torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
     launch = {k: kw[k] for k in ("q", "kv", "kv_norm_weight", "q_norm_weight", "eps", "rope_dim", "cos", "sin",
                                  "positions", "rope_style", "ring", "loc")}
-    graph = {_config_name(cfg): functools.partial(f._launch, q_out=q_out, kv_out=kv_out, config=cfg, **launch)
+    graph = {_config_name(cfg): functools.partial(f.launch, q_out=q_out, kv_out=kv_out, config=cfg, **launch)
              for cfg in configs}
     # the default config with the value checks in the kernel (checked="device"; its record is never raised here)
-    graph["device-checked"] = functools.partial(f._launch, q_out=q_out, kv_out=kv_out,
+    graph["device-checked"] = functools.partial(f.launch, q_out=q_out, kv_out=kv_out,
                                                 flags=device_checks.record(q.device), **launch)
     if before is not None:
-        graph["before"] = functools.partial(before._launch, q_out=q_out, kv_out=kv_out, **launch)
+        graph["before"] = functools.partial(before.launch, q_out=q_out, kv_out=kv_out, **launch)
     # the launch floor: as many one-warp programs as ours at T 1 (H q heads + kv), a word each
     words = torch.empty(H + 1, dtype=torch.int32, device=q.device)
     graph["floor"] = lambda: _floor_kernel[(1, H + 1)](words, num_warps=1)
@@ -134,7 +134,7 @@ def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, bef
              "ours-device-checked": functools.partial(f.qk_norm_rope, **launch, checked="device"),
              "ours-unchecked": functools.partial(f.qk_norm_rope, **launch, checked=False),
              # the launch alone (arguments validated, outputs allocated once): what Triton's dispatch costs
-             "ours-launch": functools.partial(f._launch, q_out=q_out, kv_out=kv_out, **launch)}
+             "ours-launch": functools.partial(f.launch, q_out=q_out, kv_out=kv_out, **launch)}
     if sglang_mod is not None:
         sg_kv = kv.clone()  # SGLang writes kv in place: its own copy (a strided slice as ours)
         sg_kv = torch.empty(T, 96 + D, dtype=kv.dtype, device=kv.device)[:, 96:].copy_(kv)
@@ -147,7 +147,7 @@ def vs_calls(kw: dict, mode: str, configs: list, sglang_mod, compiled_chain, bef
         eager["sglang"] = functools.partial(sglang_mod.fused_qk_norm_rope_swa_store, **sg)
     if mode == "verify":
         args = (q, kv, kw["kv_norm_weight"], kw["cos"], kw["sin"], kw["positions"])
-        graph["chain"] = lambda: _chain(*args)
+        graph["chain"] = lambda: reference_chain(*args)
         if compiled_chain is not None:
             graph["compiled"] = lambda: compiled_chain(*args)
     return graph, eager
@@ -169,10 +169,10 @@ def byte_differences(kw: dict, configs: list, before=None, sglang_mod=None) -> d
         fn(q_out=q_out, kv_out=kv_out, ring=ring, **launch, **extra)
         return [t.contiguous().view(-1).view(torch.uint8) for t in (q_out, kv_out, ring) if t is not None]
 
-    ref = run(f._launch)
-    others = {_config_name(c): functools.partial(f._launch, config=c) for c in configs if c is not None}
+    ref = run(f.launch)
+    others = {_config_name(c): functools.partial(f.launch, config=c) for c in configs if c is not None}
     if before is not None:
-        others["before"] = before._launch
+        others["before"] = before.launch
     if sglang_mod is not None:
         def sglang(q_out, kv_out, ring, **_):
             T, H, _d = kw["q"].shape
@@ -199,7 +199,7 @@ def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool
             sglang_mod = sg.load()["fused_qk_norm_rope_store"]
         except sg.SGLangUnavailable as exc:
             progress(f"  sglang: {exc}; its columns are left out")
-    compiled_chain = torch.compile(_chain, dynamic=True) if with_compiled else None
+    compiled_chain = torch.compile(reference_chain, dynamic=True) if with_compiled else None
     rows = []
     for mode in modes:
         for H in Hs:

@@ -3,7 +3,7 @@
 DeepSeek-V4: head_dim 512, rope_dim 64 (interleaved), no q weight, local heads 8…128 after
 TP; a verify batch has T = B·(L+1) tokens; kv is a strided slice of ``qkv_a``. A layer is
 unified (the bf16 ring, ``ring``) or non-unified (``unified=False``: the paged fp8 SWA cache,
-``swa_cache`` + ``swa_page_size``, ``reference.qk_norm_rope.chain.SwaLayout``; ``ring`` None), the
+``swa_cache`` + ``swa_page_size``, ``reference.qk_norm_rope.swa.SwaLayout``; ``ring`` None), the
 gate's third branch.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from hypothesis import strategies as st
 
 from cases.timeline_family import Family
-from reference.qk_norm_rope.chain import SWA_TILE, SwaLayout
+from reference.qk_norm_rope.swa import SWA_TILE, SwaLayout
 
 FORWARD_MODES = ("decode", "target_verify")
 

@@ -23,9 +23,9 @@ def _qk_norm_rope_two_launches(*, q, kv, kv_norm_weight, q_norm_weight=None, eps
     if q_out is None:
         q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
-    f._launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight,
-              eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring,
-              loc=loc, head_launches=((H, H), (1, 0)))  # BUG: the q heads in one launch, kv (+ the store) in a second
+    f.launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight,
+             eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring,
+             loc=loc, head_launches=((H, H), (1, 0)))  # BUG: the q heads in one launch, kv (+ the store) in a second
     return q_out, kv_out
 
 

@@ -5,6 +5,7 @@ import torch
 
 from harness.registry import Impl
 from reference.qk_norm_rope import chain as r
+from reference.qk_norm_rope import swa
 
 
 def _rope_swapped_on(side: str):
@@ -32,7 +33,7 @@ def _eps_outside_sqrt(*, forward_mode, ring, loc, q, q_norm_weight, eps, cos, si
         xf = x.float()
         y = xf / (xf.pow(2).mean(-1, keepdim=True).sqrt() + eps)
         y = y if w is None else y * w.float()
-        return r._rope_fp32(y, cos[positions], sin[positions], rope_dim, rope_style).to(x.dtype)
+        return r.rope_fp32(y, cos[positions], sin[positions], rope_dim, rope_style).to(x.dtype)
 
     q_res = norm_rope(q, q_norm_weight)
     if q_out is not None:
@@ -85,7 +86,7 @@ def _chain_with_store(kw, store):
         return r.qk_norm_rope_step(forward_mode=forward_mode, ring=ring, loc=loc, **kw)
     r.validate(ring=None, loc=loc, swa_cache=swa_cache, swa_page_size=page_size, **kw)
     q_out, kv_out = r.qk_norm_rope(**kw)
-    store(kv_out, swa_cache, loc, r.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]), int(page_size)))
+    store(kv_out, swa_cache, loc, swa.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]), int(page_size)))
     return {"q_out": q_out, "kv_out": kv_out}
 
 
@@ -110,16 +111,14 @@ def _bf16_row_in_fp8_cache(**kw):
 def _floor_exponent_store(kv_out, swa_cache, loc, lay):
     """The paged store with the tile exponent floor(log2(amax/448)) instead of the ceiling: every
     tile's largest values scale past 448 and saturate."""
-    from reference.qk_norm_rope import swa
-
     orig = swa.swa_scale_exponent
 
     def floor_exp(amax):
-        return torch.floor(torch.log2(amax.clamp_min(r.SWA_AMAX_FLOOR) / r.SWA_FP8_MAX)).to(torch.int32)
+        return torch.floor(torch.log2(amax.clamp_min(swa.SWA_AMAX_FLOOR) / swa.SWA_FP8_MAX)).to(torch.int32)
 
     swa.swa_scale_exponent = floor_exp  # BUG
     try:
-        r.swa_paged_store(kv_out, swa_cache, loc, lay)
+        swa.swa_paged_store(kv_out, swa_cache, loc, lay)
     finally:
         swa.swa_scale_exponent = orig
 
@@ -130,7 +129,7 @@ def _scale_exponent_floored(**kw):
 
 def _pad_byte_store(kv_out, swa_cache, loc, lay):
     """The paged store writing the whole scale record, its pad byte zeroed too."""
-    r.swa_paged_store(kv_out, swa_cache, loc, lay)
+    swa.swa_paged_store(kv_out, swa_cache, loc, lay)
     valid = loc >= 0
     slot_id = loc[valid].long()
     page, slot = slot_id // lay.page_size, slot_id % lay.page_size

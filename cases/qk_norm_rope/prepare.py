@@ -11,6 +11,7 @@ from harness.backend import branch_mode
 from harness.timelines.prepare import OneRowPrepare
 from harness.timelines.prepare import exact_check as _exact
 from reference.qk_norm_rope import chain as qk_ref
+from reference.qk_norm_rope import swa
 
 OP = "qk_norm_rope"
 
@@ -31,7 +32,7 @@ class QkNormRopePrepare(OneRowPrepare):
 
     def new_cache(self, tr, g):
         fam = tr.fam
-        lay = qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
+        lay = swa.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
         pages = -(-tr.kv.buffers[0].shape[0] // fam.page_size)
         return torch.randint(0, 256, (pages, lay.page_bytes), generator=g, dtype=torch.uint8).to(tr.device)
 
@@ -40,9 +41,9 @@ class QkNormRopePrepare(OneRowPrepare):
         if layer not in tr.fam.non_unified_layers:
             return []
         fam = tr.fam
-        lay = qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
+        lay = swa.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
         pool = tr.layer_caches[layer]
-        got = qk_ref.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(truth.dtype)
+        got = swa.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(truth.dtype)
         return [_exact(f"state:swa-cache:r{r}", got, truth)]  # staged (``compare.Batch``)
 
     def run(self, tr, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf, *, branch, truth_pos):
@@ -97,18 +98,18 @@ class QkNormRopePrepare(OneRowPrepare):
                     q_norm_weight=tr.w.q_norm[layer], eps=1e-6, rope_dim=fam.rope_dim, cos=tr.w.cos, sin=tr.w.sin,
                     positions=torch.cat((pos_t, pad0)), rope_style="interleaved")
         truth = dict(args, positions=torch.cat((truth_pos, pad0)))
-        pool, lay = tr.cache(layer), qk_ref.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
+        pool, lay = tr.cache(layer), swa.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
         before = pool.clone()
         out = tr.path.prepare.fn(forward_mode=mode, ring=None, loc=loc, q_out=None, swa_cache=pool,
                                  swa_page_size=fam.page_size, **args)
         oracle = qk_ref.qk_norm_rope_oracle(**truth)
         ref_q, ref_kv = qk_ref.qk_norm_rope(**truth)
         slots = tr.valid_rows()  # loc[loc >= 0] (the slots read on the host once a step)
-        buf[slots] = qk_ref.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(buf.dtype)
+        buf[slots] = swa.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(buf.dtype)
         kv_val = buf[loc.clamp(min=0)]  # exact: an e4m3 value times 2**e is a bf16 value
         ref_pool = before.clone()  # the chain's rows through the same store, decoded
-        qk_ref.swa_paged_store(ref_kv, ref_pool, loc, lay)
-        ref_val = qk_ref.swa_decode(ref_pool[slots // lay.page_size], slots % lay.page_size, lay)
+        swa.swa_paged_store(ref_kv, ref_pool, loc, lay)
+        ref_val = swa.swa_decode(ref_pool[slots // lay.page_size], slots % lay.page_size, lay)
         v = tr.valid_index(T)
         tq = ops.lookup_tolerance(OP, "q_out", torch.bfloat16)
         tkv = ops.lookup_tolerance(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
@@ -144,10 +145,10 @@ class QkNormRopePrepare(OneRowPrepare):
         from harness.e2e.model import EPS
 
         fam, cos, sin = model.fam, model.cos[pos], model.sin[pos]
-        q = qk_ref._rope_fp32(qk_ref._rms_norm_fp32(pr["q"].view(-1, fam.H, fam.D), None, EPS),
+        q = qk_ref.rope_fp32(qk_ref.rms_norm_fp32(pr["q"].view(-1, fam.H, fam.D), None, EPS),
+                             cos, sin, model.rope_dim, model.rope_style)
+        kv = qk_ref.rope_fp32(qk_ref.rms_norm_fp32(pr["kv"], model.w(f"l{layer}.kv_norm"), EPS),
                               cos, sin, model.rope_dim, model.rope_style)
-        kv = qk_ref._rope_fp32(qk_ref._rms_norm_fp32(pr["kv"], model.w(f"l{layer}.kv_norm"), EPS),
-                               cos, sin, model.rope_dim, model.rope_style)
         return q, kv[:, None], kv[:, None]
 
 

@@ -47,9 +47,9 @@ def _paged_effect(inputs, oracle, valid) -> Effect:
     """The non-unified store's effect on ``swa_cache``: the pages holding loc's slots; their token
     records decoded (``swa_decode``: what attention reads) against the oracle's kv rows; every other
     byte of those pages (other slots, the pad bytes, the page padding) and every other page kept."""
-    from reference.qk_norm_rope import chain as r
+    from reference.qk_norm_rope import swa
 
-    lay = r.SwaLayout(inputs["kv"].shape[1], int(inputs["rope_dim"]), int(inputs["swa_page_size"]))
+    lay = swa.SwaLayout(inputs["kv"].shape[1], int(inputs["rope_dim"]), int(inputs["swa_page_size"]))
     slots = inputs["loc"].cpu()[valid].long()
     pages, where = torch.unique(slots // lay.page_size, return_inverse=True)  # (n_pages,), (n,)
     slot = slots % lay.page_size
@@ -61,9 +61,9 @@ def _paged_effect(inputs, oracle, valid) -> Effect:
 
 def _decode_tokens(page_rows, *, where, slot, lay):
     """(n_pages, page_bytes) uint8 -> (n, D) fp64: token i's record from page ``where[i]``, slot ``slot[i]``."""
-    from reference.qk_norm_rope import chain as r
+    from reference.qk_norm_rope import swa
 
-    return r.swa_decode(page_rows[where.to(page_rows.device)], slot, lay)
+    return swa.swa_decode(page_rows[where.to(page_rows.device)], slot, lay)
 
 
 def _qk_effects(case, inputs, oracle):
@@ -107,6 +107,7 @@ def _qk_compiled(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=None,
     """torch.compile of the reference chain's two launches (+ the decode ring store, or the
     non-unified paged store, both eager)."""
     from reference.qk_norm_rope import chain as r
+    from reference.qk_norm_rope import swa
 
     r.validate(ring=ring, loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size, **kw)
     q_fn, kv_fn = _qk_compiled_fns()
@@ -114,8 +115,8 @@ def _qk_compiled(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=None,
     q_out = q_fn(kw["q"], kw["q_norm_weight"], *a, kw["q_out"])
     kv_out = kv_fn(kw["kv"], kw["kv_norm_weight"], *a)
     if swa_cache is not None:
-        r.swa_paged_store(kv_out, swa_cache, loc, r.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]),
-                                                              int(swa_page_size)))
+        swa.swa_paged_store(kv_out, swa_cache, loc, swa.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]),
+                                                                  int(swa_page_size)))
     elif forward_mode == "decode":
         r.ring_store(kv_out, ring, loc)
     return {"q_out": q_out, "kv_out": kv_out}

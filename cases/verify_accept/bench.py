@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.bench import perf
+from harness.bench import wide_rows as wr
 from reports.rows import PerfRow
 
 OP = "verify_accept"
@@ -73,8 +74,8 @@ def bytes_moved(s: Shape) -> int:
 
 
 # mismatches: fused vs the chain, elements of output_ids and accept_length (must be 0)
-BenchRow = perf.wide_row_type(__name__, (("B", int), ("L", int), ("V", int), ("T", int), ("bytes_moved", int)),
-                              (("mismatches", int),))
+BenchRow = wr.wide_row_type(__name__, (("B", int), ("L", int), ("V", int), ("T", int), ("bytes_moved", int)),
+                            (("mismatches", int),))
 
 
 def _inputs(s: Shape, dev) -> dict:
@@ -110,7 +111,7 @@ def _implementations(kw: dict, compiled_chain) -> dict:
     def fused():
         out = torch.empty((B, drafts.shape[1] + 1), dtype=r.OUT_DTYPE, device=dev)
         n = torch.empty((B,), dtype=r.OUT_DTYPE, device=dev)
-        f._launch(output_ids=out, accept_length=n, **kw)
+        f.launch(output_ids=out, accept_length=n, **kw)
         return out, n
 
     args = (kw["target_logits"], drafts, kw["qo_indptr"])
@@ -129,14 +130,14 @@ def measurements(shape_list: list[Shape], ctx: perf.Context):
         bad = int((fo != ro).sum()) + int((fn != rn).sum())
         t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
         del kw, impls, fo, fn, ro, rn
-        yield perf.Measured(s, t, bytes_moved(s), {"mismatches": bad})
+        yield wr.Measured(s, t, bytes_moved(s), {"mismatches": bad})
 
 
-def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
+def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     s, bad = m.shape, m.extra["mismatches"]
-    row = BenchRow(B=s.B, L=s.L, V=s.V, T=s.T, bytes_moved=m.bytes_moved, **perf.fused_vs_chain(m, rows["fused"]),
+    row = BenchRow(B=s.B, L=s.L, V=s.V, T=s.T, bytes_moved=m.bytes_moved, **wr.fused_vs_chain(m, rows["fused"]),
                    mismatches=bad)
-    line = f"{perf.fused_line(m, rows['fused'])} | mismatches {bad}"
+    line = f"{wr.fused_line(m, rows['fused'])} | mismatches {bad}"
     if bad:
         line += f"\n  MISMATCH {s.case}: {bad} output elements of the fused kernel differ from the chain's"
     return row, line

@@ -74,8 +74,8 @@ def _row_stride_ignored(*, target_logits, draft_tokens, qo_indptr):
     B, L, V = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr)
     out = torch.empty((B, L + 1), dtype=ref.OUT_DTYPE, device=target_logits.device)
     n = torch.empty((B,), dtype=ref.OUT_DTYPE, device=target_logits.device)
-    f._launch(output_ids=out, accept_length=n, target_logits=target_logits, draft_tokens=draft_tokens,
-              qo_indptr=qo_indptr, stride_row=V)  # BUG: target_logits.stride(0)
+    f.launch(output_ids=out, accept_length=n, target_logits=target_logits, draft_tokens=draft_tokens,
+             qo_indptr=qo_indptr, stride_row=V)  # BUG: target_logits.stride(0)
     return {"output_ids": out, "accept_length": n}
 
 

@@ -52,7 +52,7 @@ def base_cases(device):
     from cases.verify_attention import catalog as c
     from harness.fuzz.targets import pow2_floor
     from fused.verify_attention import wrapper as f
-    from cases.verify_attention.spec import _kernel_can_handle
+    from cases.verify_attention.spec import kernel_can_handle as _kernel_can_handle
 
     ok_kv = tuple(n for n, d in (("bf16", torch.bfloat16), ("e4m3fn", torch.float8_e4m3fn),
                                  ("e4m3fnuz", torch.float8_e4m3fnuz))

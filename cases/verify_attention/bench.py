@@ -32,6 +32,8 @@ import torch
 
 from harness.gpu import profiling
 from harness.bench import perf
+from harness.bench import perf_rows as pr
+from harness.bench import wide_rows as wr
 from reports.rows import PerfRow
 
 OP = "verify_attention"
@@ -97,7 +99,10 @@ class BenchRow:
     shared_graph_pct_copy: float
 
 
-def _inputs(layout: str, B: int, n: int, H: int, L: int, dev: str = "cuda"):
+def bench_inputs(layout: str, B: int, n: int, H: int, L: int, dev: str = "cuda"):
+    """The benchmark's inputs: B requests of L drafts over n prefix tokens each (page size 1, random
+    slots), H query heads on one KV head, ``layout`` "gqa" (D = Dv = 256) or "mla" (576 / 512) ->
+    (kwargs of the op, D, Dv)."""
     D, Dv = (576, 512) if layout == "mla" else (256, 256)
     g = torch.Generator(device=dev).manual_seed(B * 1000 + n)
     T, S = B * L, B * n
@@ -122,7 +127,7 @@ def kv_bytes_read(layout: str, B: int, n: int, D: int, Dv: int) -> int:
     return B * n * (D + (0 if layout == "mla" else Dv)) * 2
 
 
-def _splits(B: int, n: int, blocks: int, sms: int) -> int:
+def splits_for(B: int, n: int, blocks: int, sms: int) -> int:
     """As many splits as keep the prefix programs within two per SM (no partial third wave), each
     split at least 256 prefix tokens. Measured on the H200 (explore of 2026-11-29, shared-KV, L 4,
     H 16): GQA B 64 prefix 16K 376 us at 4 splits (256 programs) vs 391 at 8 (what rounding up
@@ -168,10 +173,10 @@ def _implementations(kw: dict, B: int, n: int, D: int, Dv: int, s_shared: int, s
             q4.transpose(1, 2), dense["k"], dense["v"], attn_mask=mask, scale=kw["sm_scale"], enable_gqa=True)
 
     return {
-        "fused-shared-kv": lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, **fast),
-        "fused-shared-kv-bf16p": lambda: f._launch("shared_kv", **kw, num_kv_splits=s_shared, p_precision="bf16",
-                                                   **fast),
-        "fused-split-kv": lambda: f._launch("split_kv", **kw, num_kv_splits=s_split, **fast),
+        "fused-shared-kv": lambda: f.launch("shared_kv", **kw, num_kv_splits=s_shared, **fast),
+        "fused-shared-kv-bf16p": lambda: f.launch("shared_kv", **kw, num_kv_splits=s_shared, p_precision="bf16",
+                                                  **fast),
+        "fused-split-kv": lambda: f.launch("split_kv", **kw, num_kv_splits=s_split, **fast),
         "reference": lambda: r.verify_attention(**kw, num_kv_splits=s_split),
         "compiled": lambda: compiled(q4, k4, v4, kw["k_buffer"], kw["v_buffer"], idx, mask, kw["sm_scale"]),
         "sdpa": sdpa,
@@ -194,14 +199,15 @@ WIDE_CSV = "verify_attention_bench.csv"
 
 
 def measurements(shape_list: list[Shape], ctx: perf.Context):
+    from fused.verify_attention import config as vc
     from fused.verify_attention import wrapper as f
 
     compiled = perf.compile_static(_dense_reference)
     for s in shape_list:
         B, n = s.B, s.prefix
-        kw, D, Dv = _inputs(s.layout, B, n, s.H, L, dev=ctx.dev.torch_device)
-        s_shared = _splits(B, n, s.H // f.block_h_for(s.H, D), ctx.sms)
-        s_split = _splits(B, n, s.H, ctx.sms)
+        kw, D, Dv = bench_inputs(s.layout, B, n, s.H, L, dev=ctx.dev.torch_device)
+        s_shared = splits_for(B, n, s.H // vc.block_h_for(s.H, D), ctx.sms)
+        s_split = splits_for(B, n, s.H, ctx.sms)
         a = f.verify_shared_kv(**kw, num_kv_splits=s_shared)["o"]
         b = f.verify_split_kv(**kw, num_kv_splits=s_split)["o"]
         diff = float((a.float() - b.float()).abs().max())
@@ -211,17 +217,17 @@ def measurements(shape_list: list[Shape], ctx: perf.Context):
         t.update(perf.measure(_peers(kw, ctx.dev), ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS))
         fast = dict(num_kv_splits=s_shared, check=False, validate=False)
         # replayed from a graph: a launch alone is shorter than its host-side launch path, so its eager time is the host's
-        t_prefix, t_combine, t_graph = (profiling.graph_time_us(lambda st=st: f._launch("shared_kv", **kw, stages=st, **fast))
+        t_prefix, t_combine, t_graph = (profiling.graph_time_us(lambda st=st: f.launch("shared_kv", **kw, stages=st, **fast))
                                         for st in (("prefix",), ("combine",), ("prefix", "combine")))
         del kw
         if not ctx.dev.interpreted:
             torch.cuda.empty_cache()
-        yield perf.Measured(s, t, kv_bytes_read(s.layout, B, n, D, Dv),
-                            dict(D=D, Dv=Dv, s_shared=s_shared, diff=diff, t_prefix=t_prefix, t_combine=t_combine,
-                                 t_graph=t_graph, copy_gbps=ctx.copy_gbps))
+        yield wr.Measured(s, t, kv_bytes_read(s.layout, B, n, D, Dv),
+                          dict(D=D, Dv=Dv, s_shared=s_shared, diff=diff, t_prefix=t_prefix, t_combine=t_combine,
+                               t_graph=t_graph, copy_gbps=ctx.copy_gbps))
 
 
-def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
+def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     s, x = m.shape, m.extra
     sh, sp = rows["fused-shared-kv"], rows["fused-split-kv"]
     ms = {k: v.p50_us / 1e3 for k, v in m.timings.items()}
@@ -229,13 +235,13 @@ def wide_row(m: perf.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]
     row = BenchRow(s.layout, s.B, s.prefix, s.H, x["D"], x["Dv"], L, x["s_shared"], m.bytes_moved / 1e9,
                    ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"], ms["fused-split-kv"], ms["reference"],
                    ms["compiled"], ms["sdpa"],
-                   *(perf.ratio(ms[k], ms["fused-shared-kv"]) for k in ("fused-split-kv", "reference", "compiled",
-                                                                         "sdpa")),
-                   perf.ratio(ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"]), peer["sglang-shared-kv"],
-                   peer["sglang-split-kv"], perf.ratio(peer["sglang-shared-kv"], ms["fused-shared-kv-bf16p"]),
+                   *(pr.ratio(ms[k], ms["fused-shared-kv"]) for k in ("fused-split-kv", "reference", "compiled",
+                                                                       "sdpa")),
+                   pr.ratio(ms["fused-shared-kv"], ms["fused-shared-kv-bf16p"]), peer["sglang-shared-kv"],
+                   peer["sglang-split-kv"], pr.ratio(peer["sglang-shared-kv"], ms["fused-shared-kv-bf16p"]),
                    sh.gbps / 1e3, 100 * sh.frac_of_copy, 100 * sp.frac_of_copy, x["diff"], x["t_prefix"] / 1e3,
                    x["t_combine"] / 1e3, x["t_graph"] / 1e3,
-                   100 * perf.bandwidth(m.bytes_moved, x["t_graph"], x["copy_gbps"])[1])
+                   100 * pr.bandwidth(m.bytes_moved, x["t_graph"], x["copy_gbps"])[1])
     line = (f"shared {row.shared_ms:8.3f} ms ({row.shared_pct_copy:5.1f}% copy) | "
             f"bf16p {row.shared_bf16p_ms:8.3f} ms ({row.shared_over_bf16p:5.2f}x) | "
             f"sglang shared {row.sglang_shared_ms:8.3f} ms ({row.sglang_shared_over_bf16p:5.2f}x bf16p) "

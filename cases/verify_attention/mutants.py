@@ -47,7 +47,7 @@ def _kv_head_offset_straddling(**kw):
     bh = 2
     while bh <= group:
         bh *= 2
-    return f._launch("shared_kv", block_h=bh, check=False, **kw)
+    return f.launch("shared_kv", block_h=bh, check=False, **kw)
 
 
 def _kv_head_can_handle(case, device):
@@ -60,9 +60,9 @@ def _kv_head_can_handle(case, device):
 
 def _last_partial_tile_dropped(**kw):
     """Each split's prefix loop runs over whole BLOCK_N tiles only: the partial last tile is lost."""
-    from fused.verify_attention import wrapper as f
+    from fused.verify_attention import config as vc
 
-    block_n = f.block_config(kw["q"].shape[2])[1]
+    block_n = vc.block_config(kw["q"].shape[2])[1]
 
     def bounds(n, splits):
         return [(lo, lo + (hi - lo) // block_n * block_n) for lo, hi in r.split_bounds(n, splits)]
@@ -134,14 +134,14 @@ def _unwritten_split_scratch(**kw):
     if kind is None:
         return r.verify_attention(**kw)
     lengths = (kw["kv_indptr"][1:] - kw["kv_indptr"][:-1]).tolist()
-    return f._launch(kind, prefix_splits=active_splits(lengths, kw["num_kv_splits"]), **kw)
+    return f.launch(kind, prefix_splits=active_splits(lengths, kw["num_kv_splits"]), **kw)
 
 
 def _unwritten_split_can_handle(case, device):
     from cases.verify_attention import catalog as c
-    from cases.verify_attention.spec import _kernel_can_handle
+    from cases.verify_attention.spec import kernel_can_handle
 
-    verdict = _kernel_can_handle("split_kv")(case, device)
+    verdict = kernel_can_handle("split_kv")(case, device)
     if verdict is not True:
         return verdict
     lengths = c.prefix_lengths(case.prefix, case.B, case.seed)

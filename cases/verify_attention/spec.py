@@ -30,11 +30,11 @@ KILL = KillPlan(clean=("reference", "fused", "fused-split-kv", "fused-shared-kv"
 
 def _batched(kw: dict) -> bool:
     """Whether the verify reference takes the whole batch at once (three launches) or loops over
-    the requests (three each): ``reference.verify_attention.batched.batchable``."""
-    from reference.verify_attention import batched as rb
+    the requests (three each): ``reference.verify_attention.chain.batchable``."""
+    from reference.verify_attention import chain as r
 
-    return kw.get("custom_mask") is None and rb.batchable(kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist(),
-                                                          kw["q"].shape[1], kw["v"].shape[2])
+    return kw.get("custom_mask") is None and r.batchable(kw["qo_indptr"].tolist(), kw["kv_indptr"].tolist(),
+                                                         kw["q"].shape[1], kw["v"].shape[2])
 
 
 def _capture_patches(inputs):
@@ -43,27 +43,26 @@ def _capture_patches(inputs):
     from fused.verify_attention import wrapper as f
     from reference.verify_attention import chain as ref
 
-    meta = f._shape_of(**inputs)  # host metadata of this batch (reads indptrs: outside capture)
+    meta = f.shape_of(**inputs)  # host metadata of this batch (reads indptrs: outside capture)
 
     def shapes_only(*, q, k, v, qo_indptr, **_):
         return qo_indptr.shape[0] - 1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2]
 
-    return [(ref, "validate", shapes_only), (f, "_shape_of", lambda **_: meta)]
+    return [(ref, "validate", shapes_only), (f, "shape_of", lambda **_: meta)]
 
 
 # GPU-only checks (harness.gpu.runners): 2 launches on every path (a prefix kernel plus one combine;
 # the backend runs exactly one path); the chain 3 launches, per request unless batchable
 GPU = GpuPlan(("gpu-qwen35-b64-h16-p1024", "k3-mla-h64-l3-e4m3fn"), "gpu-k3-b16-h64-p16k", 2,
               ("prefix_split_partials", "draft_partial", "combine",
-               "reference.verify_attention.batched:prefix_split_partials_batched",
-               "reference.verify_attention.batched:draft_partial_batched"),
+               "prefix_split_partials_batched", "draft_partial_batched"),
               lambda c, kw: 3 if _batched(kw) else 3 * c.B, "verify_attention",
               reference_not_capturable="the chain loops over requests on host copies of qo_indptr / kv_indptr "
                                        "(.tolist(): a device->host sync, which capture forbids)",
               capture_patches=_capture_patches)
 
 
-def _kernel_can_handle(kind):
+def kernel_can_handle(kind):
     """Impl-level can_handle: the kernel's own shape rule on the case's shape, plus topk == 1
     (neither kernel reads a tree mask; in the backend the gate keeps them away from trees)."""
     def can_handle(case, device):
@@ -134,16 +133,16 @@ def _batched_can_handle(case, device):
     """The batched chain's entry: one verify width, no tree (topk 1), and its padded scores within the
     memory the reference allows its own batched form (``BATCHED_SCORE_BYTES``)."""
     from cases.verify_attention import catalog as c
-    from reference.verify_attention import batched as rb
+    from reference.verify_attention import chain as r
 
     if case.topk != 1:
         return f"topk {case.topk} > 1 needs a tree mask; the batched chain has none"
     if len(set(c.widths(case))) != 1:
         return "ragged verify widths (the batched chain pads prefixes, not drafts)"
     n_max = max(c.prefix_lengths(case.prefix, case.B, case.seed))
-    need = rb.score_bytes(case.B, case.H, case.L, n_max, case.Dv)
-    if need > rb.BATCHED_SCORE_BYTES:
-        return f"padded scores {need} bytes > BATCHED_SCORE_BYTES {rb.BATCHED_SCORE_BYTES}"
+    need = r.score_bytes(case.B, case.H, case.L, n_max, case.Dv)
+    if need > r.BATCHED_SCORE_BYTES:
+        return f"padded scores {need} bytes > BATCHED_SCORE_BYTES {r.BATCHED_SCORE_BYTES}"
     return True
 
 
@@ -200,13 +199,13 @@ def register(reg: Registry) -> None:
     reg.add(Impl("verify_attention", "reference-batched", "reference", rb.verify_attention_batched,
                  can_handle=_batched_can_handle,
                  doc="the same chain's three launches over the whole batch at once (one verify width, no tree)"))
-    reg.add(Impl("verify_attention", "fused-split-kv", "fused", _split_kv, can_handle=_kernel_can_handle("split_kv"),
+    reg.add(Impl("verify_attention", "fused-split-kv", "fused", _split_kv, can_handle=kernel_can_handle("split_kv"),
                  doc="per-head split-KV Triton kernel, grid (B, H, S) + combine"))
     reg.add(Impl("verify_attention", "fused-shared-kv", "fused", _shared_kv,
-                 can_handle=_kernel_can_handle("shared_kv"),
+                 can_handle=kernel_can_handle("shared_kv"),
                  doc="grouped shared-KV Triton kernel, grid (B, H/BLOCK_H, S) + combine"))
     reg.add(Impl("verify_attention", "fused-shared-kv-bf16p", "fused", _shared_kv_bf16p,
-                 can_handle=_kernel_can_handle("shared_kv"), precision="bf16-p",
+                 can_handle=kernel_can_handle("shared_kv"), precision="bf16-p",
                  doc="the shared-KV kernel with P·V as one bf16(P) dot per tile (FlashAttention's rounding)"))
     reg.add(Impl("verify_attention", "fused", "fused", _dispatch,
                  doc="backend: gate, then shared-KV -> split-KV -> reference by can_handle"))

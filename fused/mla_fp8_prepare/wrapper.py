@@ -56,7 +56,7 @@ def _saturate(x, FP8_MAX: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T", "H"])  # one compile per layout, not per batch shape
-def _mla_fp8_prepare_kernel(
+def mla_fp8_prepare_kernel(
     q8_ptr,  # (T, H, DN + R) fp8 out
     kv_ptr,  # (S, DN + R) fp8 KV buffer: rows loc[t] written, every other row untouched
     q_nope_ptr,  # (T, H, DN) bf16, unit stride on the last axis
@@ -81,6 +81,7 @@ def _mla_fp8_prepare_kernel(
     BLOCK_R: tl.constexpr,  # next_power_of_2(R)
     HAS_K_MUL: tl.constexpr,
 ):
+    """The op's one launch (module docstring): q rows to q8, then k rows to ``kv_buffer[loc]``, in fp8."""
     pid = tl.program_id(0).to(tl.int64)  # int64: row offsets can pass 2**31 on large pools
     n_q_blocks = tl.cdiv(T * H, BLOCK_ROWS)
     offs_dn = tl.arange(0, BLOCK_DN)
@@ -144,7 +145,7 @@ def k_mul_tensor(kv_descale, device) -> torch.Tensor | None:
     return t
 
 
-def _launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.Tensor | None) -> None:
+def launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.Tensor | None) -> None:
     """The one launch. Arguments already validated; ``k_mul`` a (1,) fp32 tensor on the device, or None."""
     T, H, DN = q_nope.shape
     R = q_rope.shape[2]
@@ -152,7 +153,7 @@ def _launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.
         return
     block_rows, num_warps = block_config(os.environ.get("TRITON_INTERPRET") == "1")
     grid = (triton.cdiv(T * H, block_rows) + triton.cdiv(T, block_rows),)
-    _mla_fp8_prepare_kernel[grid](
+    mla_fp8_prepare_kernel[grid](
         q8_ptr=q8, kv_ptr=kv_buffer, q_nope_ptr=q_nope, q_rope_ptr=q_rope, k_nope_ptr=k_nope, k_rope_ptr=k_rope,
         loc_ptr=loc, k_mul_ptr=k_mul if k_mul is not None else q8,  # q8: never read (HAS_K_MUL off)
         T=T, H=H, DN=DN, R=R,
@@ -191,8 +192,8 @@ def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descal
         raise UnsupportedError("fp8_policy", f"the fused kernel implements {KERNEL_FP8_POLICY!r} only, "
                                            f"got {fp8_policy!r}; the dispatch sends it to the chain")
     q8 = torch.empty((T, H, Dn + R), dtype=kv_buffer.dtype, device=kv_buffer.device)
-    _launch(q8=q8, kv_buffer=kv_buffer, q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, loc=loc,
-            k_mul=k_mul_tensor(kv_descale, kv_buffer.device))
+    launch(q8=q8, kv_buffer=kv_buffer, q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, loc=loc,
+           k_mul=k_mul_tensor(kv_descale, kv_buffer.device))
     return q8
 
 
@@ -305,6 +306,6 @@ def compile_specs():
         for has_k_mul in (False, True):
             const = {"FP8_MAX": torch.finfo(ref.FP8_DTYPES[fmt]).max, "BLOCK_ROWS": block_rows, "BLOCK_DN": 512,
                      "BLOCK_R": 64, "HAS_K_MUL": has_k_mul}
-            specs.append((f"_mla_fp8_prepare_kernel[{fmt},k_mul={int(has_k_mul)}]", _mla_fp8_prepare_kernel, sig,
+            specs.append((f"mla_fp8_prepare_kernel[{fmt},k_mul={int(has_k_mul)}]", mla_fp8_prepare_kernel, sig,
                           const, warps, FP8_TARGETS[fmt]))
     return specs

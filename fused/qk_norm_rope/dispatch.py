@@ -12,10 +12,10 @@ import torch
 
 from fused import device_checks
 from fused.qk_norm_rope import kernels as kern
-from reference.qk_norm_rope import chain as ref
+from reference.qk_norm_rope import swa
 
 FAST_LAUNCH_ENV = "VP_FAST_LAUNCH"
-_SIGNATURE = tuple(inspect.signature(kern._qk_norm_rope_kernel.fn).parameters.values())
+_SIGNATURE = tuple(inspect.signature(kern.qk_norm_rope_kernel.fn).parameters.values())
 # every parameter in signature order with its default (None for the required ones: the call gives them)
 ALL_ARGS = {p.name: None if p.default is inspect.Parameter.empty else p.default for p in _SIGNATURE}
 POINTERS = tuple(n for n in ALL_ARGS if n.endswith("_ptr"))
@@ -24,8 +24,8 @@ CONSTEXPRS = tuple(p.name for p in _SIGNATURE if "constexpr" in str(p.annotation
 # the int parameters Triton specialises on their value (== 1, divisible by 16): every other int is
 # in the kernel's do_not_specialize (tests/test_fast_launch.py holds the two lists together)
 SPECIALISED_INTS = ("D", "R")
-_DNS_INTS = tuple(getattr(kern._qk_norm_rope_kernel, "do_not_specialize", None)  # JIT / interpreter
-                  or kern._qk_norm_rope_kernel.kwargs["do_not_specialize"])
+_DNS_INTS = tuple(getattr(kern.qk_norm_rope_kernel, "do_not_specialize", None)  # JIT / interpreter
+                  or kern.qk_norm_rope_kernel.kwargs["do_not_specialize"])
 _I32 = 2**31
 _ZEROS = (0,) * len(_DNS_INTS)  # the default of a dns int the call leaves out (the pool's, without a pool)
 _compiled: dict[tuple, object] = {}
@@ -53,7 +53,7 @@ def compiled_launch(grid, args: dict, num_warps: int):
     key = _variant_key(args, num_warps) if os.environ.get(FAST_LAUNCH_ENV, "1") != "0" else None
     compiled = _compiled.get(key) if key is not None else None
     if compiled is None:
-        compiled = kern._qk_norm_rope_kernel[grid](**args, num_warps=num_warps)
+        compiled = kern.qk_norm_rope_kernel[grid](**args, num_warps=num_warps)
         if key is None or compiled is None:
             return None
         compiled = _compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled
@@ -65,7 +65,7 @@ def compiled_launch(grid, args: dict, num_warps: int):
 def pointer_args(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, cos, sin, positions, ring, loc,
                  swa_cache, flags) -> dict:
     """The kernel's tensor arguments from the op's (the one place that maps them:
-    ``fused.qk_norm_rope.wrapper._launch`` and a ``Plan``'s calls). Absent ones are left out (the kernel's
+    ``fused.qk_norm_rope.wrapper.launch`` and a ``Plan``'s calls). Absent ones are left out (the kernel's
     defaults); a pointer the kernel does not read without its feature gets a tensor of the call (its
     dtype is in the variant's key)."""
     ptrs = dict(q_out_ptr=q_out, kv_out_ptr=kv_out, ring_ptr=kv_out if ring is None else ring, q_ptr=q, kv_ptr=kv,
@@ -73,7 +73,7 @@ def pointer_args(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, cos, si
                 cos_ptr=cos, sin_ptr=sin, pos_ptr=positions,
                 loc_ptr=positions if ring is None and swa_cache is None else loc)
     if swa_cache is not None:
-        ptrs.update(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(ref.SWA_FP8))
+        ptrs.update(pool_ptr=swa_cache, pool_fp8_ptr=swa_cache.view(swa.SWA_FP8))
     if flags is not None:
         ptrs["flag_ptr"] = flags
     return ptrs

@@ -1,5 +1,5 @@
 """Triton kernels of ``qk_norm_rope`` (seed 000; ``fused.qk_norm_rope.wrapper`` launches them, its docstring
-describes the grid): ``_qk_norm_rope_kernel`` normalises and rotates one q head (or, program ``H``,
+describes the grid): ``qk_norm_rope_kernel`` normalises and rotates one q head (or, program ``H``,
 kv) for BLOCK_T tokens, with ``_norm_rope_tile`` (the RMSNorm and RoPE of one tile; ``_rope_partner``
 moves each rope dim's partner in registers) and, for a non-unified layer, ``_paged_fp8_store``.
 """
@@ -91,7 +91,7 @@ def _paged_fp8_store(
     FP8_MAX: tl.constexpr,
     AMAX_FLOOR: tl.constexpr,
 ):
-    """The non-unified store (reference.qk_norm_rope.chain.SwaLayout): per 64-value nope tile a ue8m0
+    """The non-unified store (reference.qk_norm_rope.swa.SwaLayout): per 64-value nope tile a ue8m0
     exponent e = ceil(log2(max(|max|, 1e-8) / 448)) from the fp32 quotient's bits (no log2),
     codes fp8(clamp(x · 2**-e, ±448)), the rope dims' bf16 bytes; the pad byte is left alone."""
     write = mask_t & (loc >= 0) & (loc < n_slots)  # a slot past the pool (unchecked input): skipped
@@ -163,7 +163,7 @@ def _check_values(flag_ptr, pos_in, pos_ok, loc_ptr, offs_t, mask_t, T, n_pos, n
 @triton.jit(do_not_specialize=["T", "H", "stride_q_t", "stride_q_h", "stride_kv_t", "stride_qo_t", "stride_qo_h",
                                "stride_kvo_t", "stride_ring_s", "stride_cs_p", "stride_pool_p", "page_size",
                                "n_pos", "n_slots"])
-def _qk_norm_rope_kernel(
+def qk_norm_rope_kernel(
     q_out_ptr,  # (T, H, D) out, contiguous
     kv_out_ptr,  # (T, D) out, contiguous
     ring_ptr,  # (S, D) ring, rows loc[t] written when HAS_STORE
@@ -207,6 +207,8 @@ def _qk_norm_rope_kernel(
     CHECK_VALUES: tl.constexpr = False,  # the kv programs check positions and slots (fused.device_checks)
     BLOCK_S: tl.constexpr = 256,  # slots compared per step of the duplicate scan
 ):
+    """The op's one launch (``fused.qk_norm_rope.wrapper.launch``): RMSNorm + RoPE of one q head, or of kv
+    (program H, with its ring or paged store), for BLOCK_T tokens."""
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)  # int64: T*H*D can pass 2**31

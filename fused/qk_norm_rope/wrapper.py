@@ -26,6 +26,7 @@ from fused import device_checks
 from fused.qk_norm_rope import dispatch
 from fused.qk_norm_rope import kernels as kern
 from reference.qk_norm_rope import chain as ref
+from reference.qk_norm_rope import swa
 from reference.checks import check_bool, value_check_mode
 
 VERIFY_SWITCH_ENV = "VP_FUSED_QK_NORM_ROPE_VERIFY"
@@ -67,9 +68,9 @@ def vec_width(D: int, *strides: int) -> int:
     return 8 if all(v % 8 == 0 for v in (D, *strides)) else 1
 
 
-def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
-            rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None, config=None,
-            head_launches=None, flags=None) -> list:
+def launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, positions,
+           rope_style, ring=None, loc=None, swa_cache=None, swa_page_size=None, config=None,
+           head_launches=None, flags=None) -> list:
     """The one launch. Arguments already validated, outputs allocated (the benchmark calls this
     directly). ``config``: (BLOCK_T, num_warps) instead of ``block_config``'s (the benchmark's
     candidates). ``head_launches``: ((programs along the head axis, the kernel's H), ...) instead of
@@ -88,8 +89,8 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
     n_t = -(-T // BLOCK_T)  # cdiv (triton.cdiv is a constexpr_function since Triton 3.5: ~5 us a call)
     extra = {} if flags is None else dict(CHECK_VALUES=True)
     extra |= dict(stride_pool_p=swa_cache.stride(0),
-                  page_size=int(swa_page_size), PAGED_FP8_STORE=True, FP8_MAX=ref.SWA_FP8_MAX,
-                  AMAX_FLOOR=ref.SWA_AMAX_FLOOR) if paged else {}
+                  page_size=int(swa_page_size), PAGED_FP8_STORE=True, FP8_MAX=swa.SWA_FP8_MAX,
+                  AMAX_FLOOR=swa.SWA_AMAX_FLOOR) if paged else {}
     strides = (q.stride(0), q.stride(1), kv.stride(0), q_out.stride(0), q_out.stride(1), kv_out.stride(0),
                ring.stride(0) if has_store else 0)
     block_r = max(ROPE_TILE, _pow2(rope_dim))  # one tile width for R <= 64: fewer variants
@@ -110,7 +111,7 @@ def _launch(*, q_out, kv_out, q, kv, kv_norm_weight, q_norm_weight, eps, rope_di
             VEC=vec_width(D, rope_dim, *strides), **extra,
         )
         if interpreted:
-            kern._qk_norm_rope_kernel[(n_t, programs)](**args, num_warps=num_warps)
+            kern.qk_norm_rope_kernel[(n_t, programs)](**args, num_warps=num_warps)
         else:
             grid = (n_t, programs, 1)
             launches.append((dispatch.compiled_launch(grid, args, num_warps), grid, args))
@@ -126,7 +127,7 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     q_norm_weight (D,) or None; cos, sin (max_pos, R/2) fp32; positions (T,) int;
     ring (S, D) bf16 and loc (T,) int, both or neither (the unified ring store); or
     swa_cache (num_pages, page_bytes) uint8, swa_page_size and loc (the non-unified paged fp8
-    store, ``reference.qk_norm_rope.chain.SwaLayout``); q_out (T, H, D) or None.
+    store, ``reference.qk_norm_rope.swa.SwaLayout``); q_out (T, H, D) or None.
     Returns (q_out (T, H, D), kv_out (T, D) contiguous): kv_out holds the bf16 rows the kernel
     stored (the paged store quantises exactly these).
 
@@ -161,10 +162,10 @@ def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, co
     if q_out is None:
         q_out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     kv_out = torch.empty((T, D), dtype=kv.dtype, device=kv.device)
-    launches = _launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight,
-                       q_norm_weight=q_norm_weight, eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions,
-                       rope_style=rope_style, ring=ring, loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size,
-                       flags=device_checks.record(q.device) if mode == "device" else None)
+    launches = launch(q_out=q_out, kv_out=kv_out, q=q, kv=kv, kv_norm_weight=kv_norm_weight,
+                      q_norm_weight=q_norm_weight, eps=eps, rope_dim=rope_dim, cos=cos, sin=sin, positions=positions,
+                      rope_style=rope_style, ring=ring, loc=loc, swa_cache=swa_cache, swa_page_size=swa_page_size,
+                      flags=device_checks.record(q.device) if mode == "device" else None)
     if key is not None and len(launches) == 1 and launches[0][0] is not None:
         dispatch.remember(key, dispatch.Plan(*launches[0], device_checked=mode == "device",
                                              q_meta=((T, H, D), q.dtype, q.device),
@@ -230,7 +231,7 @@ def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=
         q_out, kv_out = ref.qk_norm_rope(**kw)
     if not unified and d.return_kv:  # kv handed back: the backend's own paged store (launch 3') runs
         ref.validate(**kw, **store)  # checked before the first byte of the cache is written
-        ref.swa_paged_store(kv_out, swa_cache, loc, ref.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]),
+        swa.swa_paged_store(kv_out, swa_cache, loc, swa.SwaLayout(kv_out.shape[1], int(kw["rope_dim"]),
                                                                   int(swa_page_size)))
     elif not d.in_kernel_store and forward_mode == "decode":
         ref.ring_store(kv_out, ring, loc)  # the backend stores before a 1-source decode
@@ -263,8 +264,8 @@ def compile_specs():
         const = {"BLOCK_T": block_t, "BLOCK_D": block_d, "HAS_Q_WEIGHT": has_q_w,
                  "HAS_STORE": store == "ring", "IS_NEOX": neox, "BLOCK_R": 64, "PARTNER_IN_REGS": True, "VEC": 8,
                  "PAGED_FP8_STORE": store == "paged",
-                 "FP8_MAX": ref.SWA_FP8_MAX, "AMAX_FLOOR": ref.SWA_AMAX_FLOOR, "CHECK_VALUES": check, "BLOCK_S": 256}
-        specs.append((f"_qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)},block_t={block_t},"
+                 "FP8_MAX": swa.SWA_FP8_MAX, "AMAX_FLOOR": swa.SWA_AMAX_FLOOR, "CHECK_VALUES": check, "BLOCK_S": 256}
+        specs.append((f"qk_norm_rope_kernel[qw={int(has_q_w)},store={store},neox={int(neox)},block_t={block_t},"
                       f"warps={warps}{',device-checked' if check else ''}]",
-                      kern._qk_norm_rope_kernel, sig, const, warps))
+                      kern.qk_norm_rope_kernel, sig, const, warps))
     return specs

@@ -36,7 +36,7 @@ SENTINEL = tl.constexpr(2 ** 31 - 1)  # an index no row has: lanes that saw no e
 
 
 @triton.jit(do_not_specialize=["V", "L", "stride_row"])  # one compile per layout, not per vocabulary or L
-def _verify_accept_kernel(
+def verify_accept_kernel(
     out_ptr,  # (B, L + 1) int32 out: accepted drafts, the bonus token, then -1
     len_ptr,  # (B,) int32 out: accepted drafts
     logits_ptr,  # (N, V) bf16, unit stride on the last axis, rows stride_row apart
@@ -49,6 +49,7 @@ def _verify_accept_kernel(
     BLOCK_V: tl.constexpr,  # vocabulary entries per chunk and lane count
     NUM_STAGES: tl.constexpr,  # software-pipelined chunk loads in flight (compiled; the interpreter ignores it)
 ):
+    """The op's one launch (module docstring): program b, request b's argmax rows and acceptance walk."""
     b = tl.program_id(0)
     start = tl.load(qo_ptr + b).to(tl.int64)
     end = tl.load(qo_ptr + b + 1).to(tl.int64)
@@ -93,13 +94,13 @@ def block_config(interpreted: bool) -> tuple[int, int, int]:
     return (4096, 1, 1) if interpreted else (8192, 8, 3)
 
 
-def _launch(*, output_ids, accept_length, target_logits, draft_tokens, qo_indptr, stride_row: int | None = None
-            ) -> None:
+def launch(*, output_ids, accept_length, target_logits, draft_tokens, qo_indptr, stride_row: int | None = None
+           ) -> None:
     """The one launch. Arguments already validated. ``stride_row``: the row stride the kernel is
     told (default: the tensor's own)."""
     B, Lp1 = output_ids.shape
     block_v, num_warps, num_stages = block_config(os.environ.get("TRITON_INTERPRET") == "1")
-    _verify_accept_kernel[(B,)](
+    verify_accept_kernel[(B,)](
         out_ptr=output_ids, len_ptr=accept_length, logits_ptr=target_logits, draft_ptr=draft_tokens,
         qo_ptr=qo_indptr, V=target_logits.shape[1], L=Lp1 - 1,
         stride_row=target_logits.stride(0) if stride_row is None else stride_row, stride_out=output_ids.stride(0),
@@ -124,8 +125,8 @@ def verify_accept(*, target_logits, draft_tokens, qo_indptr, checked=None):
     dev = target_logits.device
     out = torch.empty((B, L + 1), dtype=ref.OUT_DTYPE, device=dev)
     n = torch.empty((B,), dtype=ref.OUT_DTYPE, device=dev)
-    _launch(output_ids=out, accept_length=n, target_logits=target_logits, draft_tokens=draft_tokens,
-            qo_indptr=qo_indptr)
+    launch(output_ids=out, accept_length=n, target_logits=target_logits, draft_tokens=draft_tokens,
+           qo_indptr=qo_indptr)
     return {"output_ids": out, "accept_length": n}
 
 
@@ -133,7 +134,7 @@ def compile_specs():
     """Signatures for the ahead-of-time compile check (``python -m harness compile``): both index
     dtypes of the drafts and of qo_indptr (the kernel's own arguments: ``fused.compile_specs``)."""
     block_v, warps, stages = block_config(interpreted=False)
-    return [variant(f"draft={draft_sig[1:]},qo={qo_sig[1:]}", _verify_accept_kernel,
+    return [variant(f"draft={draft_sig[1:]},qo={qo_sig[1:]}", verify_accept_kernel,
                     {"out_ptr": "*i32", "len_ptr": "*i32", "logits_ptr": "*bf16", "draft_ptr": draft_sig,
                      "qo_ptr": qo_sig}, {"BLOCK_V": block_v, "NUM_STAGES": stages}, warps)
             for draft_sig in ("*i32", "*i64") for qo_sig in ("*i32", "*i64")]

@@ -22,7 +22,8 @@ BLOCK_CONFIG = {
     "gfx942": {64: (4, 256, 4, 1), 128: (4, 128, 4, 1), 256: (4, 64, 8, 1), 576: (4, 32, 8, 1)},
     "gfx950": {64: (4, 256, 4, 1), 128: (4, 128, 4, 1), 256: (4, 64, 8, 1), 576: (4, 32, 8, 1)},
 }
-_DEFAULT_ARCH = "sm90"
+# the arch whose table an arch without one of its own takes (``block_config``)
+DEFAULT_ARCH = "sm90"
 # arch -> rows (query heads x padded drafts) per combine program by default; an arch not listed combines
 # with the prefix kernel's BLOCK_H. The combine is latency-bound (per row: S partials, one draft tile): on
 # the H200 (B 64, H 16, L 4; harness.bench.sweep --combine-block-h, devjobs explore of 2026-11-29) 16 rows
@@ -39,7 +40,7 @@ def arch() -> str:
 
 
 def block_config(head_dim: int, arch_name: str | None = None) -> tuple[int, int, int, int]:
-    table = BLOCK_CONFIG.get(arch_name or arch(), BLOCK_CONFIG[_DEFAULT_ARCH])
+    table = BLOCK_CONFIG.get(arch_name or arch(), BLOCK_CONFIG[DEFAULT_ARCH])
     key = min((d for d in table if d >= head_dim), default=max(table))
     return table[key]
 

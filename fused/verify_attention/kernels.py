@@ -2,12 +2,12 @@
 ``_attend_tile`` (one online-softmax step over a tile of keys) is the only place where scores,
 masks, exponentials and the P·V product are computed; every kernel below calls it.
 
-  _verify_prefix_kernel   grid (B, H / BLOCK_H, S): BLOCK_H heads × L_PAD drafts per program
-                          share each KV tile (BLOCK_H·L_PAD ≥ 16 rows): the shared-KV kernel;
-                          at BLOCK_H = 1 (one query head × L drafts per program, rows padded to
-                          L_PAD ≥ 16, the prefix re-read for every head) the per-head split-KV one.
-  _verify_combine_kernel  grid (B, H / BLOCK_H): the draft triangle (unscaled, causal or not)
-                          then a log-sum-exp merge of the S prefix partials.
+  verify_prefix_kernel   grid (B, H / BLOCK_H, S): BLOCK_H heads × L_PAD drafts per program
+                         share each KV tile (BLOCK_H·L_PAD ≥ 16 rows): the shared-KV kernel;
+                         at BLOCK_H = 1 (one query head × L drafts per program, rows padded to
+                         L_PAD ≥ 16, the prefix re-read for every head) the per-head split-KV one.
+  verify_combine_kernel  grid (B, H / BLOCK_H): the draft triangle (unscaled, causal or not)
+                         then a log-sum-exp merge of the S prefix partials.
 
 Rows are head-major: row r is head ``head_start + r // L_PAD``, draft ``r % L_PAD``; rows with
 draft index ≥ L are padding (q = 0, never stored). Loaded bf16/fp8 values go to the dots as
@@ -148,7 +148,7 @@ def _store_partial(mid_acc_ptr, mid_ml_ptr, row_tok, row_head, row_mask, split, 
 
 @triton.jit(do_not_specialize=["L", "H", "num_kv_splits", "kv_group_num"])  # one compile per layout, not
 # per batch shape or head grouping
-def _verify_prefix_kernel(
+def verify_prefix_kernel(
     mid_acc_ptr,  # (T, H, S, DV) fp32 out: v_scale·Σ p·v per split
     mid_ml_ptr,  # (T, H, S, 2) fp32 out: (max, sum) per split
     q_ptr,  # (T, H, D) bf16
@@ -171,6 +171,7 @@ def _verify_prefix_kernel(
     BLOCK_DN: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
     SINGLE_P_DOT: tl.constexpr,  # P·V as one bf16 dot (class bf16-p) instead of P_hi + P_lo
 ):
+    """Launch 1 (module docstring): per (request, head block, split) the prefix partials (m, l, acc)."""
     b = tl.program_id(0).to(tl.int64)
     head_start = tl.program_id(1) * BLOCK_H
     split = tl.program_id(2)
@@ -196,7 +197,7 @@ def _verify_prefix_kernel(
 
 @triton.jit(do_not_specialize=["L", "H", "num_kv_splits", "kv_group_num"])  # one compile per layout, not
 # per batch shape or head grouping
-def _verify_combine_kernel(
+def verify_combine_kernel(
     o_ptr,  # (T, H, DV) bf16 out, contiguous
     mid_acc_ptr, mid_ml_ptr,  # partials of the prefix kernel
     q_ptr,  # (T, H, D) bf16
@@ -213,6 +214,7 @@ def _verify_combine_kernel(
     BLOCK_DN: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
     SINGLE_P_DOT: tl.constexpr,  # the draft triangle's P·V as one bf16 dot (class bf16-p)
 ):
+    """Launch 2 (module docstring): per (request, head block) the draft triangle, then the log-sum-exp merge."""
     b = tl.program_id(0).to(tl.int64)
     head_start = tl.program_id(1) * BLOCK_H
     offs_dn = tl.arange(0, BLOCK_DN)

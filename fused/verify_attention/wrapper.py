@@ -16,17 +16,8 @@ import triton
 
 from fused.compile_specs import variant
 from fused.verify_attention import kernels as kern
-# the launch configuration per arch (fused.verify_attention.config; harness.bench.sweep tunes BLOCK_CONFIG)
-from fused.verify_attention.config import (  # noqa: F401
-    _DEFAULT_ARCH,
-    BLOCK_CONFIG,
-    COMBINE_ROWS,
-    arch,
-    block_config,
-    block_h_for,
-    combine_block_h_for,
-    l_pad_for,
-)
+# the launch configuration per arch (fused.verify_attention.config; harness.bench.sweep tunes its BLOCK_CONFIG)
+from fused.verify_attention.config import arch, block_config, block_h_for, combine_block_h_for, l_pad_for
 from reference.verify_attention import chain as ref
 from reference.checks import RangeError, UnsupportedError, check_bool, check_choice, check_int
 
@@ -65,7 +56,9 @@ def shape_can_handle(kind: str, *, uniform: bool, H: int, Hkv: int, D: int, Dv: 
     return True
 
 
-def _shape_of(q, k_buffer, v_buffer, qo_indptr, **_):
+def shape_of(q, k_buffer, v_buffer, qo_indptr, **_):
+    """What the kernels' shape rule (``shape_can_handle``) reads of a call: uniform widths, heads, head
+    dims, the KV dtype (host metadata: reads qo_indptr)."""
     qo = qo_indptr.tolist()
     w = {qo[i + 1] - qo[i] for i in range(len(qo) - 1)}
     return dict(uniform=len(w) == 1, H=q.shape[1], Hkv=k_buffer.shape[1], D=q.shape[2], Dv=v_buffer.shape[2],
@@ -74,7 +67,7 @@ def _shape_of(q, k_buffer, v_buffer, qo_indptr, **_):
 
 def can_handle(kind: str, **inputs) -> bool | str:
     """Tensor-level ``can_handle`` of one kernel ("split_kv" | "shared_kv")."""
-    return shape_can_handle(kind, **_shape_of(**inputs))
+    return shape_can_handle(kind, **shape_of(**inputs))
 
 
 # ----------------------------------------------------------------------------- launches
@@ -125,9 +118,9 @@ def _dims(D: int, Dv: int) -> dict:
                 BLOCK_DV=triton.next_power_of_2(Dv))
 
 
-def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
-            k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, combine_block_h=None, check=True,
-            validate=True, stages=("prefix", "combine"), p_precision="bf16x2", prefix_splits=None, **_routing):
+def launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
+           k_scale=1.0, v_scale=1.0, num_kv_splits=1, o=None, block_h=None, combine_block_h=None, check=True,
+           validate=True, stages=("prefix", "combine"), p_precision="bf16x2", prefix_splits=None, **_routing):
     """``check=False`` skips can_handle and ``prefix_splits`` launches the prefix kernel over that
     many splits instead of ``num_kv_splits`` (mutants only); ``validate=False`` skips the
     host-syncing argument checks and ``stages`` leaves a launch out (the benchmark's time breakdown).
@@ -153,7 +146,7 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
     else:
         block_h = 1
     if check:
-        shape = _shape_of(q=q, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr)
+        shape = shape_of(q=q, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr)
         verdict = shape_can_handle(kind, block_h=block_h, **shape)
         if verdict is not True:
             raise ValueError(f"{kind} kernel cannot run this input: {verdict}")
@@ -179,11 +172,11 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
     # the split-KV kernel is the shared-KV one at BLOCK_H 1, reading its KV head per query head
     has_kv_heads = (Hkv > 1) if kind == "shared_kv" else True
     if "prefix" in stages:
-        kern._verify_prefix_kernel[(B, triton.cdiv(H, block_h), prefix_splits or S)](
+        kern.verify_prefix_kernel[(B, triton.cdiv(H, block_h), prefix_splits or S)](
             HAS_KV_HEADS=has_kv_heads, BLOCK_H=block_h, L_PAD=l_pad, SINGLE_P_DOT=single_p_dot, **common)
     if "combine" not in stages:
         return {"o": o}
-    kern._verify_combine_kernel[(B, triton.cdiv(H, cbh))](
+    kern.verify_combine_kernel[(B, triton.cdiv(H, cbh))](
         o_ptr=o, mid_acc_ptr=mid_acc, mid_ml_ptr=mid_ml, q_ptr=q, k_ptr=k, v_ptr=v, L=L, H=H, num_kv_splits=S,
         sm_scale=sm_scale, stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_k_t=k.stride(0),
         stride_k_h=k.stride(1), stride_v_t=v.stride(0), stride_v_h=v.stride(1), kv_group_num=group,
@@ -196,14 +189,14 @@ def _launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indic
 def verify_split_kv(**kw):
     """Per-head split-KV kernel; same contract as ``reference.verify_attention.chain.verify_attention``
     for topk == 1: a tree mask is refused (UnsupportedError; the gate never routes one here)."""
-    return _launch("split_kv", **kw)
+    return launch("split_kv", **kw)
 
 
 def verify_shared_kv(*, p_precision="bf16x2", **kw):
     """Grouped shared-KV kernel; same contract, topk == 1 only (a tree mask: UnsupportedError).
     ``p_precision="bf16"``: the single-dot variant, one bf16(P)·V product per tile instead of two
     (precision class bf16-p); "bf16x2" (default): exact-fp32."""
-    return _launch("shared_kv", p_precision=p_precision, **kw)
+    return launch("shared_kv", p_precision=p_precision, **kw)
 
 
 # ----------------------------------------------------------------------------- the gate
@@ -275,11 +268,11 @@ def compile_specs():
                      "v_buffer_ptr": f"*{kv}", "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "scale": "fp32",
                      "v_scale": "fp32"}
         tag = f"D={D},Dv={Dv},hkv={hkv},kv={kv}"
-        specs.append(variant(f"{tag},split_kv", kern._verify_prefix_kernel, pre_types,
+        specs.append(variant(f"{tag},split_kv", kern.verify_prefix_kernel, pre_types,
                              dict(HAS_KV_HEADS=True, BLOCK_H=1, L_PAD=l_pad_for(4, 1), BLOCK_N=block_n,
                                   SINGLE_P_DOT=False, **dims), warps))
         for single in (False, True):  # p_precision bf16x2 / bf16
-            specs.append(variant(f"{tag}{',single_p_dot' if single else ''}", kern._verify_prefix_kernel, pre_types,
+            specs.append(variant(f"{tag}{',single_p_dot' if single else ''}", kern.verify_prefix_kernel, pre_types,
                                  dict(HAS_KV_HEADS=hkv > 1, BLOCK_H=bh, L_PAD=l_pad_for(4, bh), BLOCK_N=block_n,
                                       SINGLE_P_DOT=single, **dims), warps))
         comb_types = {"o_ptr": "*bf16", "mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16",
@@ -289,7 +282,7 @@ def compile_specs():
             if single and not causal and hkv == 1:
                 continue
             specs.append(variant(f"{tag},causal={int(causal)}{',single_p_dot' if single else ''}",
-                                 kern._verify_combine_kernel, comb_types,
+                                 kern.verify_combine_kernel, comb_types,
                                  dict(HAS_KV_HEADS=hkv > 1, IS_CAUSAL=causal, BLOCK_H=bh, L_PAD=l_pad_for(4, bh),
                                       L_KEYS=16, SINGLE_P_DOT=single, **dims), warps))
     return specs

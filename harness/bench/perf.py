@@ -2,7 +2,7 @@
 and its launches counted through ``harness.gpu.profiling``), the run plan with its wall-time estimate,
 and the run that ``python -m harness.bench`` and each ``python -m harness.bench.<op>`` call. PerfRow
 assembly and the summary (pure functions of the timings) are ``harness.bench.perf_rows``, the shapes'
-and wide rows' shared parts ``harness.bench.wide_rows``: both re-exported here.
+and wide rows' shared parts ``harness.bench.wide_rows``.
 
 An op benchmark module provides: ``OP``; ``IMPLS`` (the PerfRow impl names it measures, with
 ``reference`` = the unfused chain and ``compiled`` = torch.compile of it); ``EXPECTED_LAUNCHES``
@@ -32,26 +32,7 @@ import torch
 
 from harness import devices
 from harness.gpu import profiling
-from harness.bench.perf_rows import (  # noqa: F401  (re-exported: the op benchmarks' and tests' names)
-    MODES,
-    NOT_MEASURED,
-    Timing,
-    bandwidth,
-    launch_failures,
-    perf_rows,
-    print_table,
-    ratio,
-    summary,
-    table,
-)
-from harness.bench.wide_rows import (  # noqa: F401  (re-exported)
-    FUSED_VS_CHAIN_COLUMNS,
-    Measured,
-    VerifyShape,
-    fused_line,
-    fused_vs_chain,
-    wide_row_type,
-)
+from harness.bench.perf_rows import NOT_MEASURED, Timing, launch_failures, perf_rows, print_table, summary, table
 from reports.rows import PerfRow, Provenance, write_csv
 
 NO_GPU = ("no GPU visible to torch (torch.cuda.is_available() is False): nothing was measured and no perf.csv "

@@ -51,18 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import pandas as pd
 
+    from fused.verify_attention import config as vc
     from fused.verify_attention import wrapper as f
     from harness import devices
     from harness.gpu import profiling
-    from harness.bench import perf
+    from harness.bench import perf_rows as pr
     from cases.verify_attention import bench as vb
 
     devices.select("auto")
-    arch = f.arch()
+    arch = vc.arch()
     H, L = 16, 4
     shape = vb.Shape(args.layout, B=args.b, prefix=args.prefix, H=H)
-    kw, D, Dv = vb._inputs(args.layout, args.b, args.prefix, H, L)
-    table = f.BLOCK_CONFIG.setdefault(arch, dict(f.BLOCK_CONFIG[f._DEFAULT_ARCH]))
+    kw, D, Dv = vb.bench_inputs(args.layout, args.b, args.prefix, H, L)
+    table = vc.BLOCK_CONFIG.setdefault(arch, dict(vc.BLOCK_CONFIG[vc.DEFAULT_ARCH]))
     key = min((d for d in table if d >= D), default=max(table))
     baseline_cfg = table[key]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -71,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def launch(cfg, splits=None, cbh=None):
         table[key] = cfg
-        block_h = f.block_h_for(H, D)
-        splits = splits or vb._splits(args.b, args.prefix, H // block_h if args.kind == "shared_kv" else H, sms)
-        fn = lambda: f._launch(args.kind, **kw, num_kv_splits=splits, combine_block_h=cbh, check=False,  # noqa: E731
-                               validate=False)
+        block_h = vc.block_h_for(H, D)
+        splits = splits or vb.splits_for(args.b, args.prefix, H // block_h if args.kind == "shared_kv" else H, sms)
+        fn = lambda: f.launch(args.kind, **kw, num_kv_splits=splits, combine_block_h=cbh, check=False,  # noqa: E731
+                              validate=False)
         return fn, splits
 
     want = launch(baseline_cfg)[0]()["o"].float()
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             p20, p50, p80 = profiling.time_quantiles_us(fn, warmup=5, rep=40)
             diff = float((got - want).abs().max())
-            gbps, frac = perf.bandwidth(kv_bytes, p50, copy_gbps)
+            gbps, frac = pr.bandwidth(kv_bytes, p50, copy_gbps)
             rows.append(dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3], splits=splits,
                              combine_block_h=cbh or "", p20_us=p20, p50_us=p50, p80_us=p80, gbps=gbps,
                              frac_of_copy=frac, max_abs_diff=diff, error=""))

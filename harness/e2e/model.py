@@ -63,8 +63,9 @@ def _rms(x: torch.Tensor, w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w.to(dtype)
 
 
-def _fake_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """fp8 e4m3fn round trip of x / scale, times scale; straight-through gradient."""
+def fake_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """fp8 e4m3fn round trip of x / scale, times scale; straight-through gradient (the training forward
+    of a prepare step that writes fp8 rows)."""
     q = (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
     return x + (q - x).detach()
 
@@ -119,8 +120,8 @@ class Micro(torch.nn.Module):
 
     def rope(self, y: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(T, ..., D) -> bf16 with RoPE on the last rope_dim dims (mla / qwen; dsv4's is inside its op)."""
-        return qk_ref._rope_fp32(y.float(), self.cos[positions], self.sin[positions], self.rope_dim,
-                                 self.rope_style).to(torch.bfloat16)
+        return qk_ref.rope_fp32(y.float(), self.cos[positions], self.sin[positions], self.rope_dim,
+                                self.rope_style).to(torch.bfloat16)
 
     def attn_out(self, i: int, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """Residual after attention: x (T, dm) bf16, o (T, H, Dv) bf16 -> (T, dm) bf16."""

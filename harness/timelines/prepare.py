@@ -100,12 +100,12 @@ class Prepare:
     def train(self, model, pr, pos, layer):
         """The micro-model's training forward (fp32, dense: ``harness.e2e.model.Micro.forward``) of
         the projections ``pr`` at positions ``pos`` -> (q (N, H, D), k (N, Hkv, D), v (N, Hkv, Dv))."""
-        from reference.qk_norm_rope.chain import _rope_fp32
+        from reference.qk_norm_rope.chain import rope_fp32
 
         fam = model.fam
-        q = _rope_fp32(pr["q"].view(-1, fam.H, fam.D), model.cos[pos], model.sin[pos], model.rope_dim, model.rope_style)
-        k = _rope_fp32(pr["k"].view(-1, fam.Hkv, fam.D), model.cos[pos], model.sin[pos], model.rope_dim,
-                       model.rope_style)
+        q = rope_fp32(pr["q"].view(-1, fam.H, fam.D), model.cos[pos], model.sin[pos], model.rope_dim, model.rope_style)
+        k = rope_fp32(pr["k"].view(-1, fam.Hkv, fam.D), model.cos[pos], model.sin[pos], model.rope_dim,
+                      model.rope_style)
         return q, k, pr["v"].view(-1, fam.Hkv, fam.Dv)
 
 

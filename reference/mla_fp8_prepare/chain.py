@@ -46,7 +46,7 @@ from reference.checks import (
     check_same_device,
     check_shape,
 )
-from reference.mla_fp8_prepare.encoder import encode_fp8_oracle, fp8_code_values  # noqa: F401 (cases, tests)
+from reference.mla_fp8_prepare.encoder import encode_fp8_oracle
 
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 FP8_FORMAT_OF = {v: k for k, v in FP8_DTYPES.items()}

@@ -7,7 +7,7 @@ Launches of the unfused chain, in order:
      target-verify the backend stores the chunk itself, causally indexed, so this step is
      skipped here.
   3'. ``swa_paged_store(kv_out, swa_cache, loc, page_size)`` — non-unified KV, every mode: the
-     backend's own store of the SWA cache (fp8 quantisation + paged scatter; ``SwaLayout``).
+     backend's own store of the SWA cache (fp8 quantisation + paged scatter; ``reference.qk_norm_rope.swa``).
 
 Math (fp32, one bf16 rounding at the end of each launch):
   y = x * rsqrt(mean(x²) + eps) * w
@@ -17,8 +17,8 @@ Math (fp32, one bf16 rounding at the end of each launch):
 
 ``qk_norm_rope_oracle`` computes the same function in fp64 through a different formulation
 (complex rotation), unrounded. The paged store has no fp64 counterpart: its contract is the
-decoded row against the oracle's kv row within the fp8 rounding (``swa_decode``), and its bytes
-are an exact function of the bf16 row it is given (``swa_encode``).
+decoded row against the oracle's kv row within the fp8 rounding (``swa.swa_decode``), and its bytes
+are an exact function of the bf16 row it is given (``swa.swa_encode``).
 """
 from __future__ import annotations
 
@@ -42,20 +42,8 @@ from reference.checks import (
     check_same_device,
     check_shape,
 )
-# the paged SWA cache (launch 3'): its model lives in reference.qk_norm_rope.swa, part of this op's API
-from reference.qk_norm_rope.swa import (  # noqa: F401
-    SWA_AMAX_FLOOR,
-    SWA_FP8,
-    SWA_FP8_MAX,
-    SWA_SCALE_BIAS,
-    SWA_TILE,
-    SwaLayout,
-    swa_decode,
-    swa_encode,
-    swa_paged_store,
-    swa_scale_exponent,
-    validate_swa,
-)
+# the paged SWA cache (launch 3'): its model lives in reference.qk_norm_rope.swa
+from reference.qk_norm_rope.swa import SwaLayout, swa_paged_store, validate_swa
 
 ROPE_STYLES = ("interleaved", "neox")
 # forward modes of the prepare step: only "decode" stores into the ring here (launch 3); in
@@ -139,7 +127,7 @@ def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, p
     return T, H, D
 
 
-def _rope_fp32(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, rope_style: str) -> torch.Tensor:
+def rope_fp32(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, rope_style: str) -> torch.Tensor:
     """y (T, ..., D) fp32; cos/sin (T, R/2) fp32, already gathered by position. RoPE on the last R dims."""
     c = cos.view(cos.shape[0], *([1] * (y.dim() - 2)), cos.shape[-1])  # (T, 1.., R/2); T may be 0
     s = sin.view_as(c)
@@ -153,7 +141,8 @@ def _rope_fp32(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: 
     return torch.cat((head, rot), dim=-1)
 
 
-def _rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm in fp32, unrounded: x (..., D) upcast, times rsqrt(mean(x²) + eps), times ``weight`` when given."""
     x = x.float()  # bf16 -> fp32 upcast
     y = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
     return y if weight is None else y * weight.float()
@@ -161,7 +150,7 @@ def _rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
 
 def q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out=None):
     """Launch 1. q (T, H, D) bf16 -> (T, H, D) bf16 (written into ``q_out`` when given)."""
-    y = _rope_fp32(_rms_norm_fp32(q, q_norm_weight, eps), cos[positions], sin[positions], rope_dim, rope_style)
+    y = rope_fp32(rms_norm_fp32(q, q_norm_weight, eps), cos[positions], sin[positions], rope_dim, rope_style)
     y = y.to(q.dtype)  # fp32 -> bf16, round to nearest even
     if q_out is None:
         return y
@@ -171,7 +160,7 @@ def q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style
 
 def kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, rope_style):
     """Launch 2. kv (T, D) bf16, possibly a strided slice -> new contiguous (T, D) bf16."""
-    y = _rope_fp32(_rms_norm_fp32(kv, kv_norm_weight, eps), cos[positions], sin[positions], rope_dim, rope_style)
+    y = rope_fp32(rms_norm_fp32(kv, kv_norm_weight, eps), cos[positions], sin[positions], rope_dim, rope_style)
     return y.to(kv.dtype).contiguous()  # fp32 -> bf16
 
 

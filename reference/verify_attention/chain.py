@@ -1,8 +1,8 @@
 """Target-verify attention over a paged prefix plus the draft chunk (seeds 002, 003) — the
 unfused per-head split-KV chain (its masks: ``reference.verify_attention.masks``; its dense fp64
-oracle: ``reference.verify_attention.oracle``, re-exported here). A batch of one verify width takes the same
-launches over every request at once (``reference.verify_attention.batched``); the SDPA baseline is
-``reference.verify_attention.sdpa``.
+oracle: ``reference.verify_attention.oracle``). A batch of one verify width takes the same
+launches over every request at once (the batched form, at the end of this module; as an entry point of
+its own: ``reference.verify_attention.batched``); the SDPA baseline is ``reference.verify_attention.sdpa``.
 
 Launches of the unfused chain, per query head h (the structure of the per-head kernel):
   1. ``prefix_split_partials``  the prefix of request b cut into ``num_kv_splits`` chunks;
@@ -18,7 +18,7 @@ Split partition (shared with the kernels): split_len = cdiv(n, S); split s cover
 
 Roundings (keyword flags, all off by default: the chain above, bitwise): the roundings real
 kernels make on purpose, emulated so that ``harness.tolerance.PRECISION_CLASSES`` can derive
-an allowance from them (``_Roundings``; the per-request loop and its batched form both apply them):
+an allowance from them (``Roundings``; the per-request loop and its batched form both apply them):
   ``bf16_p``         P = exp(x − m) rounded to bf16 before every P·V product (prefix splits and
                      the draft partial); the row sums l use the unrounded p, as kernels do.
   ``bf16_partials``  each prefix split's normalised partial acc/l rounded to bf16 (a kernel
@@ -54,8 +54,7 @@ from reference.checks import (
     check_same_device,
     check_shape,
 )
-from reference.verify_attention.masks import dense_mask, draft_mask, tree_masks  # noqa: F401 (dense_mask: re-export)
-from reference.verify_attention.oracle import verify_attention_oracle  # noqa: F401 (the op's oracle, by name)
+from reference.verify_attention.masks import draft_mask, tree_masks
 
 ACT_DTYPES = (torch.bfloat16,)
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -162,7 +161,7 @@ def _rounded(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class _Roundings:
+class Roundings:
     """Where the chain rounds on purpose (None / False: it does not)."""
     q_prefix: torch.dtype | None = None  # q before q·K over the prefix
     p_prefix: torch.dtype | None = None  # P before P·V over the prefix
@@ -170,13 +169,13 @@ class _Roundings:
     partials: bool = False  # each prefix split's acc/l to bf16
 
     @staticmethod
-    def of(kv_dtype: torch.dtype, *, bf16_p: bool, bf16_partials: bool, fp8_q: bool) -> "_Roundings":
+    def of(kv_dtype: torch.dtype, *, bf16_p: bool, bf16_partials: bool, fp8_q: bool) -> "Roundings":
         bf16_p, bf16_partials, fp8_q = (check_bool(a, v) for a, v in (("bf16_p", bf16_p),
                                                                        ("bf16_partials", bf16_partials),
                                                                        ("fp8_q", fp8_q)))
         kv8 = kv_dtype if fp8_q and kv_dtype in FP8_KV_DTYPES else None
         p16 = torch.bfloat16 if bf16_p else None
-        return _Roundings(q_prefix=kv8, p_prefix=kv8 or p16, p_draft=p16, partials=bf16_partials)
+        return Roundings(q_prefix=kv8, p_prefix=kv8 or p16, p_draft=p16, partials=bf16_partials)
 
     def prefix(self, parts: list) -> list:
         """Split partials as a kernel storing them in bf16 would combine them: acc' = bf16(acc/l)·l
@@ -270,7 +269,7 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
     ``bf16_p``, ``bf16_partials``, ``fp8_q``: emulate a kernel's rounding (module docstring; the
     precision classes of ``harness.tolerance``); off, the chain is bitwise the unrounded one.
     ``_stages`` (prefix, draft, combine) replaces the launches; only mutants pass it. Without them
-    a batch that ``verify_attention_batched.batchable`` takes (one width, no tree mask, its padded
+    a batch that ``batchable`` takes (one width, no tree mask, its padded
     scores small enough) runs the same launches over every request at once; any other, request by request.
     """
     B, T, H, Hkv, D, Dv = validate(
@@ -280,16 +279,14 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
         splitkv_switch=splitkv_switch)
     sm_scale, k_scale, v_scale = float(sm_scale), float(k_scale), float(v_scale)  # numpy scalars: their values
     num_kv_splits, is_causal = int(num_kv_splits), bool(is_causal)
-    rnd = _Roundings.of(k_buffer.dtype, bf16_p=bf16_p, bf16_partials=bf16_partials, fp8_q=fp8_q)
+    rnd = Roundings.of(k_buffer.dtype, bf16_p=bf16_p, bf16_partials=bf16_partials, fp8_q=fp8_q)
     prefix_fn, draft_fn, combine_fn = _stages or (prefix_split_partials, draft_partial, combine)
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
-    from reference.verify_attention import batched
-
-    if _stages is None and custom_mask is None and batched.batchable(qo, kvp, H, Dv):  # the same chain, batch at once
-        res = batched.batched_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, scale=sm_scale,
-                                    k_scale=k_scale, v_scale=v_scale, num_kv_splits=num_kv_splits,
-                                    is_causal=is_causal, rnd=rnd)
-        return _finish(res, q, o)
+    if _stages is None and custom_mask is None and batchable(qo, kvp, H, Dv):  # the same chain, batch at once
+        res = batched_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, scale=sm_scale,
+                            k_scale=k_scale, v_scale=v_scale, num_kv_splits=num_kv_splits,
+                            is_causal=is_causal, rnd=rnd)
+        return finish(res, q, o)
     trees = tree_masks(custom_mask, qo)
     res = torch.empty(T, H, Dv, dtype=torch.float32, device=q.device)
     for b in range(B):
@@ -304,12 +301,98 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
         parts.append(draft_fn(qh, _per_head(k[t0:t1].float(), H), _per_head(v[t0:t1].float(), H),
                               scale=sm_scale, mask=mask, **_p_kw(rnd.p_draft)))
         res[t0:t1] = combine_fn(parts).transpose(0, 1)  # (H, L, Dv) -> (L, H, Dv)
-    return _finish(res, q, o)
+    return finish(res, q, o)
 
 
-def _finish(res: torch.Tensor, q: torch.Tensor, o: torch.Tensor | None) -> dict:
+def finish(res: torch.Tensor, q: torch.Tensor, o: torch.Tensor | None) -> dict:
+    """The chain's (T, H, Dv) fp32 result as the op's outputs: {"o": bf16}, written into ``o`` when given
+    (shared by the loop, the batched entry and the SDPA baseline)."""
     out = res.to(q.dtype)  # fp32 -> bf16, round to nearest even (the only rounding)
     if o is None:
         return {"o": out}
     o.copy_(out)
     return {"o": o}
+
+
+# ----------------------------------------------------------------------------- the batched form
+# The loop's chain takes this form when the widths are uniform, there is no tree mask and no mutant
+# stage, and the padded score tensor stays within ``BATCHED_SCORE_BYTES`` (``batchable``): the
+# end-to-end engine calls the reference with a hundred requests per step, one set of launches
+# instead of a hundred. Up to the order of its fp32 sums the output is the loop's.
+
+BATCHED_SCORE_BYTES = 1 << 28  # padded scores, partials and values of one batched call at most
+
+
+def score_bytes(B: int, H: int, L: int, n_max: int, Dv: int) -> int:
+    """fp32 bytes of one batched call's padded (B, H, L, n_max + L) scores and (B, H, L, Dv) partials."""
+    return B * H * L * (n_max + L + Dv) * 4
+
+
+def batchable(qo: list[int], kvp: list[int], H: int, Dv: int) -> bool:
+    """Whether the loop's chain takes the batch at once: at least two requests of one width whose
+    ``score_bytes`` fit ``BATCHED_SCORE_BYTES``."""
+    B = len(qo) - 1
+    widths = {qo[b + 1] - qo[b] for b in range(B)}
+    if len(widths) != 1 or B < 2:
+        return False
+    L, n_max = widths.pop(), max(kvp[b + 1] - kvp[b] for b in range(B))
+    return score_bytes(B, H, L, n_max, Dv) <= BATCHED_SCORE_BYTES
+
+
+def batched_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, *, scale, k_scale, v_scale, num_kv_splits,
+                  is_causal, rnd: Roundings = Roundings()) -> torch.Tensor:
+    """The chain over the whole batch -> (T, H, Dv) fp32: the same three launches as the loop, each
+    over every request (``prefix_split_partials_batched``, ``draft_partial_batched``, ``combine``).
+    Shape: q (T, H, D), k (T, Hkv, D), v (T, Hkv, Dv) bf16, T = B·L; qo, kvp host lists of B + 1."""
+    dev = q.device
+    B, L = len(qo) - 1, qo[1] - qo[0]
+    T, H, D = q.shape
+    Hkv = k.shape[1]
+    lens = torch.tensor([kvp[b + 1] - kvp[b] for b in range(B)], device=dev)  # (B,)
+    n_max = int(lens.max())
+    pos = torch.arange(n_max, device=dev)
+    valid = pos[None, :] < lens[:, None]  # (B, N)
+    start = torch.tensor(kvp[:-1], device=dev)[:, None]
+    idx = torch.where(valid, kv_indices[(start + pos).clamp(max=max(kv_indices.numel() - 1, 0))].long(), 0)
+    qh = q.float().view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+    kp = k_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, D), exact upcast
+    vp = v_buffer[idx].float().transpose(1, 2)  # (B, Hkv, N, Dv)
+    parts = rnd.prefix(prefix_split_partials_batched(_rounded(qh, rnd.q_prefix), kp, vp, lens,
+                                                     scale=scale * k_scale, v_scale=v_scale,
+                                                     num_kv_splits=num_kv_splits, p_dtype=rnd.p_prefix))
+    kd = k.float().view(B, L, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, D)
+    vd = v.float().view(B, L, Hkv, -1).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, Dv)
+    parts.append(draft_partial_batched(qh, kd, vd, scale=scale, mask=draft_mask(L, is_causal, None, dev),
+                                       p_dtype=rnd.p_draft))
+    return combine(parts).transpose(1, 2).reshape(T, H, -1)  # (B, H, L, Dv) -> (T, H, Dv)
+
+
+def prefix_split_partials_batched(qh, kp, vp, lens, *, scale, v_scale, num_kv_splits, p_dtype=None):
+    """Launch 1 over the batch. qh (B, H, L, D); kp (B, Hkv, N, D), vp (B, Hkv, N, Dv) fp32, each
+    request's prefix padded to N; lens (B,) its true length -> per split, (m, l, acc) of every
+    request with the keys outside its split (the cdiv partition of ``split_bounds``) masked.
+    ``p_dtype``: P rounded to it before P·V."""
+    B, H, L, D = qh.shape
+    Hkv, n_max = kp.shape[1], kp.shape[2]
+    if n_max == 0:
+        return []
+    pos = torch.arange(n_max, device=qh.device)
+    x = (qh.reshape(B, Hkv, -1, D) @ kp.transpose(-1, -2)).view(B, H, L, n_max) * scale
+    split_len = -(-lens // num_kv_splits)  # (B,)
+    out = []
+    for s in range(num_kv_splits):
+        lo = torch.minimum(s * split_len, lens)[:, None]
+        hi = torch.minimum(lo + split_len[:, None], lens[:, None])
+        in_split = (pos[None, :] >= lo) & (pos[None, :] < hi)  # (B, N)
+        # the values outside the split are zeroed as well as their scores masked: P = 0 there, but
+        # 0·NaN (a pool row only the padding points at) or 0·Inf (a row of another split) is NaN
+        v_s = torch.where(in_split[:, None, :, None], vp, 0.0)  # (B, Hkv, N, Dv)
+        m, l_, acc = _partial(x, v_s, in_split[:, None, None, :], p_dtype)
+        out.append((m, l_, acc * v_scale))
+    return out
+
+
+def draft_partial_batched(qh, kd, vd, *, scale, mask, p_dtype=None):
+    """Launch 2 over the batch. qh, kd (B, H, L, D); vd (B, H, L, Dv); mask (L, L) -> (m, l, acc).
+    ``p_dtype``: P rounded to it before P·V."""
+    return _partial((qh @ kd.transpose(-1, -2)) * scale, vd, mask, p_dtype)

@@ -1,6 +1,5 @@
 """The fp64 oracle of ``verify_attention``: a dense softmax over [prefix ; drafts] per request and KV
-head, with the explicit mask of ``reference.verify_attention.masks``. Re-exported by
-``reference.verify_attention.chain`` (its ``verify_attention_oracle``)."""
+head, with the explicit mask of ``reference.verify_attention.masks``."""
 from __future__ import annotations
 
 import torch

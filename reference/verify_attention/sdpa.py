@@ -1,11 +1,12 @@
 """An independent baseline of verify attention: torch SDPA per request on dense fp64 K/V with the
-explicit (L, n + L) verify mask (``reference.verify_attention.chain.dense_mask``): not a reference chain,
+explicit (L, n + L) verify mask (``reference.verify_attention.masks.dense_mask``): not a reference chain,
 registered as the external implementation ``sdpa``."""
 from __future__ import annotations
 
 import torch
 
-from reference.verify_attention.chain import _finish, dense_mask, tree_masks, validate
+from reference.verify_attention.chain import finish, validate
+from reference.verify_attention.masks import dense_mask, tree_masks
 
 SDPA_CHUNK_BYTES = 1 << 31  # expanded K/V per SDPA call of verify_attention_sdpa
 
@@ -73,4 +74,4 @@ def verify_attention_sdpa(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, 
                     x = (qg[h0:h1] @ kg[j].T).masked_fill(~mg, float("-inf"))  # (h1 - h0, L_g, n + L)
                     y = torch.where((x.amax(-1) == float("-inf"))[..., None], float("nan"), y)
                 out_b[rows, h0:h1] = y.transpose(0, 1)
-    return _finish(res, q, o)
+    return finish(res, q, o)
