@@ -24,6 +24,8 @@ ones, and a sync would break the capture).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
 import os
@@ -140,9 +142,30 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
             raise DeviceError(name, f"on {t.device}, but {first} is on {dev}")
 
 
+_VALUES_UNREAD = contextvars.ContextVar("verify_parity_values_unread", default=False)
+
+
+@contextlib.contextmanager
+def values_unchecked():
+    """While the block runs, the value checks (``check_index_range``, ``check_unique``,
+    ``check_index_values``) read nothing: calls made as a CUDA graph replays them
+    (``harness.gpu.runners.capture_safe``), after a validated eager call on the same inputs.
+    The checks that need no device value still run."""
+    token = _VALUES_UNREAD.set(True)
+    try:
+        yield
+    finally:
+        _VALUES_UNREAD.reset(token)
+
+
+def values_read() -> bool:
+    """Whether the value checks read index values now (False inside ``values_unchecked``)."""
+    return not _VALUES_UNREAD.get()
+
+
 def check_index_range(arg: str, idx: torch.Tensor, *, low: int, high: int, allow_negative_padding: bool = False) -> None:
     """Every entry in [low, high); with ``allow_negative_padding`` any negative entry means 'skip'."""
-    if idx.numel() == 0:
+    if idx.numel() == 0 or not values_read():
         return
     vals = idx[idx >= 0] if allow_negative_padding else idx
     if vals.numel() == 0:
@@ -154,6 +177,9 @@ def check_index_range(arg: str, idx: torch.Tensor, *, low: int, high: int, allow
 
 
 def check_unique(arg: str, idx: torch.Tensor, *, ignore_negative: bool = True) -> None:
+    """No two entries equal (negative ones ignored with ``ignore_negative``)."""
+    if not values_read():
+        return
     vals = idx[idx >= 0] if ignore_negative else idx
     if vals.numel() != torch.unique(vals).numel():
         raise RangeError(arg, DUPLICATE_MESSAGE)
@@ -198,9 +224,9 @@ def check_index_values(*specs: tuple) -> None:
     with ``allow_negative_padding``), and with ``unique`` no two non-skipped entries equal.
     Raises what ``check_index_range`` then ``check_unique`` would, for the first failing spec in
     order. The tensors are already checked as index tensors (``check_index``) on one device.
-    Skipped while a CUDA graph is being captured (module docstring)."""
+    Skipped while a CUDA graph is being captured (module docstring) and inside ``values_unchecked``."""
     specs = [s for s in specs if s[1].numel() > 0]
-    if not specs or _capturing(specs[0][1]):
+    if not specs or not values_read() or _capturing(specs[0][1]):
         return
     big = torch.iinfo(torch.int64).max
     parts = []

@@ -292,19 +292,21 @@ def _truncating_fp8_store(**kw):
     wherever RNE rounded away from zero)."""
     from cases.qk_norm_rope import mutants as m
 
+    from reference.mla_fp8_prepare import chain as mla_chain
+
     def store(kv_out, swa_cache, loc, lay):
-        orig = swa.cast_fp8
+        orig = mla_chain.cast_fp8
 
         def rtz(x, dt, policy, scale_mul=None):
             codes = orig(x, dt, policy, scale_mul)
             up = codes.float().abs() > x.float().abs()
             return torch.where(up, (codes.view(torch.uint8) - 1).view(dt), codes)
 
-        swa.cast_fp8 = rtz
+        mla_chain.cast_fp8 = rtz
         try:
             swa.swa_paged_store(kv_out, swa_cache, loc, lay)
         finally:
-            swa.cast_fp8 = orig
+            mla_chain.cast_fp8 = orig
 
     return m._chain_with_store(kw, store)
 

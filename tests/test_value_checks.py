@@ -68,6 +68,27 @@ def test_values_checked_switch(monkeypatch, env, checked, expected):
     assert checks.values_checked(checked) is expected
 
 
+def test_values_unchecked_reads_no_values_and_ends_with_its_block():
+    """Inside ``values_unchecked`` (what ``harness.gpu.runners.capture_safe`` uses: a call as a CUDA graph
+    replays it) an out-of-range or duplicate index passes every value check; before and after, each
+    raises. Planted: a check that ignores the switch raises inside the block."""
+    idx = torch.tensor([0, 7, 7])
+    calls = (lambda: checks.check_index_range("loc", idx, low=0, high=4),
+             lambda: checks.check_unique("loc", idx),
+             lambda: checks.check_index_values(("loc", idx, 0, 4, False, True)))
+    for call in calls:
+        with pytest.raises(checks.RangeError):
+            call()
+    with checks.values_unchecked():
+        assert not checks.values_read()
+        for call in calls:
+            call()
+    assert checks.values_read()
+    for call in calls:
+        with pytest.raises(checks.RangeError):
+            call()
+
+
 def test_checked_must_be_a_bool():
     with pytest.raises(checks.DTypeError, match="checked"):
         checks.values_checked("False")

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from cases import timelines as tl
+from cases import timeline_family
 from harness.timelines.prepare import prepare_of
 from harness.e2e import tokenizer as tok
 from reference.qk_norm_rope import chain as qk_ref
@@ -44,7 +45,7 @@ class MicroConfig:
     seed: int = 0
 
     @property
-    def family(self) -> tl.Family:
+    def family(self) -> timeline_family.Family:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout: expected one of {LAYOUTS}, got {self.layout!r}")
         return replace(tl.FAMILIES[self.layout], d_model=self.d_model, layers=self.layers)
@@ -53,7 +54,7 @@ class MicroConfig:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-def proj_widths(fam: tl.Family) -> dict[str, int]:
+def proj_widths(fam: timeline_family.Family) -> dict[str, int]:
     """Projection name -> width: those the family's prepare step takes (``harness.timelines.prepare.Prepare``)."""
     return prepare_of(fam).projections(fam)
 

@@ -42,6 +42,7 @@ import torch
 
 from harness.ops import builtin_specs
 from harness.registry import GpuPlan
+from reference import checks
 
 REPLAY_SEED_OFFSET = 7919  # replay inputs: the case's seed + this + the run's seed
 
@@ -68,20 +69,11 @@ def _patched(patches):
             setattr(mod, name, value)
 
 
-def _no_data_check(*args, **kwargs) -> None:
-    """Stands in for ``check_index_range`` / ``check_unique`` / ``check_index_values`` after the validated
-    eager call."""
-
-
 @contextlib.contextmanager
 def capture_safe(op: str, inputs: dict):
     """Calls of ``op``'s implementations on ``inputs`` as a CUDA graph runs them (module docstring).
     Enter it only after a validated eager call on the same inputs."""
-    ref = importlib.import_module(f"reference.{op}.chain")
-    patches = [(ref, n, _no_data_check) for n in ("check_index_range", "check_unique", "check_index_values")
-               if hasattr(ref, n)]
-    patches += PLANS[op].capture_patches(inputs)  # the op's own (its OpSpec.gpu)
-    with _patched(patches):
+    with checks.values_unchecked(), _patched(PLANS[op].capture_patches(inputs)):  # + the op's own (OpSpec.gpu)
         yield
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from reference.checks import RangeError, ShapeError, check_contiguous, check_dtype, check_int, check_rank
-from reference.mla_fp8_prepare.chain import cast_fp8
+from reference.mla_fp8_prepare import chain as mla_chain
 
 SWA_TILE = 64  # nope values sharing one scale
 SWA_FP8 = torch.float8_e4m3fn  # the value format (OCP e4m3, max 448; NVIDIA's and the CPU's fp8)
@@ -120,7 +120,7 @@ def swa_encode(kv_out: torch.Tensor, lay: SwaLayout) -> tuple[torch.Tensor, torc
     nope = kv_out[:, : lay.nope].float().view(T, lay.tiles, SWA_TILE)  # bf16 -> fp32, exact
     e = swa_scale_exponent(nope.abs().amax(dim=-1) if lay.tiles else nope.new_zeros(T, 0))  # (T, tiles)
     inv = torch.exp2(-e.double()).float()  # 2**-e, exact (an integer power of two in the fp32 range)
-    codes = cast_fp8(nope * inv[..., None], SWA_FP8, "saturate").view(torch.uint8).reshape(T, lay.nope)
+    codes = mla_chain.cast_fp8(nope * inv[..., None], SWA_FP8, "saturate").view(torch.uint8).reshape(T, lay.nope)
     rope = kv_out[:, lay.nope:].contiguous().view(torch.uint8)  # (T, 2R): bf16 bytes, little-endian
     return codes, (e + SWA_SCALE_BIAS).to(torch.uint8), rope
 
