@@ -1,6 +1,6 @@
 """The op benchmarks' driver: the run profile, one shape's measurement (every implementation timed
 and its launches counted through ``harness.gpu.profiling``), the run plan with its wall-time estimate,
-and the run that ``python -m harness.bench`` and each ``python -m harness.bench.<op>`` call. PerfRow
+and the run that ``python -m harness.bench`` and each ``python -m cases.<op>.bench`` call. PerfRow
 assembly and the summary (pure functions of the timings) are ``harness.bench.perf_rows``, the shapes'
 and wide rows' shared parts ``harness.bench.wide_rows``.
 
@@ -156,10 +156,10 @@ def ours(mod) -> tuple[str, ...]:
 
 def main_for(mod, argv: list[str] | None, *, quick_help: str, options: Mapping[str, str] = {},
              pick: Callable[[argparse.Namespace, argparse.ArgumentParser], list] | None = None) -> int:
-    """``python -m harness.bench.<op> --out DIR [--quick]``: ``run_ops`` on that op alone, its CSVs in
+    """``python -m cases.<op>.bench --out DIR [--quick]``: ``run_ops`` on that op alone, its CSVs in
     DIR. ``options``: its own repeatable int flags -> their help; ``pick(args, parser)``: the shapes
     they select (default: the profile's)."""
-    ap = argparse.ArgumentParser(prog=f"python -m harness.bench.{mod.OP}", description=mod.__doc__,
+    ap = argparse.ArgumentParser(prog=f"python -m cases.{mod.OP}.bench", description=mod.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help=f"directory for {mod.WIDE_CSV} and perf.csv")
     ap.add_argument("--quick", action="store_true", help=quick_help)
