@@ -27,6 +27,25 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+DEVICE_ENV = ("TRITON_INTERPRET", "VP_DEVICE")  # what devices.select sets for the whole process
+
+
+@pytest.fixture(autouse=True)
+def _device_env_kept():
+    """A test leaves the device environment as it found it. ``devices.select("cpu")`` in a test sets
+    ``TRITON_INTERPRET=1`` for the whole worker: harmless under the interpreter, but on a GPU runner
+    every later CLI subprocess of that worker inherits it and refuses its GPU run (found on an H100:
+    six unrelated CLI tests failed after one such test). The test that changes it fails, by name."""
+    before = {k: os.environ.get(k) for k in DEVICE_ENV}
+    yield
+    after = {k: os.environ.get(k) for k in DEVICE_ENV}
+    if after != before:
+        for k, v in before.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        pytest.fail(f"the test changed the device environment {before} -> {after} (construct a "
+                    f"harness.devices.Device instead of calling devices.select)")
+
+
 @pytest.fixture(scope="session")
 def device():
     return DEVICE

@@ -52,7 +52,8 @@ def test_eager_loops_are_interleaved():
 
     order = []
     fns = {n: (lambda n=n: order.append(n)) for n in "abc"}
-    got = profiling.eager_us_interleaved(fns, dev=devices.select("cpu"), iters=2, repeats=3)
+    cpu = devices.Device("cpu", "cpu", "interpreter", "e4m3fn", "")  # no select("cpu"): it sets TRITON_INTERPRET process-wide
+    got = profiling.eager_us_interleaved(fns, dev=cpu, iters=2, repeats=3)
     assert set(got) == set("abc") and all(v > 0 for v in got.values())
     loops = order[3::2]  # after one warm-up call each, every loop is 2 calls of one callable
     assert loops == list("abc" "bca" "cab")

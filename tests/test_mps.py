@@ -10,6 +10,7 @@ import pytest
 
 from harness.nightly import mps
 from harness.nightly import run as nightly
+from harness.nightly import steps as nightly_steps
 
 FAKE = """#!/bin/sh
 # records: args, the pipe directory it was given, and stdin (the quit command)
@@ -101,7 +102,7 @@ def test_nightly_makes_the_correctness_steps_and_only_them_clients(fake_control,
             ran.append((s.phase, s.name, s.env.get("CUDA_MPS_PIPE_DIRECTORY")))
             s.rc, s.wall_s = 0, 0.0
 
-    monkeypatch.setattr(nightly, "run_steps", fake_run_steps)
+    monkeypatch.setattr(nightly_steps, "run_steps", fake_run_steps)
     nightly.main(["--out", str(tmp_path / "n"), "--profile", "dev", "--device", "cuda", *flags,
                   "--no-gate", "--budget-s", "60"])
     pipe = str((tmp_path / "n" / "mps" / "pipe").resolve())

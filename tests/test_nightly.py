@@ -191,7 +191,10 @@ def test_spawned_workers_and_nightly_steps_run_one_intra_op_thread(tmp_path, mon
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     if torch.get_num_threads() == 1:
         torch.set_num_threads(2)  # a one-core machine: the parent's count must still not leak
-    assert sorted(suite.spawn_map(_threads, [0, 1], 2, devices.select("cpu"))) == [(0, 1), (1, 1)]  # (index, result)
+    # a CPU device for the workers (they select it themselves); no select("cpu") here: on a GPU runner it would set
+    # TRITON_INTERPRET=1 in this process, and every later CLI subprocess of the worker would inherit it
+    cpu = devices.Device("cpu", "cpu", "interpreter", "e4m3fn", "")
+    assert sorted(suite.spawn_map(_threads, [0, 1], 2, cpu)) == [(0, 1), (1, 1)]  # (index, result)
     code = "import torch; print(torch.get_num_threads())"
     step = nightly_plan.Step("t", [sys.executable, "-c", code], 60)
     nightly_steps.run_steps([step], tmp_path, poll_s=0.05, progress=lambda m: None)

@@ -54,7 +54,7 @@ def test_dry_run_compiles_each_variant_once_and_a_second_run_only_hits_the_cache
 # compiling each variant on its first launch (the launch itself then fails: no driver); prints the compiles.
 JIT_RUN = textwrap.dedent('''
     import copy
-    from harness import warmup_worker
+    from harness.gpu import warmup_worker
     warmup_worker.dry_run("sm90")
     from triton import knobs
     from cases import profiles
@@ -81,7 +81,7 @@ JIT_RUN = textwrap.dedent('''
 # the warmup's calls find. Nothing launches (the hook skips), so the run's checks fail; only the keys count.
 SAME_VARIANTS = textwrap.dedent('''
     import sys
-    from harness import warmup_worker
+    from harness.gpu import warmup_worker
     warmup_worker.dry_run("sm90")
     from triton import knobs
     from harness.parity import runners, suite
