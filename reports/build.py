@@ -9,7 +9,7 @@ import pandas as pd
 from reports import timeline_rows
 from reports import diff as diffs
 from reports import frames, html, junit
-from reports.rows import GateRow, ParityRow, PerfRow, TimelineRow, failing
+from reports.rows import GateRow, ParityRow, PerfRow, TimelineRow, failing, write_frame
 
 # harness.mutants.killmatrix.KillRow's columns that the report shows
 KILL_MATRIX_COLUMNS = ["subject", "kind", "parity", "timeline", "gate", "first_failure", "seconds"]
@@ -50,12 +50,12 @@ def build(csvs: list, out: str | Path, *, mutants: list = (), perf: list = (), g
     inputs.extend(("--kill-matrix", str(p), len(f)) for p, f in zip(killmatrix, kms))
     km = pd.concat(kms, ignore_index=True) if kms else None
     out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out / "merged.csv", index=False)
+    write_frame(frame, out / "merged.csv")
     junit.write(frame, out / "junit.xml", timelines=tl)
     d = None
     if baseline:
         d = diffs.diff(old, frame, old_perf=old_perf, new_perf=prf, threshold=threshold)
-    (d if d is not None else diffs.parity_diff(frame.iloc[:0], frame.iloc[:0])).to_csv(out / "diff.csv", index=False)
+    write_frame(d if d is not None else diffs.parity_diff(frame.iloc[:0], frame.iloc[:0]), out / "diff.csv")
     html.write(out / "report.html", frame, mutants=mut, perf=prf, gate=gt, diff=d,
                baseline=str(baseline or ""), threshold=threshold, killmatrix=km, timelines=tl)
     tl_runs = timeline_rows.summary(tl) if tl is not None else None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,11 +101,24 @@ def to_frame(rows: list, row_type: type = ParityRow) -> pd.DataFrame:
     return pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=[f.name for f in dataclasses.fields(type(rows[0]))])
 
 
-def write_csv(rows: list, path: str | Path, row_type: type = ParityRow) -> Path:
+def write_frame(frame: pd.DataFrame, path: str | Path) -> Path:
+    """``frame`` as CSV at ``path``, all or nothing: written to a temporary file beside it, then renamed
+    over it (atomic on POSIX), so that a crash, a kill or a full disk mid-write leaves the previous
+    file as it was, never a truncated one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    to_frame(rows, row_type).to_csv(path, index=False)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        frame.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
+
+
+def write_csv(rows: list, path: str | Path, row_type: type = ParityRow) -> Path:
+    """Rows of ``row_type`` as CSV at ``path`` (``write_frame``: the previous file is replaced whole or kept)."""
+    return write_frame(to_frame(rows, row_type), path)
 
 
 @with_provenance

@@ -174,3 +174,45 @@ def test_mutants_kill_matrix_writes_the_op_mutants_parity_rows_to_csv(tmp_path):
     assert set(rows["impl"]) == {"mutant-eps-outside-sqrt"} and (rows["status"] == "fail").any()
     assert set(pd.read_csv(km)["subject"]) == {subject}
     assert html.kill_matrix(rows).set_index("impl").loc["mutant-eps-outside-sqrt", "killed"] == "KILLED"
+
+
+# ----------------------------------------------------------------------------- a mistaken command wipes nothing
+
+def test_a_selection_that_matches_nothing_is_a_usage_error_and_keeps_the_last_csv(tmp_path):
+    """``--case`` matching no case: exit 2, one line naming ``--case``, the previous CSV byte-identical.
+    Planted: writing the (empty) rows before checking them leaves a header-only CSV (what a mistyped
+    case did to a 1,984-row run before)."""
+    csv = tmp_path / "parity.csv"
+    csv.write_bytes(b"op,impl\nverify_accept,fused\n")
+    r = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--op", "verify_accept",
+                        "--case", "nomatch-xyz", "--quiet", "--csv", str(csv)], cwd=ROOT, capture_output=True,
+                       text=True, env=subprocess_env(), timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "--case nomatch-xyz" in lines[0], (r.returncode, r.stderr)
+    assert csv.read_bytes() == b"op,impl\nverify_accept,fused\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["parity.csv"]  # no temporary file left either
+
+
+def test_a_write_that_fails_midway_keeps_the_previous_file(tmp_path, monkeypatch):
+    """``reports.rows.write_frame`` writes beside the file and renames: a write that dies midway (a kill,
+    a full disk) leaves the previous file whole and no temporary file. Planted: writing in place leaves
+    the partial bytes."""
+    from reports import rows
+
+    path = tmp_path / "runs.csv"
+    path.write_text("the last good results\n")
+
+    def dies_midway(self, target, **kw):
+        with open(target, "w") as fh:
+            fh.write("op,im")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", dies_midway)
+    try:
+        rows.write_frame(pd.DataFrame({"op": ["x"]}), path)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the failing write was not raised")
+    assert path.read_text() == "the last good results\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["runs.csv"]

@@ -84,6 +84,12 @@ def cmd_run(args) -> int:
                      stack_dir=Path(args.csv).parent / "stacks", isolate=bool(args.case_timeout_s),
                      stage_table=table)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
+    if not rows and not args.shard:  # a selection that matches nothing is a mistake: the last results stay
+        given = [(flag, v) for flag, v in (("--case", args.case), ("--impl", args.impl), ("--kind", args.kind),
+                                           ("--op", args.op)) if v]
+        said = [f"{flag} {','.join(v) if isinstance(v, list) else v}" for flag, v in given] or ["--op (every op)"]
+        raise UsageError(said[0], "matches no (implementation, case) pair" + (f" with {' '.join(said[1:])}" if
+                                  said[1:] else "") + f"; nothing written ({args.csv} left as it was)")
     path = write_csv(rows, args.csv)
     print(f"rows: {len(rows)} -> {path}")
     if not dev.interpreted:  # nightly reads this line: compile time apart from run time

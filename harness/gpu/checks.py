@@ -233,11 +233,10 @@ def _main(args) -> int:
         import pandas as pd
         from pathlib import Path
 
-        from reports.rows import columns
+        from reports.rows import columns, write_frame
 
-        path = Path(args.out) / "gpu_checks.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=columns(GpuCheckRow)).to_csv(path, index=False)
+        path = write_frame(pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=columns(GpuCheckRow)),
+                           Path(args.out) / "gpu_checks.csv")
         print(f"rows: {len(rows)} -> {path}")
     print("\n" + summary(rows))
     v = verdict(rows, impls)

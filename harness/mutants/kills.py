@@ -4,7 +4,6 @@ mutants' parity rows and the verdict (a surviving mutant or a failing clean row 
 A ``--broad`` run (the whole parity suite over the mutants): which check killed each mutant."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pandas as pd
 
@@ -17,7 +16,7 @@ def run_kill_matrix(reg, dev, prof, *, seed: int, csv, kill_matrix, junit=None, 
     or a failing clean row."""
     from harness.mutants import killmatrix
     from harness.parity import suite
-    from reports.rows import write_csv
+    from reports.rows import write_csv, write_frame
 
     prov = suite.provenance(dev, prof, seed)
     parity = []
@@ -41,9 +40,7 @@ def run_kill_matrix(reg, dev, prof, *, seed: int, csv, kill_matrix, junit=None, 
         for r in rows:
             if r.kind != "clean":
                 print(f"e2e {r.e2e:9s} {r.subject}: {r.e2e_detail}")
-    path = Path(kill_matrix)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    killmatrix.frame(rows).to_csv(path, index=False)
+    path = write_frame(killmatrix.frame(rows), kill_matrix)
     survivors, broken = killmatrix.verdict(rows)
     n_mut = sum(r.kind != "clean" for r in rows)
     print(f"kill matrix -> {path}: {n_mut - len(survivors)}/{n_mut} mutants killed; "

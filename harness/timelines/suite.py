@@ -98,7 +98,7 @@ def run(args, dev, prof, reg, plugin_specs: tuple[str, ...]) -> int:
     from harness import pool
     from harness.parity import suite
     from reports import timeline_rows
-    from reports.rows import FAILING, TimelineRow, to_frame
+    from reports.rows import FAILING, TimelineRow, to_frame, write_frame
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
     fams = args.family or sorted(tl.FAMILIES)
@@ -146,8 +146,7 @@ def run(args, dev, prof, reg, plugin_specs: tuple[str, ...]) -> int:
     rows = [r for k in sorted(by_task) for r in by_task[k][0]]
     fails = [by_task[k][1] for k in sorted(by_task) if by_task[k][1]]
     frame = to_frame(rows, TimelineRow)
-    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.csv, index=False)
+    write_frame(frame, args.csv)
     if len(frame):
         print("\n" + timeline_rows.summary(frame).to_string(index=False))
     for line in fails:
