@@ -216,3 +216,20 @@ def test_a_write_that_fails_midway_keeps_the_previous_file(tmp_path, monkeypatch
         raise AssertionError("the failing write was not raised")
     assert path.read_text() == "the last good results\n"
     assert [p.name for p in tmp_path.iterdir()] == ["runs.csv"]
+
+
+def test_repro_of_a_partial_case_id_prints_the_case_it_runs():
+    """A generated id with axes left out runs their defaults: the first line spells out the whole id
+    (which parses back to the same case). Planted: no such line (the run said nothing of the defaults)."""
+    from cases import base
+    from harness.ids import parse_case_id
+    from harness.ops import default_registry
+
+    r = subprocess.run([sys.executable, "-m", "harness", "repro", "qk_norm_rope:T=4,H=8", "--device", "cpu"],
+                       cwd=ROOT, capture_output=True, text=True, env=subprocess_env(), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("case: qk_norm_rope:T=4,H=8,D=") and "defaults" in first, first
+    reg = default_registry(with_mutants=False, with_plugins=False)
+    full = first.split()[1]
+    assert base.display_id("qk_norm_rope", parse_case_id(reg, full)[1]) == full

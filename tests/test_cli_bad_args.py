@@ -169,6 +169,7 @@ BAD = [
     ("run-kind", "run --kind bogus", {}, ("--kind",)),
     ("run-device", "run --device tpu", {}, ("--device",)),
     ("run-fp8-format", "run --fp8-format e5m2", {}, ("--fp8-format",)),
+    ("list-impl-unknown", "list --impl my_accept", {}, ("--impl", "my_accept")),  # listed everything, exit 0, before
     ("run-impl-name", "run --impl nope", {}, ("--impl", "nope")),
     ("run-impl-module", "run --impl no_such_module_xyz:IMPLS", {}, ("--impl", "no_such_module_xyz")),
     ("run-impl-attr", "run --impl harness.registry:NO_SUCH_ATTR", {}, ("--impl", "NO_SUCH_ATTR")),

@@ -12,12 +12,21 @@ from harness.usage import UsageError
 
 
 def cmd_list(args) -> int:
+    """Ops, their implementations (``--impl NAME``: only those; an unknown name is a usage error),
+    catalogs, timelines, profiles and the device."""
     dev, prof, reg = setup(args)
+    names = {s for s in args.impl or () if ":" not in s}
+    unknown = names - {i.name for i in reg.impls.values()}
+    if unknown:
+        raise UsageError("--impl", f"unknown implementation(s) {', '.join(sorted(unknown))}; known: "
+                                   f"{', '.join(sorted({i.name for i in reg.impls.values()}))}")
     for name, spec in sorted(reg.ops.items()):
         print(f"{name}: {spec.doc}")
         print(f"  catalog: {len(spec.catalog(big=False))} cases (+{len(spec.catalog(big=True)) - len(spec.catalog(big=False))} big); "
               f"generated per run ({prof.name}): {prof.generated}")
         for impl in reg.for_op(name):
+            if names and impl.name not in names:
+                continue
             pol = f" fp8_policy={impl.fp8_policy}" if impl.fp8_policy else ""
             pol += f" precision={impl.precision}"
             pol += f" may_write={','.join(impl.may_write)}" if impl.may_write else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from cases import base
 from harness.ids import parse_case_id
 from harness.usage import UsageError
 
@@ -17,6 +18,9 @@ def run(reg, dev, prof, case_id: str, impl_names, loaded) -> int:
 
     spec, case = parse_case_id(reg, case_id)
     op = spec.name
+    full = base.display_id(op, case)
+    # the case as run, every axis spelled out: a partial id ran unstated defaults without saying so
+    print(f"case: {full}" + ("" if full == case_id else f"  (from {case_id!r}: the axes it leaves out take their defaults)"))
     chosen = [(n, reg.impls.get(f"{op}/{n}")) for n in impl_names or ["fused"] if ":" not in n]
     chosen += [(i.name, i) for i in loaded if i.op == op]
     if not chosen:
