@@ -17,7 +17,7 @@ import pandas as pd
 from reports import timeline_rows
 from reports import plots
 from reports.junit import CASE_KEY, PROVENANCE, failure_line, worst_failure
-from reports.rows import failing
+from reports.rows import failing, replacing
 
 MAX_DIFF_ROWS = 1000  # shown; diff.csv has them all
 MAX_TIMELINE_FAILURES = 1000  # failing timeline runs shown; junit.xml has them all
@@ -118,7 +118,8 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
 
 
 def write(path: str | Path, frame: pd.DataFrame, **kw) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(frame, **kw), encoding="utf-8")
-    return path
+    """The report page at ``path``, all or nothing (``reports.rows.replacing``)."""
+    page = render(frame, **kw)
+    with replacing(path) as tmp:
+        tmp.write_text(page, encoding="utf-8")
+    return Path(path)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from reports.timeline_rows import RUN_KEY, fail_line
-from reports.rows import failing
+from reports.rows import failing, replacing
 
 CASE_KEY = ["op", "impl", "case"]
 PROVENANCE = ["git_sha", "device", "arch", "fp8_format", "torch", "triton", "shim", "profile", "seed"]
@@ -117,7 +117,7 @@ def to_xml(frame: pd.DataFrame, *, name: str = "verify-parity", timelines: pd.Da
 
 
 def write(frame: pd.DataFrame, path: str | Path, *, timelines: pd.DataFrame | None = None) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    to_xml(frame, timelines=timelines).write(path, encoding="utf-8", xml_declaration=True)
-    return path
+    """The JUnit XML of ``frame`` at ``path``, all or nothing (``reports.rows.replacing``)."""
+    with replacing(path) as tmp:
+        to_xml(frame, timelines=timelines).write(tmp, encoding="utf-8", xml_declaration=True)
+    return Path(path)

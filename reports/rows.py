@@ -1,10 +1,12 @@
 """Row dataclasses: field order is column order; provenance rides on every row."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,19 +103,26 @@ def to_frame(rows: list, row_type: type = ParityRow) -> pd.DataFrame:
     return pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=[f.name for f in dataclasses.fields(type(rows[0]))])
 
 
-def write_frame(frame: pd.DataFrame, path: str | Path) -> Path:
-    """``frame`` as CSV at ``path``, all or nothing: written to a temporary file beside it, then renamed
-    over it (atomic on POSIX), so that a crash, a kill or a full disk mid-write leaves the previous
+@contextlib.contextmanager
+def replacing(path: str | Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` to write to, renamed over ``path`` when the block ends (atomic
+    on POSIX) and removed when it raises: a crash, a kill or a full disk mid-write leaves the previous
     file as it was, never a truncated one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        frame.to_csv(tmp, index=False)
+        yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return path
+
+
+def write_frame(frame: pd.DataFrame, path: str | Path) -> Path:
+    """``frame`` as CSV at ``path``, all or nothing (``replacing``)."""
+    with replacing(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return Path(path)
 
 
 def write_csv(rows: list, path: str | Path, row_type: type = ParityRow) -> Path:
