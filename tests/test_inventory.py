@@ -296,10 +296,37 @@ def house_violations(mods: dict[str, Path], readers: dict[str, Path] | None = No
                 out["private"].append(f"{m} reads {t}.{node.attr}")
             if reexported(t, node.attr):
                 out["reexport"].append(f"{m} reads {t}.{node.attr}, which {t} only imports")
+    out["private"] += private_attributes({m: trees[m] for m in mods})
     out["private"] = sorted(set(out["private"]))
     out["reexport"] = sorted(set(out["reexport"]))
     out["cycle"] = [" <-> ".join(c) for c in import_cycles({m: {t: n for t, n in e.items() if t in mods}
                                                             for m, e in edges.items() if m in mods})]
+    return out
+
+
+def private_attributes(trees: dict[str, ast.Module]) -> list[str]:
+    """``obj._name`` read in one module (``obj`` not ``self`` / ``cls``) where ``_name`` is a method,
+    class or attribute that only other modules define: another module's private member."""
+    defined: dict[str, set[str]] = {}
+    for m, tree in trees.items():
+        for n in ast.walk(tree):
+            names = []
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [n.name]
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                names = [n.attr]
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                names = [n.id]
+            for name in names:
+                if _is_private(name):
+                    defined.setdefault(name, set()).add(m)
+    out = []
+    for m, tree in trees.items():
+        for n in ast.walk(tree):
+            if (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and _is_private(n.attr)
+                    and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
+                    and n.attr in defined and m not in defined[n.attr]):
+                out.append(f"{m} reads {ast.unparse(n)} ({n.attr} of {', '.join(sorted(defined[n.attr]))})")
     return out
 
 
@@ -343,6 +370,7 @@ def test_house_rules(rule):
 @pytest.mark.parametrize("rule,plant", [
     ("private", {"a": "def _helper():\n    pass\n", "b": "from pkg.a import _helper\n"}),
     ("private", {"a": "def _helper():\n    pass\n", "b": "from pkg import a\n\ndef f():\n    return a._helper()\n"}),
+    ("private", {"a": "class Run:\n    def _rec(self):\n        pass\n", "b": "def f(run):\n    run._rec()\n"}),
     ("reexport", {"a": "def helper():\n    pass\n", "b": "from pkg.a import helper\n", "c": "from pkg.b import helper\n"}),
     ("cycle", {"a": "import pkg.b\n", "b": "def f():\n    from pkg import a\n"}),
 ])

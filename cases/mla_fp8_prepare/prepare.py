@@ -6,7 +6,7 @@ import torch
 
 from harness import compare
 from harness.timelines.prepare import OneRowPrepare
-from harness.timelines.prepare import exact_check as _exact
+from harness.timelines.prepare import exact_check
 from reference.mla_fp8_prepare import chain as mla_ref
 
 
@@ -38,12 +38,12 @@ class MlaFp8Prepare(OneRowPrepare):
                                               fp8_policy="saturate")
         rows = torch.cat((kn8.view(torch.uint8), kr8.view(torch.uint8)), -1).view(buf.dtype)[:T]  # logical rows
         valid, written = tr.valid_index(T), tr.valid_rows()  # loc_phys >= 0, loc_phys[loc_phys >= 0] (host slots)
-        tr._rec(step, mode, layer, "timeline", _exact("prepare:q8", out["q8"][:T], q8[:T]))
-        tr._rec(step, mode, layer, "timeline", _exact("prepare:kv_rows", buf[written], rows[valid]))
+        tr.record(step, mode, layer, "timeline", exact_check("prepare:q8", out["q8"][:T], q8[:T]))
+        tr.record(step, mode, layer, "timeline", exact_check("prepare:kv_rows", buf[written], rows[valid]))
         want = torch.zeros(buf.shape[0], dtype=torch.int32)
         want[tr.valid_slots()] = 1
-        tr._rec(step, mode, layer, "gate", _exact("gate:each-row-written-once", out["kv_writes"], want))
-        tr._rec(step, mode, layer, "gate",
+        tr.record(step, mode, layer, "gate", exact_check("gate:each-row-written-once", out["kv_writes"], want))
+        tr.record(step, mode, layer, "gate",
                 compare.untouched_check("gate:prepare-writes-only-its-rows", buf, before, written))
         return rows, out["q8"][:T].to(torch.bfloat16), True  # fp8 -> bf16 exact
 

@@ -9,7 +9,7 @@ import torch
 from harness import compare, ops
 from harness.backend import branch_mode
 from harness.timelines.prepare import OneRowPrepare
-from harness.timelines.prepare import exact_check as _exact
+from harness.timelines.prepare import exact_check
 from reference.qk_norm_rope import chain as qk_ref
 from reference.qk_norm_rope import swa
 
@@ -44,7 +44,7 @@ class QkNormRopePrepare(OneRowPrepare):
         lay = swa.SwaLayout(fam.D, fam.rope_dim, fam.page_size)
         pool = tr.layer_caches[layer]
         got = swa.swa_decode(pool[slots // lay.page_size], slots % lay.page_size, lay).to(truth.dtype)
-        return [_exact(f"state:swa-cache:r{r}", got, truth)]  # staged (``compare.Batch``)
+        return [exact_check(f"state:swa-cache:r{r}", got, truth)]  # staged (``compare.Batch``)
 
     def run(self, tr, step, mode, layer, proj, pos_t, loc_logical, loc_phys, pad_loc, buf, *, branch, truth_pos):
         """The op launched on the backend's ``branch`` with its positions and slots; its oracle at the
@@ -72,18 +72,18 @@ class QkNormRopePrepare(OneRowPrepare):
         kv_val = kv_out if kv_out is not None else buf[loc.clamp(min=0)]  # stored by the kernel: read it back
         tq = ops.lookup_tolerance(OP, "q_out", torch.bfloat16)
         tkv = ops.lookup_tolerance(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
-        tr._rec_numeric(step, mode, layer, "prepare:q_out", q_out[:T], oracle["q_out"][:T], ref_q[:T], tq)
+        tr.record_numeric(step, mode, layer, "prepare:q_out", q_out[:T], oracle["q_out"][:T], ref_q[:T], tq)
         vt = tr.valid_index(T)
-        tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][vt], oracle["kv_out"][:T][vt], ref_kv[:T][vt], tkv)
+        tr.record_numeric(step, mode, layer, "prepare:kv", kv_val[:T][vt], oracle["kv_out"][:T][vt], ref_kv[:T][vt], tkv)
         # gate: extend/verify store nothing and hand kv back; decode writes exactly the valid rows
         expect_store = mode == "decode"
         rows = tr.valid_rows() if expect_store else torch.empty(0, dtype=torch.long)
-        tr._rec(step, mode, layer, "gate", compare.untouched_check("gate:prepare-writes-only-its-rows", buf, before,
+        tr.record(step, mode, layer, "gate", compare.untouched_check("gate:prepare-writes-only-its-rows", buf, before,
                                                                    rows))
         if expect_store:
-            tr._rec(step, mode, layer, "gate", _exact("gate:prepare-stored", buf[rows], kv_val[valid]))
+            tr.record(step, mode, layer, "gate", exact_check("gate:prepare-stored", buf[rows], kv_val[valid]))
         else:
-            tr._rec(step, mode, layer, "gate", compare.Record("gate:kv-returned", kv_out is not None,
+            tr.record(step, mode, layer, "gate", compare.Record("gate:kv-returned", kv_out is not None,
                                                               detail="" if kv_out is not None else "prepare kept kv"))
         return kv_val[:T].contiguous(), q_out[:T], kv_out is not None
 
@@ -113,8 +113,8 @@ class QkNormRopePrepare(OneRowPrepare):
         v = tr.valid_index(T)
         tq = ops.lookup_tolerance(OP, "q_out", torch.bfloat16)
         tkv = ops.lookup_tolerance(OP, *(("swa_cache", torch.uint8) if paged_layer else ("kv_out", torch.bfloat16)))
-        tr._rec_numeric(step, mode, layer, "prepare:q_out", out["q_out"][:T], oracle["q_out"][:T], ref_q[:T], tq)
-        tr._rec_numeric(step, mode, layer, "prepare:kv", kv_val[:T][v], oracle["kv_out"][:T][v],
+        tr.record_numeric(step, mode, layer, "prepare:q_out", out["q_out"][:T], oracle["q_out"][:T], ref_q[:T], tq)
+        tr.record_numeric(step, mode, layer, "prepare:kv", kv_val[:T][v], oracle["kv_out"][:T][v],
                         ref_val[: v.numel()] if paged_layer else ref_kv[:T][v], tkv)
         # gate: every mode stores exactly its rows' records, nothing else of the cache (its pages, in
         # ascending order, and each slot's page among them: torch.unique's, from the host's slots)
@@ -125,7 +125,7 @@ class QkNormRopePrepare(OneRowPrepare):
         where = torch.tensor([at[p] for p in page_of], dtype=torch.int64, device=slots.device)
         owned = torch.zeros(len(pages), lay.min_page_bytes, dtype=torch.int32, device=pool.device).index_add_(
             0, where, lay.written_bytes(slots % lay.page_size).int()) > 0
-        tr._rec(step, mode, layer, "gate", compare.untouched_check("gate:prepare-writes-only-its-rows", pool, before,
+        tr.record(step, mode, layer, "gate", compare.untouched_check("gate:prepare-writes-only-its-rows", pool, before,
                                                                    pages, written_bytes=owned))
         return kv_val[:T].contiguous(), out["q_out"][:T], out.get("kv_out") is not None
 

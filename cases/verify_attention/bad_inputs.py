@@ -52,7 +52,7 @@ def base_cases(device):
     from cases.verify_attention import catalog as c
     from harness.fuzz.targets import pow2_floor
     from fused.verify_attention import wrapper as f
-    from cases.verify_attention.spec import kernel_can_handle as _kernel_can_handle
+    from cases.verify_attention.spec import kernel_can_handle
 
     ok_kv = tuple(n for n, d in (("bf16", torch.bfloat16), ("e4m3fn", torch.float8_e4m3fn),
                                  ("e4m3fnuz", torch.float8_e4m3fnuz))
@@ -65,7 +65,7 @@ def base_cases(device):
                                    else "bf16")
 
     return c.cases(max_batch=2, max_width=3, max_heads=4, max_prefix=10, max_splits=2, head_dims=(64,)).map(
-        legal).filter(lambda k: all(_kernel_can_handle(kind)(k, device) is True for kind in ("split_kv", "shared_kv")))
+        legal).filter(lambda k: all(kernel_can_handle(kind)(k, device) is True for kind in ("split_kv", "shared_kv")))
 
 
 def value_args(kind: str) -> tuple[str, ...]:

@@ -3,8 +3,8 @@
 kernels and the dispatch of that tree, so that what is timed as ``before`` is that tree's code throughout.
 
 Two layouts load: this tree's (``fused/<op>/wrapper.py`` with ``kernels.py`` and ``dispatch.py`` beside it,
-imported as ``fused.<op>.kernels`` and ``fused.<op>.dispatch``) and the one before the house (issue 34:
-``fused/<op>.py`` with ``fused/kernels/<op>.py`` and ``fused/<op>_dispatch.py``, imported as
+imported as ``fused.<op>.kernels`` and ``fused.<op>.dispatch``) and the one of trees before 2026-12-07
+(``fused/<op>.py`` with ``fused/kernels/<op>.py`` and ``fused/<op>_dispatch.py``, imported as
 ``fused.kernels.<op>`` and ``fused.<op>_dispatch``, and the op's reference as ``from reference import
 <op>``). Either way the module comes back with this tree's name for its one launch (``launch``)."""
 from __future__ import annotations
@@ -111,5 +111,5 @@ def load_module(path):
     finally:
         stand.restore()
     if not hasattr(mod, "launch"):
-        mod.launch = getattr(mod, "_launch")  # the one launch's name before it was public (issue 34)
+        mod.launch = getattr(mod, "_launch")  # the one launch's name in trees before 2026-12-07
     return mod

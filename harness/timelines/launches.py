@@ -30,7 +30,7 @@ def accept(tr: TimelineRun, step, items) -> list[int]:
     fn = tr.path.accept.fn if tr.path.accept is not None else accept_spec().reference
     n = fn(**args)["accept_length"]
     want = torch.tensor([a for _, a in items], dtype=n.dtype, device=n.device)
-    tr._rec(step, "target_verify", -1, "timeline", exact_check("accept:n", n, want))
+    tr.record(step, "target_verify", -1, "timeline", exact_check("accept:n", n, want))
     return [int(k) for k in n.tolist()]
 
 
@@ -59,7 +59,7 @@ def attend(tr: TimelineRun, step, mode, layer, q, k_d, v_d, chunk_rows, buf, own
     starts = [0] + list(itertools.accumulate(c for _, c in owners))
     qo_l = torch.tensor(starts, device=tr.device).to(torch.int32)
     kvp_l = torch.tensor([0] + list(itertools.accumulate(lens)), device=tr.device).to(torch.int32)
-    tr._rec(step, mode, layer, "timeline", exact_check("input:attn-indptr", torch.cat((qo, kvp)),
+    tr.record(step, mode, layer, "timeline", exact_check("input:attn-indptr", torch.cat((qo, kvp)),
                                                          torch.cat((qo_l, kvp_l))))
     # visible KV: every row read equals the request's logical history, row count included (the
     # page table read on the host in one transfer: each group's rows are gathered without a wait)
@@ -70,9 +70,9 @@ def attend(tr: TimelineRun, step, mode, layer, q, k_d, v_d, chunk_rows, buf, own
         r = owners[max(i for i, s in enumerate(starts[:-1]) if s <= qo_h[g])][0]
         rows_read = [x for x in idx_h[kvp_h[g]: kvp_h[g + 1]] if 0 <= x < buf.shape[0]]
         got = buf[torch.tensor(rows_read, dtype=torch.int64, device=buf.device)]
-        tr._rec(step, mode, layer, "timeline", exact_check(f"visible_kv:r{r}", got, kv.truth_history(layer, r)))
+        tr.record(step, mode, layer, "timeline", exact_check(f"visible_kv:r{r}", got, kv.truth_history(layer, r)))
     if one_source:  # the chunk itself came from the pool: it must be the chunk's logical rows
-        tr._rec(step, mode, layer, "timeline", exact_check("visible_kv:chunk", k_d, chunk_kv(fam, chunk_rows)[0]))
+        tr.record(step, mode, layer, "timeline", exact_check("visible_kv:chunk", k_d, chunk_kv(fam, chunk_rows)[0]))
     # attention against the oracle over the logical history + the logical chunk
     lk, lv = chunk_kv(fam, chunk_rows)
     lbuf = torch.cat(hist_rows) if hist_rows else buf[:0]
@@ -82,5 +82,5 @@ def attend(tr: TimelineRun, step, mode, layer, q, k_d, v_d, chunk_rows, buf, own
     oracle = attention.oracle(**largs)["o"]
     ref = attention.reference(**largs)["o"]
     tol = attention.tolerance("o", torch.bfloat16)
-    tr._rec_numeric(step, mode, layer, "attn:o", o, oracle, ref, tol)
+    tr.record_numeric(step, mode, layer, "attn:o", o, oracle, ref, tol)
     return o

@@ -122,7 +122,7 @@ class TimelineRun:
         self._valid: dict = {}  # per step: index tensors of the valid slots (``valid_index``)
 
     # -- helpers
-    def _rec(self, step, mode, layer, family, r: compare.Record | compare.Check | int):
+    def record(self, step, mode, layer, family, r: compare.Record | compare.Check | int):
         """Record ``r``: a record; a staged check (``compare.Check``: made at the end of the step with
         its other checks, one host transfer per stage for all of them); or the ``_batch`` index of one
         added before (the same check recorded at several layers)."""
@@ -139,10 +139,10 @@ class TimelineRun:
             self.records[at] = replace(self.records[at], record=made[k])
         self._slots = []
 
-    def _rec_numeric(self, step, mode, layer, check, got, oracle, ref, tol):
+    def record_numeric(self, step, mode, layer, check, got, oracle, ref, tol):
         """``finite:<check>`` (NaN/±Inf placement), then ``<check>`` on the finite elements."""
-        self._rec(step, mode, layer, "timeline", compare.finite_check(f"finite:{check}", got, oracle))
-        self._rec(step, mode, layer, "timeline", compare.numeric_check(check, got, oracle, ref, tol))
+        self.record(step, mode, layer, "timeline", compare.finite_check(f"finite:{check}", got, oracle))
+        self.record(step, mode, layer, "timeline", compare.numeric_check(check, got, oracle, ref, tol))
 
     def valid_index(self, n: int) -> torch.Tensor:
         """Positions i < n of the step's launch (its tokens, then its padding) whose physical write
@@ -190,7 +190,7 @@ class TimelineRun:
                     self.records = [s for s in self.records if s.record is not None]
                     self._batch, self._slots = compare.Batch(), []
                 msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                self._rec(step, mode, -1, "timeline", compare.Record("run", False, detail=msg))
+                self.record(step, mode, -1, "timeline", compare.Record("run", False, detail=msg))
                 break
         return self.records
 
@@ -227,7 +227,7 @@ class TimelineRun:
         chunk_rows = []
         for layer in range(fam.layers):
             for r in slot_checks:
-                self._rec(step, mode, layer, "timeline", r)
+                self.record(step, mode, layer, "timeline", r)
             o, rows = self._layer(step, mode, layer, x, xp, pos_t, truth_pos, loc_logical, loc_phys, owners)
             chunk_rows.append(rows)
             x = (x.float() + o.reshape(T, -1).float() @ self.w.wo[layer]).to(torch.bfloat16)
@@ -248,11 +248,11 @@ class TimelineRun:
                 slots = self._phys(kv.truth_slots(r))
                 got = kv.buffers[layer][slots]
                 truth_rows = kv.truth_history(layer, r)
-                self._rec(step, mode, layer, "timeline", exact_check(f"state:r{r}", got, truth_rows))
+                self.record(step, mode, layer, "timeline", exact_check(f"state:r{r}", got, truth_rows))
                 for rec in prep.state_checks(self, layer, r, slots, truth_rows):
-                    self._rec(step, mode, layer, "timeline", rec)
+                    self.record(step, mode, layer, "timeline", rec)
                 ok = len(kv.table[r]) == kv.visible_len[r] == self.n[r]
-                self._rec(step, mode, layer, "timeline", compare.Record(
+                self.record(step, mode, layer, "timeline", compare.Record(
                     f"state:table:r{r}", ok, detail="" if ok else f"slot table {len(kv.table[r])} entries, visible "
                                                                   f"{kv.visible_len[r]}, committed {self.n[r]}"))
 
@@ -265,7 +265,7 @@ class TimelineRun:
         proj = {k: (xa.float() @ w).to(torch.bfloat16) for k, w in W.items()}
         pad_loc = torch.full((pad,), -1, dtype=torch.int64, device=self.device)
         branch, want = be.branch(fam, mode, layer), truth_branch(fam, mode, layer)
-        self._rec(step, mode, layer, "gate", compare.Record(
+        self.record(step, mode, layer, "gate", compare.Record(
             "gate:branch", branch == want, detail="" if branch == want else f"took {branch}, the layer needs {want}"))
         non_unified = branch == "non-unified"
         rows, q, kv_returned = prepare_of(fam).run(self, step, mode, layer, proj, pos_t, loc_logical, loc_phys,
@@ -274,7 +274,7 @@ class TimelineRun:
         pol = be.policy(fam, mode, kv_returned, non_unified)
         if mode == "target_verify":
             ok = pol.policy in ("pre", "post", "none")
-            self._rec(step, mode, layer, "gate", compare.Record(
+            self.record(step, mode, layer, "gate", compare.Record(
                 "gate:verify-2-source", ok, detail="" if ok else f"verify attended 1-source ({pol.policy})"))
         if pol.backend_stores and pol.store_first:
             be.store(buf, loc_phys, rows)
