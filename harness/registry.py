@@ -32,6 +32,11 @@ from typing import Any
 
 from harness import tolerance
 
+# the plugin API is imported from here (docs/plugins.md)
+__all__ = ["ENTRY_POINT_GROUP", "ENTRY_POINT_SOURCE", "KINDS", "ROLES", "Effect", "GpuPlan", "Impl", "KillPlan",
+           "OpSpec", "OutputSpec", "Registry", "always", "can_handle_takes_inputs", "cwd_on_path",
+           "parse_spec"]
+
 
 # ----------------------------------------------------------------------------- an op
 
@@ -227,11 +232,6 @@ class Impl:
 
 
 # ----------------------------------------------------------------------------- the registry
-
-# the plugin API is imported from here (docs/plugins.md)
-__all__ = ["ENTRY_POINT_GROUP", "ENTRY_POINT_SOURCE", "KINDS", "ROLES", "Effect", "GpuPlan", "Impl", "KillPlan",
-           "OpSpec", "OutputSpec", "Registry", "always", "can_handle_takes_inputs", "cwd_on_path",
-           "parse_spec"]
 
 ENTRY_POINT_GROUP = "verify_parity.impls"
 _SPEC = re.compile(r"^(?P<module>[\w.]+):(?P<attr>[\w.]+)(?:\[(?P<names>[^\]]*)\])?$")

@@ -170,6 +170,7 @@ BAD = [
     ("run-device", "run --device tpu", {}, ("--device",)),
     ("run-fp8-format", "run --fp8-format e5m2", {}, ("--fp8-format",)),
     ("list-impl-unknown", "list --impl my_accept", {}, ("--impl", "my_accept")),  # listed everything, exit 0, before
+    ("warmup-impl-unknown", "warmup --impl nope", {}, ("--impl", "nope")),  # "nothing to do", exit 0 on the CPU, before
     ("run-impl-name", "run --impl nope", {}, ("--impl", "nope")),
     ("run-impl-module", "run --impl no_such_module_xyz:IMPLS", {}, ("--impl", "no_such_module_xyz")),
     ("run-impl-attr", "run --impl harness.registry:NO_SUCH_ATTR", {}, ("--impl", "NO_SUCH_ATTR")),

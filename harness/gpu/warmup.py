@@ -164,7 +164,7 @@ def run(tasks: list[tuple], jobs: int, dev, *, plugin_specs=(), target: str | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.cli import setup as cli_setup
+    from harness import usage
     from harness.gpu import compile as compile_check
 
     ap = argparse.ArgumentParser(prog="python -m harness warmup", description=__doc__,
@@ -184,16 +184,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 16), help="processes (default: cores, max 16)")
     ap.add_argument("--list", action="store_true",
                     help="collect only: print the variants per kernel and what varies between them, compile nothing")
-    args = ap.parse_args(argv)
+    return usage.guarded(ap.prog, _warm, ap.parse_args(argv))
+
+
+def _warm(args) -> int:
+    """``main`` after its arguments are parsed (a usage error found here is one line, exit 2)."""
+    from harness.cli import setup as cli_setup
+
     if args.target:
         args.device = "cpu"  # the parent only plans; the workers pretend to be the target
     dev, prof, reg = cli_setup.setup(args)
     if args.target:
         dev = dry_device(args.target)
-    elif dev.interpreted:
+    ops, impls = cli_setup.select_impls(reg, args, ("fused", "external"))  # a bad --impl is refused everywhere
+    if not args.target and dev.interpreted:
         print("warmup: the Triton interpreter compiles nothing (no GPU); nothing to do")
         return 0
-    ops, impls = cli_setup.select_impls(reg, args, ("fused", "external"))
     tasks = plan_tasks(reg, ops, impls, prof, seed=args.seed, generated=args.generated, shard_spec=args.shard,
                        case_filter=args.case, interpreted=False)
     print(f"verify-parity warmup: device={dev.kind} ({dev.name}, {dev.arch}) profile={prof.name} "
