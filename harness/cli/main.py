@@ -3,6 +3,7 @@
 A bad argument is one line on stderr and exit status 2 (``harness.usage``), before any work starts."""
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -10,6 +11,27 @@ from harness import ids, usage
 from harness.cli.commands import (
     DELEGATED, cmd_compile, cmd_gate, cmd_list, cmd_repro, cmd_report, cmd_run, cmd_serve, cmd_timelines)
 from harness.cli.setup import plugin_spec
+
+
+DESCRIPTION = """Does each fused kernel of the target-verify path compute exactly what its unfused chain
+computes, on every shape and KV timeline? Each command has its own --help. A mistaken argument
+is refused in one line (exit status 2) before any work starts, and no results file is touched."""
+
+EXAMPLES = """examples (one per command):
+  PROG list                                  ops, implementations, catalog cases, timelines
+  PROG run --op qk_norm_rope                 parity of one op: summary table, one repro line per failure
+  PROG repro 'qk_norm_rope/dsv4-verify-b8-l3-h16' --impl fused    one case again, every check
+  PROG mutants                               every planted bug must be flagged (the kill matrix)
+  PROG timelines --family k3-mla-fp8         store-timing timelines against the logical KV truth
+  PROG compile                               every kernel compiled for sm90/gfx942/gfx950, no GPU needed
+  PROG gpu --out runs/gpu                    GPU only: launch counts, graph replay, full-size determinism
+  PROG bench --out runs                      GPU benchmarks: ours vs the chain vs torch.compile vs peers
+  PROG warmup --profile nightly              GPU: a plan's kernel variants compiled up front, in parallel
+  PROG nightly --out runs/nightly            all of it under a time budget, then the report
+  PROG report --csv runs/parity.csv --out runs/report    HTML, JUnit, merged and baseline-diff CSVs
+  PROG gate                                  end-to-end gate on micro-models (accuracy, agreement)
+  PROG serve --layout qwen35-gqa             the micro-engine as an OpenAI-compatible server
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in DELEGATED:
         return DELEGATED[argv[0]](argv[1:])
     prog = "verify-parity" if Path(sys.argv[0]).name == "verify-parity" else "python -m harness"
-    ap = usage.ArgumentParser(prog=prog, description=__doc__)
+    ap = usage.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EXAMPLES.replace("PROG", prog),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     jobs_help = "worker processes (default $VP_JOBS or 1); rows keep the plan's order"
 
