@@ -79,7 +79,7 @@ def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):
 
 
 QK_WRAPPER = Path(b.__file__).parents[2] / "fused" / "qk_norm_rope" / "wrapper.py"
-# this tree's imports -> those of the layout before the house (issue 34): fused/qk_norm_rope.py beside
+# this tree's imports -> those of the layout of trees before 2026-12-07: fused/qk_norm_rope.py beside
 # fused/kernels/qk_norm_rope.py and fused/qk_norm_rope_dispatch.py, the reference one module
 OLDER_IMPORTS = {"from fused.qk_norm_rope import dispatch\n": "from fused import qk_norm_rope_dispatch as dispatch\n",
                  "from fused.qk_norm_rope import kernels as kern\n": "from fused.kernels import qk_norm_rope as kern\n",
@@ -88,7 +88,7 @@ OLDER_IMPORTS = {"from fused.qk_norm_rope import dispatch\n": "from fused import
 
 
 def _older_tree(tmp_path) -> Path:
-    """Our qk_norm_rope files laid out as a tree from before the house was: the op module
+    """Our qk_norm_rope files laid out as a tree from before 2026-12-07: the op module
     fused/qk_norm_rope.py (its one launch still ``_launch``), its kernels and dispatch under the
     older names, every import of theirs naming the older modules."""
     (tmp_path / "fused" / "kernels").mkdir(parents=True)
@@ -105,12 +105,12 @@ def _older_tree(tmp_path) -> Path:
     return tmp_path / "fused" / "qk_norm_rope.py"
 
 
-@pytest.mark.parametrize("layout", ["house", "older"])
+@pytest.mark.parametrize("layout", ["packages", "older"])
 def test_before_brings_its_own_kernels(tmp_path, layout):
     """``--before`` times the other file with the kernels and the dispatch beside it (``fused/`` of
     that tree), never ours: on a GPU its launches go through its dispatch, which launches the kernel
     that dispatch imported. Both layouts: this tree's (fused/qk_norm_rope/wrapper.py) and the one
-    before the house (fused/qk_norm_rope.py, whose imports name modules our tree no longer has).
+    before 2026-12-07 (fused/qk_norm_rope.py, whose imports name modules our tree no longer has).
     Ours are back in place afterwards, the older names gone again, and the module's launch writes
     our bytes. Planted: loading the file alone (our kernels under its wrapper; the older layout's
     imports unresolved) fails; swapping the kernels but not the dispatch (ours launched under its
@@ -123,7 +123,7 @@ def test_before_brings_its_own_kernels(tmp_path, layout):
     from fused.qk_norm_rope import kernels as ours
     from reference.qk_norm_rope import chain
 
-    path = QK_WRAPPER if layout == "house" else _older_tree(tmp_path)
+    path = QK_WRAPPER if layout == "packages" else _older_tree(tmp_path)
     before = before_module.load_module(path)
     assert before.kern is not ours and before.kern.__name__ == "qk_norm_rope_before_kernels"
     assert before.dispatch is not our_dispatch and before.dispatch.__name__ == "qk_norm_rope_before_dispatch"

@@ -202,7 +202,7 @@ def test_kernels_and_chains_import_only_the_device_helpers():
     assert not bad, bad
 
 
-# ----------------------------------------------------------------------------- the house rules
+# ----------------------------------------------------------------------------- the layout rules
 
 def _module_level_bindings(tree) -> tuple[set[str], set[str]]:
     """(names a module defines: def, class, assignment, for/with targets, at module level or under a
@@ -263,7 +263,7 @@ def _module_aliases(tree, m: str, mods: dict[str, Path]) -> dict[str, str]:
 
 
 def house_violations(mods: dict[str, Path], readers: dict[str, Path] | None = None) -> dict[str, list[str]]:
-    """The rules of the house over ``mods`` (module -> file): ``private`` (a ``_name`` of one module
+    """The layout rules over ``mods`` (module -> file): ``private`` (a ``_name`` of one module
     used in another: imported from it, or read as ``module._name``), ``reexport`` (a name imported
     from a module that only imports it itself; a package ``__init__`` may re-export what its
     ``__all__`` declares) and ``cycle`` (modules that import each other, directly or round a loop,

@@ -31,7 +31,7 @@ def layout(path) -> tuple[str, str, list[tuple[str, Path, str]]]:
     """(op, the name the file is loaded under, its companions): [(the module name the file's imports
     give, the companion's file, the name it is loaded under)] in import order (the dispatch imports
     the kernels), those of the file's layout that exist beside it. ``.../fused/<op>/wrapper.py``: this
-    tree's layout; any other ``.../fused/<op>.py``: the one before the house."""
+    tree's layout; any other ``.../fused/<op>.py``: the one of trees before 2026-12-07."""
     path = Path(path)
     if path.name == "wrapper.py":
         op, here = path.parent.name, path.parent
@@ -89,7 +89,7 @@ class _Stand:
 
 def load_module(path):
     """A fused op module from a file (``--before``: e.g. an earlier commit's fused/qk_norm_rope/wrapper.py,
-    or fused/qk_norm_rope.py of a tree from before the house) with its own companions (``layout``): the
+    or fused/qk_norm_rope.py of a tree from before 2026-12-07) with its own companions (``layout``): the
     kernels and the dispatch beside the file stand in for the modules its imports name while the file is
     imported (the dispatch launches the kernel its own import found, so both must be the file's tree's;
     a file without them holds its kernels). An older tree's names our tree lacks (``fused.kernels`` and
