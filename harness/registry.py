@@ -19,6 +19,7 @@ The contract an implementation meets per op: docs/plugins.md.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -87,9 +88,10 @@ class GpuPlan:
     expected_stages: Callable[[Any, dict], int]  # calls of them in one reference call of (case, inputs)
     step: str  # the function of fused/<op>/wrapper.py that takes ``gate_fn``
     reference_not_capturable: str = ""  # why the reference chain cannot be captured ("": it can)
-    # inputs -> [(module, attribute, value)] patched while a call runs as a CUDA graph runs it, beyond
-    # the generic ones (``harness.gpu.runners.capture_safe``); called outside capture
-    capture_patches: Callable[[dict], list] = lambda inputs: []
+    # inputs -> a context manager entered while a call runs as a CUDA graph runs it, beyond the value
+    # checks off (``harness.gpu.runners.capture_safe``): the op's own switches (context variables of its
+    # modules); called outside capture
+    capture: Callable[[dict], Any] = lambda inputs: contextlib.nullcontext()
 
 
 # "prepare": a timeline family's prepare step; "attn": the attention of every family; "accept": the

@@ -75,8 +75,7 @@ def _baked_capture(op):
     """Stand-in for ``cuda_graph_capture``: 'replay' reruns the call with the gate decisions
     recorded at capture forced (a graph never calls the gate again) and writes the results into
     the captured outputs' buffers."""
-    f = importlib.import_module(f"fused.{op}.wrapper")
-    step = gr.PLANS[op].step
+    from fused import gates
 
     def capture(fn, before_capture):
         fn()
@@ -85,13 +84,7 @@ def _baked_capture(op):
             out = fn()
 
         def replay():
-            orig, it = getattr(f, step), iter(baked)
-
-            def forced(*args, gate_fn=None, **kw):
-                decision = next(it)
-                return orig(*args, gate_fn=lambda **_: decision, **kw)
-
-            with gr._patched([(f, step, forced)] if baked else []):
+            with gates.forced(baked):
                 again = fn()
             for k, v in out.items():
                 if isinstance(v, torch.Tensor):
@@ -224,6 +217,18 @@ def test_reference_chain_launches_counted_as_designed(reg, device, op, name, wan
         assert len(calls) == gr.PLANS[op].expected_stages(case, inputs) == want, calls
 
 
+@pytest.mark.parametrize("op", sorted(gr.PLANS))
+def test_every_planned_stage_is_a_marked_launch(op):
+    """``OpSpec.gpu.stages`` names functions of the chain marked ``@launch`` (else ``stage_calls`` would
+    not see them and the launch count would be short)."""
+    from reference import launches
+
+    chain = importlib.import_module(f"reference.{op}.chain")
+    for n in gr.PLANS[op].stages:
+        mod, _, attr = n.rpartition(":")
+        assert launches.is_launch(getattr(importlib.import_module(mod) if mod else chain, attr)), n
+
+
 # ----------------------------------------------------------------------------- graph replay (stand-in capture)
 
 @pytest.mark.parametrize("op,impl", [("qk_norm_rope", "fused"), ("qk_norm_rope", "reference"),
@@ -278,7 +283,7 @@ def test_capture_safe_keeps_the_bytes_and_restores_the_validators(reg, device):
     with gr.capture_safe(op, b):
         assert not checks.values_read()
         safe = impl.fn(**b)
-    assert checks.values_read() and r.KVPool.__name__ == "KVPool"
+    assert checks.values_read() and r.KVPool(a["kv_buffer"]).writes is not None  # the counter is back on
     assert safe["kv_writes"] is None  # the pool model's counter is off ...
     assert torch.equal(plain["q8"].view(torch.uint8), safe["q8"].view(torch.uint8))
     assert torch.equal(a["kv_buffer"].view(torch.uint8), b["kv_buffer"].view(torch.uint8))  # ... the bytes are not

@@ -273,7 +273,7 @@ def house_violations(mods: dict[str, Path], readers: dict[str, Path] | None = No
     trees = {m: ast.parse(f.read_text()) for m, f in everything.items()}
     binds = {m: _module_level_bindings(trees[m]) for m in mods}
     edges = import_edges(everything)
-    out: dict[str, list[str]] = {"private": [], "reexport": [], "cycle": []}
+    out: dict[str, list[str]] = {"private": [], "reexport": [], "cycle": [], "patch": []}
 
     def reexported(t: str, n: str) -> bool:
         return (t in mods and n in binds[t][1]
@@ -296,11 +296,38 @@ def house_violations(mods: dict[str, Path], readers: dict[str, Path] | None = No
                 out["private"].append(f"{m} reads {t}.{node.attr}")
             if reexported(t, node.attr):
                 out["reexport"].append(f"{m} reads {t}.{node.attr}, which {t} only imports")
+    for m in mods:
+        out["patch"] += module_patches(m, trees[m], _module_aliases(trees[m], m, everything))
     out["private"] += private_attributes({m: trees[m] for m in mods})
     out["private"] = sorted(set(out["private"]))
     out["reexport"] = sorted(set(out["reexport"]))
     out["cycle"] = [" <-> ".join(c) for c in import_cycles({m: {t: n for t, n in e.items() if t in mods}
                                                             for m, e in edges.items() if m in mods})]
+    return out
+
+
+# tools that swap module attributes on purpose, each for a reason of its own (not a call path of the harness)
+PATCH_TOOLS = {
+    "harness.bench.before": "imports an earlier tree's fused module in place of ours (the --before comparison)",
+    "harness.bench.wrapper_checks": "stubs the validators to time a wrapper without them (an ablation)",
+}
+
+
+def module_patches(m: str, tree: ast.Module, aliases: dict[str, str]) -> list[str]:
+    """Where module ``m`` rebinds names of other objects at run time: a ``setattr`` call, an assignment to
+    an attribute of an imported module, ``unittest.mock`` (``PATCH_TOOLS`` aside)."""
+    if m in PATCH_TOOLS:
+        return []
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr":
+            out.append(f"{m}:{n.lineno} calls {ast.unparse(n)}")
+        elif (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)
+              and n.value.id in aliases):
+            out.append(f"{m}:{n.lineno} assigns {ast.unparse(n)}")
+        elif isinstance(n, (ast.Import, ast.ImportFrom)) and any(
+                "unittest.mock" in f"{getattr(n, 'module', '') or ''}.{a.name}" for a in n.names):
+            out.append(f"{m}:{n.lineno} imports unittest.mock")
     return out
 
 
@@ -358,11 +385,12 @@ def import_cycles(edges) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("rule", ["private", "reexport", "cycle"])
+@pytest.mark.parametrize("rule", ["private", "reexport", "cycle", "patch"])
 def test_house_rules(rule):
     """No ``_name`` used outside the module that defines it, no module re-exporting another's names,
-    no import cycle (function-level imports included), over harness/, cases/, reference/, fused/ and
-    reports/ (``house_violations``)."""
+    no import cycle (function-level imports included), no module rebinding another's names at run time
+    (a switch is a context variable of the module that reads it, a recorder a hook it calls), over
+    harness/, cases/, reference/, fused/ and reports/ (``house_violations``)."""
     found = house_violations(_modules(), _test_modules())[rule]
     assert not found, f"{rule}: {len(found)}\n" + "\n".join(found)
 
@@ -373,10 +401,13 @@ def test_house_rules(rule):
     ("private", {"a": "class Run:\n    def _rec(self):\n        pass\n", "b": "def f(run):\n    run._rec()\n"}),
     ("reexport", {"a": "def helper():\n    pass\n", "b": "from pkg.a import helper\n", "c": "from pkg.b import helper\n"}),
     ("cycle", {"a": "import pkg.b\n", "b": "def f():\n    from pkg import a\n"}),
+    ("patch", {"a": "X = 1\n", "b": "from pkg import a\n\n\ndef f():\n    a.X = 2\n"}),
+    ("patch", {"a": "X = 1\n", "b": "def f(mods):\n    for mod, name, value in mods:\n        setattr(mod, name, value)\n"}),
+    ("patch", {"a": "X = 1\n", "b": "from unittest import mock\n"}),
 ])
 def test_house_rules_bite(tmp_path, rule, plant):
-    """Each rule flags its planted breach (a private reach, a re-export, a function-level cycle), and the
-    same modules without the breach are clean."""
+    """Each rule flags its planted breach (a private reach, a re-export, a function-level cycle, a module
+    attribute rebound), and the same modules without the breach are clean."""
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     mods = {"pkg": tmp_path / "pkg" / "__init__.py"}

@@ -373,7 +373,7 @@ def test_gpu_plan_launches_and_graph_under_the_interpreter(spec, registry, devic
     assert gate.passed is None and "no dispatch gate" in gate.detail
 
 
-def test_capture_patches_switch_off_the_value_checks_only(spec, device):
+def test_capture_safe_switches_off_the_value_checks_only(spec, device):
     """Under ``capture_safe`` an out-of-range draft passes validate (its host copy is off), a wrong
     dtype still fails; afterwards validate checks values again."""
     from harness.gpu import runners as gr

@@ -33,36 +33,13 @@ KILL = KillPlan(clean=("reference", "fused"),
                 timelines=("k3-mla-fp8/accept-0-to-L", "k3-mla-fp8/fallback-write"))
 
 
-def _uncounted_pool_type():
-    from reference.mla_fp8_prepare import chain as r
-
-    class UncountedPool(r.KVPool):
-        """The pool model without its write counter (``record`` masks rows: a sync)."""
-
-        def __post_init__(self):
-            self.writes = None
-
-        def record(self, phys_loc) -> None:
-            pass
-
-    return UncountedPool
-
-
-def _capture_patches(inputs):
-    """As a CUDA graph runs it: the pool model without its write counter, the descale reciprocal
-    made once per value (a layer constant)."""
-    from fused.mla_fp8_prepare import wrapper as f
+def _capture(inputs):
+    """As a CUDA graph runs it: the pool model without its write counter (``record`` masks rows: a
+    sync). The descale reciprocal is a layer constant already (``fused.mla_fp8_prepare.wrapper.k_mul_tensor``
+    keeps one tensor per value, made by the validated eager call)."""
     from reference.mla_fp8_prepare import chain as ref
 
-    made, orig = {}, f.k_mul_tensor
-
-    def k_mul_once(kv_descale, device):
-        key = (kv_descale, str(device))
-        if key not in made:
-            made[key] = orig(kv_descale, device)
-        return made[key]
-
-    return [(ref, "KVPool", _uncounted_pool_type()), (f, "k_mul_tensor", k_mul_once)]
+    return ref.writes_uncounted()
 
 
 # GPU-only checks (harness.gpu.runners): one grid for q8 and the KV rows; the chain's five launches
@@ -70,7 +47,7 @@ GPU = GpuPlan(("k3-verify-b4-l3-h16",), "k3-verify-b64-l3-h128", 1, ("concat_q",
               lambda c, kw: 4 + c.save_kv_cache, "mla_fp8_prepare_step",
               reference_not_capturable="launch 5 (scatter_kv) selects the written rows with a boolean mask "
                                        "(loc >= 0): a device->host sync, which capture forbids",
-              capture_patches=_capture_patches)
+              capture=_capture)
 
 
 def _effects(case, inputs, oracle):

@@ -111,16 +111,10 @@ def _bf16_row_in_fp8_cache(**kw):
 def _floor_exponent_store(kv_out, swa_cache, loc, lay):
     """The paged store with the tile exponent floor(log2(amax/448)) instead of the ceiling: every
     tile's largest values scale past 448 and saturate."""
-    orig = swa.swa_scale_exponent
-
     def floor_exp(amax):
         return torch.floor(torch.log2(amax.clamp_min(swa.SWA_AMAX_FLOOR) / swa.SWA_FP8_MAX)).to(torch.int32)
 
-    swa.swa_scale_exponent = floor_exp  # BUG
-    try:
-        swa.swa_paged_store(kv_out, swa_cache, loc, lay)
-    finally:
-        swa.swa_scale_exponent = orig
+    swa.swa_paged_store(kv_out, swa_cache, loc, lay, exponent=floor_exp)  # BUG
 
 
 def _scale_exponent_floored(**kw):

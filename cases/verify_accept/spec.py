@@ -26,23 +26,11 @@ KILL = KillPlan(clean=("reference", "fused"),
 STAGES = ("row_argmax", "gather_targets", "match", "accept_lengths", "bonus_tokens", "output_ids")
 
 
-def _capture_patches(inputs):
-    """As a CUDA graph runs it: the value checks of ``validate`` (a host copy of qo_indptr and of
-    the drafts' range) off after the validated eager call; the tensor checks stay."""
-    from reference.verify_accept import chain as r
-
-    def tensors_only(*, check_values=True, **kw):  # the wrapper's check_values asks for what a graph cannot do
-        return r.validate_tensors(**kw)
-
-    return [(r, "validate", tensors_only)]
-
-
 # GPU-only checks (harness.gpu.runners): one program per request, the chain's six launches. Both are
-# captured: the only syncs are validate's host copies, which the capture patches turn off after the
-# validated eager call (the chain itself is gathers, compares and a cumprod on device). No dispatch gate
-# (the fused call always launches its kernel): the graph check's gate row is a skip
-GPU = GpuPlan(("b8-l3-v8192-mixed",), "b64-l4-v160k", 1, STAGES, lambda c, kw: len(STAGES), "verify_accept",
-              capture_patches=_capture_patches)
+# captured: the only syncs are validate's host copies, which ``capture_safe`` turns off after the
+# validated eager call (the chain itself is gathers, compares and a cumprod on device). No dispatch
+# gate (the fused call always launches its kernel): the graph check's gate row is a skip
+GPU = GpuPlan(("b8-l3-v8192-mixed",), "b64-l4-v160k", 1, STAGES, lambda c, kw: len(STAGES), "verify_accept")
 
 
 def _no_effects(case, inputs, oracle):

@@ -37,18 +37,13 @@ def _batched(kw: dict) -> bool:
                                                          kw["q"].shape[1], kw["v"].shape[2])
 
 
-def _capture_patches(inputs):
+def _capture(inputs):
     """As a CUDA graph runs it: the backend's host metadata (uniform widths, prefix tokens) that of
-    the batch being captured, as SGLang's is, and the chain's validation on shapes only."""
+    the batch being captured, as SGLang's is; the chain's validation on shapes only (the value
+    checks off)."""
     from fused.verify_attention import wrapper as f
-    from reference.verify_attention import chain as ref
 
-    meta = f.shape_of(**inputs)  # host metadata of this batch (reads indptrs: outside capture)
-
-    def shapes_only(*, q, k, v, qo_indptr, **_):
-        return qo_indptr.shape[0] - 1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2]
-
-    return [(ref, "validate", shapes_only), (f, "shape_of", lambda **_: meta)]
+    return f.batch_planned(**inputs)
 
 
 # GPU-only checks (harness.gpu.runners): 2 launches on every path (a prefix kernel plus one combine;
@@ -59,7 +54,7 @@ GPU = GpuPlan(("gpu-qwen35-b64-h16-p1024", "k3-mla-h64-l3-e4m3fn"), "gpu-k3-b16-
               lambda c, kw: 3 if _batched(kw) else 3 * c.B, "verify_attention",
               reference_not_capturable="the chain loops over requests on host copies of qo_indptr / kv_indptr "
                                        "(.tolist(): a device->host sync, which capture forbids)",
-              capture_patches=_capture_patches)
+              capture=_capture)
 
 
 def kernel_can_handle(kind):

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fused import gates
 from reference.mla_fp8_prepare import chain as ref
 from reference.checks import UnsupportedError, check_bool, check_inner_contiguous, values_checked
 
@@ -270,7 +271,7 @@ def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache
     fused_q8 = None  # the sentinel: not None <=> the kernel wrote the rows and produced q8
     loc = resolve_fn(out_cache_loc=out_cache_loc, decode_kernel_loc=decode_kernel_loc) \
         if save_kv_cache and switch else None
-    d = gate_fn(save_kv_cache=save_kv_cache, fused_switch=switch, write_loc_resolved=loc is not None,
+    d = gates.decide(gate_fn, save_kv_cache=save_kv_cache, fused_switch=switch, write_loc_resolved=loc is not None,
                 layout_covered=not covered(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope,
                                            kv_buffer=kv_buffer, fp8_policy=fp8_policy))
     if d.use_fused:

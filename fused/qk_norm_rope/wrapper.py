@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fused import device_checks
+from fused import device_checks, gates
 from fused.qk_norm_rope import dispatch
 from fused.qk_norm_rope import kernels as kern
 from reference.qk_norm_rope import chain as ref
@@ -221,7 +221,7 @@ def qk_norm_rope_step(*, forward_mode, ring, loc, swa_cache=None, swa_page_size=
     ref.validate_forward_mode(forward_mode)
     switch = verify_switch_from_env() if verify_switch is None else check_bool("verify_switch", verify_switch)
     unified = swa_cache is None
-    d = gate_fn(unified=unified, forward_mode=forward_mode, verify_switch=switch,
+    d = gates.decide(gate_fn, unified=unified, forward_mode=forward_mode, verify_switch=switch,
                 fused_non_unified=check_bool("fused_non_unified", fused_non_unified))
     store = dict(ring=ring, loc=loc) if unified else dict(ring=ring, swa_cache=swa_cache, swa_page_size=swa_page_size,
                                                           loc=loc)  # ring given too: validate names swa_cache

@@ -9,11 +9,14 @@ combine kernel that adds the draft triangle and merges by log-sum-exp:
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
 
 import torch
 import triton
 
+from fused import gates
 from fused.compile_specs import variant
 from fused.verify_attention import kernels as kern
 # the launch configuration per arch (fused.verify_attention.config; harness.bench.sweep tunes its BLOCK_CONFIG)
@@ -56,9 +59,27 @@ def shape_can_handle(kind: str, *, uniform: bool, H: int, Hkv: int, D: int, Dv: 
     return True
 
 
+_PLANNED = contextvars.ContextVar("verify_parity_verify_batch_meta", default=None)
+
+
+@contextlib.contextmanager
+def batch_planned(**inputs):
+    """While the block runs, ``shape_of`` returns this batch's host metadata, read once here (outside
+    any capture), as SGLang's backend reads it before it captures a graph (``init_forward_metadata``):
+    the calls of a CUDA graph check (``harness.gpu.runners.capture_safe``)."""
+    token = _PLANNED.set(shape_of(**inputs))
+    try:
+        yield
+    finally:
+        _PLANNED.reset(token)
+
+
 def shape_of(q, k_buffer, v_buffer, qo_indptr, **_):
     """What the kernels' shape rule (``shape_can_handle``) reads of a call: uniform widths, heads, head
-    dims, the KV dtype (host metadata: reads qo_indptr)."""
+    dims, the KV dtype (host metadata: reads qo_indptr, unless ``batch_planned`` has it)."""
+    planned = _PLANNED.get()
+    if planned is not None:
+        return planned
     qo = qo_indptr.tolist()
     w = {qo[i + 1] - qo[i] for i in range(len(qo) - 1)}
     return dict(uniform=len(w) == 1, H=q.shape[1], Hkv=k_buffer.shape[1], D=q.shape[2], Dv=v_buffer.shape[2],
@@ -242,7 +263,7 @@ def verify_attention(*, gate_fn=gate, **kw):
     kernel tried only if its ``can_handle`` accepts. Returns {"o": ...}; same answer on every path."""
     ref.validate(**kw)
     D, Dv = kw["q"].shape[2], kw["v"].shape[2]
-    route = gate_fn(model_family=kw.get("model_family", "generic"), topk=kw.get("topk", 1), use_mla=D != Dv,
+    route = gates.decide(gate_fn, model_family=kw.get("model_family", "generic"), topk=kw.get("topk", 1), use_mla=D != Dv,
                     splitkv_switch=kw.get("splitkv_switch", True), num_local_kv_heads=kw["k_buffer"].shape[1])
     if route.shared_kv and can_handle("shared_kv", **kw) is True:
         return verify_shared_kv(**kw)

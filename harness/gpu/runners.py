@@ -2,7 +2,7 @@
 (``harness.gpu.checks`` runs them over the ops and writes the rows).
 
   launches     device kernels of one call (``harness.gpu.profiling.count_launches``) against the
-               design (each op's ``OpSpec.gpu``, with its capture patches). Fused: qk_norm_rope 1 (one grid (cdiv(T, BLOCK_T), H + 1) for q and kv,
+               design (each op's ``OpSpec.gpu``, called as a graph runs it). Fused: qk_norm_rope 1 (one grid (cdiv(T, BLOCK_T), H + 1) for q and kv,
                ``fused/qk_norm_rope/wrapper.py``); mla_fp8_prepare 1 (one grid for q8 and the KV rows,
                ``fused/mla_fp8_prepare/wrapper.py``); verify_attention 2 on every path — a prefix kernel
                (split-KV grid (B, H, S) or shared-KV grid (B, H/BLOCK_H, S)) plus one combine
@@ -34,15 +34,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import importlib
-import inspect
 from dataclasses import dataclass
 
 import torch
 
 from harness.ops import builtin_specs
 from harness.registry import GpuPlan
-from reference import checks
+from reference import checks, launches
 
 REPLAY_SEED_OFFSET = 7919  # replay inputs: the case's seed + this + the run's seed
 
@@ -58,72 +56,27 @@ REFERENCE_NOT_CAPTURABLE = {name: plan.reference_not_capturable for name, plan i
 # ----------------------------------------------------------------------------- making a call capturable
 
 @contextlib.contextmanager
-def _patched(patches):
-    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
-    try:
-        for mod, name, value in patches:
-            setattr(mod, name, value)
-        yield
-    finally:
-        for mod, name, value in reversed(saved):
-            setattr(mod, name, value)
-
-
-@contextlib.contextmanager
 def capture_safe(op: str, inputs: dict):
-    """Calls of ``op``'s implementations on ``inputs`` as a CUDA graph runs them (module docstring).
-    Enter it only after a validated eager call on the same inputs."""
-    with checks.values_unchecked(), _patched(PLANS[op].capture_patches(inputs)):  # + the op's own (OpSpec.gpu)
+    """Calls of ``op``'s implementations on ``inputs`` as a CUDA graph runs them (module docstring):
+    the value checks off (``reference.checks.values_unchecked``) and the op's own capture context
+    (``OpSpec.gpu.capture``). Enter it only after a validated eager call on the same inputs."""
+    with checks.values_unchecked(), PLANS[op].capture(inputs):
         yield
 
 
-@contextlib.contextmanager
 def gate_decisions(op: str):
-    """Yields the list of decisions the op's dispatch gate returns while the block runs: every
-    call of ``fused.<op>.<step>`` (whatever ``gate_fn`` the caller passes) is recorded. A step
-    without a ``gate_fn`` parameter (an op with no dispatch gate) yields an empty list."""
-    f = importlib.import_module(f"fused.{op}.wrapper")
-    name = PLANS[op].step
-    orig = getattr(f, name)
-    if not hasattr(orig, "default_gate") and "gate_fn" not in inspect.signature(orig).parameters:
-        yield []
-        return
-    default = getattr(orig, "default_gate", None) or inspect.signature(orig).parameters["gate_fn"].default
-    log: list = []
+    """A context that yields the list of decisions the dispatch gates take while the block runs
+    (``fused.gates.recorded``: every call of the op's backend step, whatever ``gate_fn`` the caller
+    passes). An op with no dispatch gate yields an empty list."""
+    from fused import gates  # importing fused picks interpreter or compiler: after the device is chosen
 
-    def step(*args, gate_fn=None, **kw):
-        inner = gate_fn or default
-
-        def recording_gate(**g):
-            d = inner(**g)
-            log.append(d)
-            return d
-
-        return orig(*args, gate_fn=recording_gate, **kw)
-
-    step.default_gate = default  # a nested recorder wraps this one
-    with _patched([(f, name, step)]):
-        yield log
+    return gates.recorded()
 
 
-@contextlib.contextmanager
 def stage_calls(op: str):
-    """Yields the list of the reference chain's launch functions called while the block runs."""
-    ref = importlib.import_module(f"reference.{op}.chain")
-    calls: list[str] = []
-
-    def counted(name, fn):
-        def wrapper(*args, **kw):
-            calls.append(name)
-            return fn(*args, **kw)
-        return wrapper
-
-    where = []  # (module, attribute): a bare name is one of reference/<op>/chain.py
-    for n in PLANS[op].stages:
-        mod, _, attr = n.rpartition(":")
-        where.append((importlib.import_module(mod) if mod else ref, attr))
-    with _patched([(m, a, counted(a, getattr(m, a))) for m, a in where]):
-        yield calls
+    """A context that yields the list of the reference chain's launches called while the block runs
+    (``reference.launches.counted``; ``OpSpec.gpu.stages`` names the op's)."""
+    return launches.counted()
 
 
 # ----------------------------------------------------------------------------- the checks

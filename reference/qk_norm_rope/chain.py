@@ -42,6 +42,7 @@ from reference.checks import (
     check_same_device,
     check_shape,
 )
+from reference.launches import launch
 # the paged SWA cache (launch 3'): its model lives in reference.qk_norm_rope.swa
 from reference.qk_norm_rope.swa import SwaLayout, swa_paged_store, validate_swa
 
@@ -148,6 +149,7 @@ def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> t
     return y if weight is None else y * weight.float()
 
 
+@launch
 def q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out=None):
     """Launch 1. q (T, H, D) bf16 -> (T, H, D) bf16 (written into ``q_out`` when given)."""
     y = rope_fp32(rms_norm_fp32(q, q_norm_weight, eps), cos[positions], sin[positions], rope_dim, rope_style)
@@ -158,12 +160,14 @@ def q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style
     return q_out
 
 
+@launch
 def kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, rope_style):
     """Launch 2. kv (T, D) bf16, possibly a strided slice -> new contiguous (T, D) bf16."""
     y = rope_fp32(rms_norm_fp32(kv, kv_norm_weight, eps), cos[positions], sin[positions], rope_dim, rope_style)
     return y.to(kv.dtype).contiguous()  # fp32 -> bf16
 
 
+@launch
 def ring_store(kv_out, ring, loc):
     """Launch 3 (decode only). ring (S, D) bf16; ring[loc[t]] = kv_out[t]; loc < 0 is padding."""
     valid = loc >= 0

@@ -110,28 +110,31 @@ def swa_scale_exponent(amax: torch.Tensor) -> torch.Tensor:
     return (k - (m == 0.5).to(k.dtype)).to(torch.int32)
 
 
-def swa_encode(kv_out: torch.Tensor, lay: SwaLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def swa_encode(kv_out: torch.Tensor, lay: SwaLayout, *, exponent=swa_scale_exponent
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The store's quantisation of bf16 rows (launch 3', first half): per 64-value nope tile the
     exponent ``e`` (``swa_scale_exponent``) of its |max|, the codes ``fp8_e4m3fn(clamp(x · 2**-e,
     ±448))`` (round to nearest even, subnormals kept; x · 2**-e is exact), the rope dims' bf16 bytes.
     Shape: kv_out (T, D) bf16 -> (codes (T, nope) uint8, scale bytes (T, tiles) uint8 = e + 127,
-    rope bytes (T, 2·R) uint8, little-endian)."""
+    rope bytes (T, 2·R) uint8, little-endian). ``exponent``: the tile exponent rule (a planted bug
+    passes another)."""
     T = kv_out.shape[0]
     nope = kv_out[:, : lay.nope].float().view(T, lay.tiles, SWA_TILE)  # bf16 -> fp32, exact
-    e = swa_scale_exponent(nope.abs().amax(dim=-1) if lay.tiles else nope.new_zeros(T, 0))  # (T, tiles)
+    e = exponent(nope.abs().amax(dim=-1) if lay.tiles else nope.new_zeros(T, 0))  # (T, tiles)
     inv = torch.exp2(-e.double()).float()  # 2**-e, exact (an integer power of two in the fp32 range)
     codes = mla_chain.cast_fp8(nope * inv[..., None], SWA_FP8, "saturate").view(torch.uint8).reshape(T, lay.nope)
     rope = kv_out[:, lay.nope:].contiguous().view(torch.uint8)  # (T, 2R): bf16 bytes, little-endian
     return codes, (e + SWA_SCALE_BIAS).to(torch.uint8), rope
 
 
-def swa_paged_store(kv_out: torch.Tensor, swa_cache: torch.Tensor, loc: torch.Tensor, lay: SwaLayout) -> None:
+def swa_paged_store(kv_out: torch.Tensor, swa_cache: torch.Tensor, loc: torch.Tensor, lay: SwaLayout, *,
+                    exponent=swa_scale_exponent) -> None:
     """Launch 3' (non-unified KV, every mode): quantise (``swa_encode``) and scatter token t's
     records into page ``loc[t] // page_size``, slot ``loc[t] % page_size`` (``SwaLayout``); loc < 0
-    is padding. The pad byte of each scale record and every other byte keep theirs.
-    Shape: kv_out (T, D) bf16, swa_cache (num_pages, page_bytes) uint8, loc (T,) int."""
+    is padding. The pad byte of each scale record and every other byte keep theirs. ``exponent``:
+    ``swa_encode``'s. Shape: kv_out (T, D) bf16, swa_cache (num_pages, page_bytes) uint8, loc (T,) int."""
     valid = loc >= 0
-    codes, scales, rope = swa_encode(kv_out[valid], lay)
+    codes, scales, rope = swa_encode(kv_out[valid], lay, exponent=exponent)
     slot_id = loc[valid].long()
     page, slot = slot_id // lay.page_size, slot_id % lay.page_size
     v0 = lay.value_offset(slot)[:, None]

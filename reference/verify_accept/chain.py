@@ -43,7 +43,9 @@ from reference.checks import (
     check_inner_contiguous,
     check_rank,
     check_same_device,
+    values_read,
 )
+from reference.launches import launch
 
 LOGIT_DTYPES = (torch.bfloat16,)
 OUT_DTYPE = torch.int32  # token ids and lengths: a vocabulary of 160K fits, and so do -1 and L
@@ -81,11 +83,11 @@ def validate_tensors(*, target_logits, draft_tokens, qo_indptr) -> tuple[int, in
 
 def validate(*, target_logits, draft_tokens, qo_indptr, check_values: bool = True) -> tuple[int, int, int]:
     """``validate_tensors``, then the values (one host sync, only with ``check_values``:
-    ``reference.checks.values_checked``): qo_indptr starts at 0, every request has 0 rows
+    ``reference.checks.values_checked``, and outside ``reference.checks.values_unchecked``): qo_indptr starts at 0, every request has 0 rows
     (padding) or L + 1, the rows fit in target_logits; the drafts of real requests lie in [0, V).
     Returns (B, L, V)."""
     B, L, V = validate_tensors(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr)
-    if not check_values or (qo_indptr.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not check_values or not values_read() or (qo_indptr.is_cuda and torch.cuda.is_current_stream_capturing()):
         return B, L, V
     qo_dev = qo_indptr.long()
     real = (qo_dev[1:] > qo_dev[:-1]).repeat_interleave(L, output_size=B * L)  # on the device: no sync
@@ -112,6 +114,7 @@ def validate(*, target_logits, draft_tokens, qo_indptr, check_values: bool = Tru
 
 # ----------------------------------------------------------------------------- the chain
 
+@launch
 def row_argmax(target_logits: torch.Tensor) -> torch.Tensor:
     """Launch 1. (N, V) bf16 -> (N,) int64: the lowest index of each row's maximum (NaN is the maximum)."""
     return torch.argmax(target_logits, dim=-1)
@@ -124,6 +127,7 @@ def request_rows(qo_indptr: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.T
     return start[:, None] + torch.arange(L + 1, device=qo_indptr.device), real
 
 
+@launch
 def gather_targets(predict: torch.Tensor, rows: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """Launch 2. (N,) and (B, L + 1) rows -> (B, L + 1) int64 target tokens; padding requests: −1."""
     padded = torch.cat((predict, predict.new_full((1,), PAD_ID)))  # index N: padding reads it
@@ -131,11 +135,13 @@ def gather_targets(predict: torch.Tensor, rows: torch.Tensor, real: torch.Tensor
     return padded[idx]
 
 
+@launch
 def match(target: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
     """Launch 3. (B, L + 1) targets, (B, L) drafts -> (B, L) bool: draft j is the target's token j."""
     return target[:, :-1] == drafts.long()
 
 
+@launch
 def accept_lengths(matched: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """Launch 4. (B, L) bool -> (B,) int32: the drafts before the first mismatch (cumulative
     product); 0 for padding requests."""
@@ -143,11 +149,13 @@ def accept_lengths(matched: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return torch.where(real, n, torch.zeros_like(n)).to(OUT_DTYPE)
 
 
+@launch
 def bonus_tokens(target: torch.Tensor, accept_length: torch.Tensor) -> torch.Tensor:
     """Launch 5. (B, L + 1) targets -> (B,) int64: the target's token at row accept_length."""
     return target.gather(1, accept_length.long()[:, None])[:, 0]
 
 
+@launch
 def output_ids(drafts: torch.Tensor, bonus: torch.Tensor, accept_length: torch.Tensor, real: torch.Tensor
                ) -> torch.Tensor:
     """Launch 6. -> (B, L + 1) int32: accepted drafts, the bonus token, then −1; all −1 for padding."""

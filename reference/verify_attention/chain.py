@@ -53,7 +53,9 @@ from reference.checks import (
     check_rank,
     check_same_device,
     check_shape,
+    values_read,
 )
+from reference.launches import launch
 from reference.verify_attention.masks import draft_mask, tree_masks
 
 ACT_DTYPES = (torch.bfloat16,)
@@ -122,6 +124,20 @@ def validate(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, s
     check_int("num_kv_splits", num_kv_splits, low=1, high=MAX_KV_SPLITS)
     topk = check_int("topk", topk, low=1)
     check_choice("model_family", model_family, MODEL_FAMILIES)
+    if values_read():  # outside a call as a CUDA graph runs it (after a validated eager call): host copies
+        _check_batch(T=T, B=B, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                     k_buffer=k_buffer, custom_mask=custom_mask, topk=topk)
+    if o is not None:
+        check_shape("o", o, (T, H, Dv))
+        check_dtype("o", o, ACT_DTYPES)
+        check_contiguous("o", o)
+    check_same_device(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                      kv_indices=kv_indices, custom_mask=custom_mask, o=o)
+    return B, T, H, Hkv, D, Dv
+
+
+def _check_batch(*, T, B, qo_indptr, kv_indptr, kv_indices, k_buffer, custom_mask, topk) -> None:
+    """``validate``'s checks of the batch's index values (host copies of the indptrs: one sync)."""
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
     if qo[0] != 0 or qo[-1] != T or any(b < a for a, b in zip(qo, qo[1:])):
         raise VerifyParityInputError("qo_indptr", f"must rise from 0 to num_tokens {T}, got {qo}")
@@ -137,13 +153,6 @@ def validate(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, s
     if custom_mask is not None:
         n_mask = sum((qo[i + 1] - qo[i]) ** 2 for i in range(B))
         check_shape("custom_mask", custom_mask, (n_mask,))
-    if o is not None:
-        check_shape("o", o, (T, H, Dv))
-        check_dtype("o", o, ACT_DTYPES)
-        check_contiguous("o", o)
-    check_same_device(q=q, k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                      kv_indices=kv_indices, custom_mask=custom_mask, o=o)
-    return B, T, H, Hkv, D, Dv
 
 
 def split_bounds(n: int, num_kv_splits: int) -> list[tuple[int, int]]:
@@ -222,6 +231,7 @@ def split_partial(qh, kp, vp, *, scale, v_scale, p_dtype=None):
     return m, l, acc * v_scale
 
 
+@launch
 def prefix_split_partials(qh, kp, vp, *, scale, v_scale, num_kv_splits, bounds=split_bounds, p_dtype=None,
                           split_fn=split_partial):
     """Launch 1. qh (H, L, D) fp32; kp (Hkv, n, D), vp (Hkv, n, Dv) fp32 (per KV head; query head h
@@ -240,6 +250,7 @@ def prefix_split_partials(qh, kp, vp, *, scale, v_scale, num_kv_splits, bounds=s
     return out
 
 
+@launch
 def draft_partial(qh, kd, vd, *, scale, mask, p_dtype=None):
     """Launch 2. qh (H, L, D); kd (H, L, D); vd (H, L, Dv) fp32; mask (L, L) bool -> (m, l, acc).
     ``p_dtype``: P rounded to it before P·V."""
@@ -247,6 +258,7 @@ def draft_partial(qh, kd, vd, *, scale, mask, p_dtype=None):
     return _partial(x, vd, mask, p_dtype)
 
 
+@launch
 def combine(parts) -> torch.Tensor:
     """Launch 3. Log-sum-exp merge of (m, l, acc) partials -> (H, L, Dv) fp32."""
     M = torch.stack([m for m, _, _ in parts]).amax(0)  # (H, L); finite: the draft part always has a key
@@ -367,6 +379,7 @@ def batched_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, *, scale, k_
     return combine(parts).transpose(1, 2).reshape(T, H, -1)  # (B, H, L, Dv) -> (T, H, Dv)
 
 
+@launch
 def prefix_split_partials_batched(qh, kp, vp, lens, *, scale, v_scale, num_kv_splits, p_dtype=None):
     """Launch 1 over the batch. qh (B, H, L, D); kp (B, Hkv, N, D), vp (B, Hkv, N, Dv) fp32, each
     request's prefix padded to N; lens (B,) its true length -> per split, (m, l, acc) of every
@@ -392,6 +405,7 @@ def prefix_split_partials_batched(qh, kp, vp, lens, *, scale, v_scale, num_kv_sp
     return out
 
 
+@launch
 def draft_partial_batched(qh, kd, vd, *, scale, mask, p_dtype=None):
     """Launch 2 over the batch. qh, kd (B, H, L, D); vd (B, H, L, Dv); mask (L, L) -> (m, l, acc).
     ``p_dtype``: P rounded to it before P·V."""
