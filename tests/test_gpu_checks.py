@@ -80,7 +80,7 @@ def _baked_capture(op):
     def capture(fn, before_capture):
         fn()
         before_capture()
-        with gr.gate_decisions(op) as baked:
+        with gr.gate_decisions() as baked:
             out = fn()
 
         def replay():
@@ -212,19 +212,19 @@ def test_reference_chain_launches_counted_as_designed(reg, device, op, name, wan
     with pytest.MonkeyPatch.context() as mp:
         if loop:
             mp.setattr(va_chain, "BATCHED_SCORE_BYTES", 0)
-        with gr.capture_safe(op, inputs), gr.stage_calls(op) as calls:
+        with gr.capture_safe(reg.ops[op], inputs), gr.stage_calls() as calls:
             impl.fn(**inputs)
-        assert len(calls) == gr.PLANS[op].expected_stages(case, inputs) == want, calls
+        assert len(calls) == reg.ops[op].gpu.expected_stages(case, inputs) == want, calls
 
 
-@pytest.mark.parametrize("op", sorted(gr.PLANS))
-def test_every_planned_stage_is_a_marked_launch(op):
+@pytest.mark.parametrize("op", ops.BUILTIN)
+def test_every_planned_stage_is_a_marked_launch(registry, op):
     """``OpSpec.gpu.stages`` names functions of the chain marked ``@launch`` (else ``stage_calls`` would
     not see them and the launch count would be short)."""
     from reference import launches
 
     chain = importlib.import_module(f"reference.{op}.chain")
-    for n in gr.PLANS[op].stages:
+    for n in registry.ops[op].gpu.stages:
         mod, _, attr = n.rpartition(":")
         assert launches.is_launch(getattr(importlib.import_module(mod) if mod else chain, attr)), n
 
@@ -250,7 +250,7 @@ def test_graph_check_flags_the_gate_that_flips(reg, device, op):
 
 
 def test_reference_chains_that_cannot_be_captured_are_skipped_with_the_reason(reg, device):
-    for op in gr.REFERENCE_NOT_CAPTURABLE:
+    for op in [op for op, spec in reg.ops.items() if spec.gpu and spec.gpu.reference_not_capturable]:
         outs = gr.check_graph(reg.ops[op], reg.impls[f"{op}/reference"], _case(reg, op), device, 0,
                               capture=_baked_capture(op))
         assert all(o.passed is None and "not capturable" in o.detail for o in outs)
@@ -280,7 +280,7 @@ def test_capture_safe_keeps_the_bytes_and_restores_the_validators(reg, device):
     spec, impl, case = reg.ops[op], reg.impls[f"{op}/fused"], _case(reg, op)
     a, b = spec.build_inputs(case, device), spec.build_inputs(case, device)
     plain = impl.fn(**a)
-    with gr.capture_safe(op, b):
+    with gr.capture_safe(spec, b):
         assert not checks.values_read()
         safe = impl.fn(**b)
     assert checks.values_read() and r.KVPool(a["kv_buffer"]).writes is not None  # the counter is back on
@@ -328,9 +328,9 @@ def test_run_writes_schema_rows_and_a_crash_is_a_failure(reg, device, monkeypatc
     from cases import profiles
     from harness.parity.suite import provenance
 
-    plan = gr.PLANS["qk_norm_rope"]
-    monkeypatch.setitem(gr.PLANS, "qk_norm_rope", dataclasses.replace(plan, cases=(SMALL["qk_norm_rope"],),
-                                                                      full=SMALL["qk_norm_rope"]))
+    spec = reg.ops["qk_norm_rope"]
+    monkeypatch.setitem(reg.ops, "qk_norm_rope", dataclasses.replace(
+        spec, gpu=dataclasses.replace(spec.gpu, cases=(SMALL["qk_norm_rope"],), full=SMALL["qk_norm_rope"])))
     impls = [reg.impls["qk_norm_rope/fused"], reg.impls["qk_norm_rope/mutant-two-launches"]]
     prov = provenance(device, profiles.current(), 0)
     rows = gc.run(reg, device, prov, ops=("qk_norm_rope",), impls=impls, checks=("launches", "determinism"),

@@ -380,7 +380,7 @@ def test_capture_safe_switches_off_the_value_checks_only(spec, device):
 
     kw = cases.build_inputs(CATALOG["llama2-b4-l4-v32000"], device)
     bad = dict(kw, draft_tokens=torch.full_like(kw["draft_tokens"], 10 ** 6))
-    with gr.capture_safe(OP, kw):
+    with gr.capture_safe(spec, kw):
         ref.validate(**bad)
         with pytest.raises(checks.DTypeError):
             ref.validate(**dict(kw, target_logits=kw["target_logits"].float()))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.gpu.runners import PLANS, Inputs, Outcome, check_determinism, check_graph, check_launches
+from harness.gpu.runners import Inputs, Outcome, check_determinism, check_graph, check_launches
 from harness.ops import BUILTIN
 from reports.rows import with_provenance
 
@@ -82,7 +82,8 @@ def run(reg, dev, prov, *, ops, impls, checks, seed: int, progress=print) -> lis
 
     rows = []
     for op in ops:
-        spec, plan = reg.ops[op], PLANS[op]
+        spec = reg.ops[op]
+        plan = spec.gpu
         inputs = Inputs(spec, dev)  # built once per case, copied per call
         named = {c.name: c for c in spec.catalog(big=True)}
         work = [(chk, named[n]) for chk in ("launches", "graph") if chk in checks for n in plan.cases]
@@ -161,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = usage.ArgumentParser(prog="python -m harness.gpu.checks", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=usage.output_dir, default=None, help="directory for gpu_checks.csv")
-    p.add_argument("--op", action="append", choices=[op for op in BUILTIN if op in PLANS],
-                   help="op(s) to check (default: every op with a GPU plan)")
+    p.add_argument("--op", action="append", choices=BUILTIN,
+                   help="op(s) to check (default: every op with a GPU plan, OpSpec.gpu)")
     p.add_argument("--impl", action="append", help="implementation name or module:attr (repeatable; default: "
                                                    "reference, fused and the GPU mutants of cases/mutants/gpu/)")
     p.add_argument("--check", action="append", choices=CHECKS, help="check family (default: all)")
@@ -210,9 +211,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args) -> int:
-    ops = tuple(args.op or (op for op in BUILTIN if op in PLANS))  # default: every op with a GPU plan (OpSpec.gpu)
+    from harness import usage
+
     checks = tuple(args.check or CHECKS)
     reg = registry()  # no kernel module imported yet: names are checked on any machine
+    planned = [op for op in BUILTIN if reg.ops[op].gpu]
+    if set(args.op or ()) - set(planned):
+        raise usage.UsageError("--op", f"{', '.join(sorted(set(args.op) - set(planned)))} has no GPU plan "
+                                       f"(OpSpec.gpu); ops with one: {', '.join(planned)}")
+    ops = tuple(args.op or planned)  # default: every op with a GPU plan
     impls = _select(reg, args, ops)
     if not torch.cuda.is_available():
         print("gpu checks: no GPU on this machine (torch.cuda.is_available() is False): checked nothing, wrote "

@@ -38,33 +38,24 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.ops import builtin_specs
-from harness.registry import GpuPlan
 from reference import checks, launches
 
 REPLAY_SEED_OFFSET = 7919  # replay inputs: the case's seed + this + the run's seed
 
 
-OpPlan = GpuPlan  # an op's plan: its OpSpec.gpu (cases/<op>/spec.py)
-# the built-in ops' plans by op name (what the checks run of each and expect)
-PLANS: dict[str, GpuPlan] = {name: spec.gpu for name, spec in builtin_specs().items() if spec.gpu}
-# op -> why its reference chain cannot be captured, for those that cannot
-REFERENCE_NOT_CAPTURABLE = {name: plan.reference_not_capturable for name, plan in PLANS.items()
-                            if plan.reference_not_capturable}
-
-
 # ----------------------------------------------------------------------------- making a call capturable
 
 @contextlib.contextmanager
-def capture_safe(op: str, inputs: dict):
-    """Calls of ``op``'s implementations on ``inputs`` as a CUDA graph runs them (module docstring):
-    the value checks off (``reference.checks.values_unchecked``) and the op's own capture context
-    (``OpSpec.gpu.capture``). Enter it only after a validated eager call on the same inputs."""
-    with checks.values_unchecked(), PLANS[op].capture(inputs):
+def capture_safe(spec, inputs: dict):
+    """Calls of the implementations of op ``spec`` (an ``OpSpec`` with a GPU plan) on ``inputs`` as a
+    CUDA graph runs them (module docstring): the value checks off (``reference.checks.values_unchecked``)
+    and the op's own capture context (``spec.gpu.capture``). Enter it only after a validated eager call
+    on the same inputs."""
+    with checks.values_unchecked(), spec.gpu.capture(inputs):
         yield
 
 
-def gate_decisions(op: str):
+def gate_decisions():
     """A context that yields the list of decisions the dispatch gates take while the block runs
     (``fused.gates.recorded``: every call of the op's backend step, whatever ``gate_fn`` the caller
     passes). An op with no dispatch gate yields an empty list."""
@@ -73,7 +64,7 @@ def gate_decisions(op: str):
     return gates.recorded()
 
 
-def stage_calls(op: str):
+def stage_calls():
     """A context that yields the list of the reference chain's launches called while the block runs
     (``reference.launches.counted``; ``OpSpec.gpu.stages`` names the op's)."""
     return launches.counted()
@@ -136,14 +127,14 @@ def check_launches(spec, impl, case, dev, *, inputs=None, count=None, names=None
     from harness.gpu import profiling
 
     count, names = count or profiling.count_launches, names or profiling.kernel_names
-    plan = PLANS[spec.name]
+    plan = spec.gpu
     inputs = (inputs or Inputs(spec, dev))(case)
     impl.fn(**inputs)  # validated, compiles
-    with capture_safe(spec.name, inputs):
+    with capture_safe(spec, inputs):
         fn = lambda: impl.fn(**inputs)  # noqa: E731
         kernels = count(fn)
         if impl.kind == "reference":
-            with stage_calls(spec.name) as calls:
+            with stage_calls() as calls:
                 fn()
                 _sync()
             want = plan.expected_stages(case, inputs)
@@ -176,8 +167,8 @@ def check_graph(spec, impl, case, dev, seed: int, *, inputs=None, capture=cuda_g
     """``capture(fn, before_capture) -> (outputs, replay)``: ``cuda_graph_capture`` (the tests
     pass a stand-in that replays the captured gate decision on the CPU)."""
     op = spec.name
-    if impl.kind == "reference" and op in REFERENCE_NOT_CAPTURABLE:
-        why = f"reference chain not capturable: {REFERENCE_NOT_CAPTURABLE[op]}"
+    if impl.kind == "reference" and spec.gpu.reference_not_capturable:
+        why = f"reference chain not capturable: {spec.gpu.reference_not_capturable}"
         return [Outcome("gpu:graph-replay", "-", "-", None, why), Outcome("gpu:graph-gate", "-", "-", None, why)]
     inputs = inputs or Inputs(spec, dev)
     replay_case = dataclasses.replace(case, seed=case.seed + REPLAY_SEED_OFFSET + seed)
@@ -186,7 +177,7 @@ def check_graph(spec, impl, case, dev, seed: int, *, inputs=None, capture=cuda_g
     impl.fn(**inputs(replay_case))  # validated: the replay inputs are legal too
     new, eager_in = inputs(replay_case), inputs(replay_case)
     _sync()
-    with capture_safe(op, static), gate_decisions(op) as log:
+    with capture_safe(spec, static), gate_decisions() as log:
         mark = []
         graph_out, replay = capture(lambda: impl.fn(**static), lambda: mark.append(len(log)))
         at_capture = log[mark[0]:]
@@ -195,15 +186,15 @@ def check_graph(spec, impl, case, dev, seed: int, *, inputs=None, capture=cuda_g
     _sync()
     replayed = _snapshot(spec, graph_out, static)
     del graph_out, replay
-    with capture_safe(op, eager_in), gate_decisions(op) as eager_log:
+    with capture_safe(spec, eager_in), gate_decisions() as eager_log:
         eager = _snapshot(spec, impl.fn(**eager_in), eager_in)
     _sync()
     return graph_outcomes(op, before=before, replayed=replayed, eager=eager, at_capture=at_capture,
-                          at_eager=eager_log)
+                          at_eager=eager_log, step=spec.gpu.step)
 
 
-def graph_outcomes(op: str, *, before: dict, replayed: dict, eager: dict, at_capture: list, at_eager: list
-                   ) -> list[Outcome]:
+def graph_outcomes(op: str, *, before: dict, replayed: dict, eager: dict, at_capture: list, at_eager: list,
+                   step: str = "step") -> list[Outcome]:
     """The two graph rows from snapshots (``_snapshot``) and gate logs: replay vs eager on the
     new inputs, bytewise, and not vacuous (the new inputs change the outputs); the gate's
     decisions at capture vs for the new inputs."""
@@ -219,7 +210,7 @@ def graph_outcomes(op: str, *, before: dict, replayed: dict, eager: dict, at_cap
     replay = Outcome("gpu:graph-replay", f"replay == eager on the new inputs (bytes of {compared})",
                      "equal" if rec.passed else "differs", rec.passed and live, detail.strip())
     if not at_capture and not at_eager:
-        why = (f"no gate decision observed (the implementation does not call fused.{op}.{PLANS[op].step}, "
+        why = (f"no gate decision observed (the implementation does not call fused.{op}.{step}, "
                f"or the op has no dispatch gate)")
         return [replay, Outcome("gpu:graph-gate", "-", "-", None, why)]
     same = at_capture == at_eager
