@@ -32,6 +32,24 @@ def test_list():
     assert any(x.startswith("timelines: ") and "qwen35-gqa/width-1" in x for x in lines)
 
 
+HEAVY = ("torch", "triton", "pandas", "numpy", "hypothesis")
+
+
+@pytest.mark.parametrize("cmd", ["", "list", "run", "mutants", "compile", "repro", "report"])
+def test_help_imports_no_torch(cmd):
+    """``python -m harness [CMD] --help`` imports none of torch, triton, pandas, numpy, hypothesis (read off
+    ``-X importtime``, not a clock: the 2-core machine's load makes wall times noisy); measured at 0.05 s of
+    imports against 1.8 s before (docs/cli.md). Planted: before, every command imported torch (``harness.usage``
+    subclassed the ops' input error, whose module imports torch) and pandas, and the parser built every
+    command's choices from the registry. (``timelines``, ``gate`` and ``serve`` still do: their choices are
+    the model families and layouts.)"""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", *cmd.split(), "--help"], cwd=ROOT,
+                       capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert imported and not imported & set(HEAVY), sorted(imported & set(HEAVY))
+
+
 def test_list_and_the_run_header_state_the_generated_counts_the_run_draws():
     """``list``'s "generated per run" and the run header's "generated cases" per op are the number of
     generated cases the run plans on this device (``suite.generated_count``: the profile's count, an op's
