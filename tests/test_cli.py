@@ -304,7 +304,7 @@ def test_a_run_interrupted_midway_writes_only_whole_rows_and_never_exits_0(tmp_p
     (docs/cli.md: Ctrl-C or SIGTERM keeps every completed case; the nightly reads them), never a cut one, and
     the exit status is 130 however those rows went. Planted: before, the run exited 0 (its 3 completed cases
     passed), as a complete one does."""
-    rc, err, before = _interrupted_run(tmp_path, signal.SIGINT, stall_after=10)
+    rc, err, _ = _interrupted_run(tmp_path, signal.SIGINT, stall_after=10)
     assert rc == 130 and "interrupted:" in err, (rc, err)
     from reports import frames
 
