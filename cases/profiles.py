@@ -2,14 +2,13 @@
 
 ``generated`` is how many hypothesis-drawn cases a parity run adds to every catalog case;
 ``max_examples`` is what property tests in ``tests/`` draw. The same names are registered as
-hypothesis settings profiles, so ``VP_PROFILE=nightly pytest`` deepens the tests too.
+hypothesis settings profiles (``load_hypothesis_profile``, which tests/conftest.py calls), so
+``VP_PROFILE=nightly pytest`` deepens the tests too.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
-from hypothesis import HealthCheck, settings
 
 ENV = "VP_PROFILE"
 
@@ -28,11 +27,6 @@ PROFILES = {
     "nightly": Profile("nightly", generated=3000, max_examples=200, big=True),
 }
 
-for _p in PROFILES.values():
-    settings.register_profile(_p.name, max_examples=_p.max_examples, deadline=None, derandomize=True,
-                              database=None, print_blob=True,
-                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
 
 def current(name: str | None = None) -> Profile:
     name = name or os.environ.get(ENV, "ci")
@@ -42,6 +36,14 @@ def current(name: str | None = None) -> Profile:
 
 
 def load_hypothesis_profile(name: str | None = None) -> Profile:
+    """Registers every profile as a hypothesis settings profile (hypothesis is imported here, not with the
+    module: the CLI's --profile choices need only the names) and loads ``name``'s."""
+    from hypothesis import HealthCheck, settings
+
+    for p in PROFILES.values():
+        settings.register_profile(p.name, max_examples=p.max_examples, deadline=None, derandomize=True,
+                                  database=None, print_blob=True,
+                                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     p = current(name)
     settings.load_profile(p.name)
     return p

@@ -330,17 +330,26 @@ def exact_check(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Che
         return Record(check, False, detail="output missing (None)")
     if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
         return Record(check, False, detail=f"{tuple(got.shape)} {got.dtype} != expected {tuple(want.shape)} {want.dtype}")
-    gb = as_bytes(at_home(got))
-    wb = as_bytes(on_device_of(want, gb))
+    g, w = at_home(got), on_device_of(want, at_home(got))
+    gb, wb = as_bytes(g), as_bytes(w)
     bad = (gb != wb)
     n = int((yield bad.sum().reshape(1))[0])
-    worst = ""
+    worst, detail = "", ""
     if n:
         elem_bad = bad.reshape(*got.shape, -1).any(-1) if got.dim() else bad.any().reshape(())
         idxs = torch.nonzero(elem_bad)[:WORST_K].tolist()
-        worst = "; ".join(f"{tuple(i)}: {gb[tuple(i)].tolist()} != {wb[tuple(i)].tolist()}" for i in idxs)
-    return Record(check, n == 0, mismatch_frac=n / max(1, gb.numel()), worst=worst,
-                  detail="" if n == 0 else f"{n} bytes differ")
+        if _integral(got.dtype):  # indices, token ids, lengths: their values, not their bytes
+            worst = "; ".join(f"{tuple(i)}: {g[tuple(i)].item()} != {w[tuple(i)].item()}" for i in idxs) + "  (got/want)"
+            detail = f"{int(elem_bad.sum())} of {got.numel()} elements differ"
+        else:  # fp8 / float bytes: the bytes are the contract
+            worst = "; ".join(f"{tuple(i)}: {gb[tuple(i)].tolist()} != {wb[tuple(i)].tolist()}" for i in idxs)
+            detail = f"{n} bytes differ"
+    return Record(check, n == 0, mismatch_frac=n / max(1, gb.numel()), worst=worst, detail=detail)
+
+
+def _integral(dtype: torch.dtype) -> bool:
+    """An integer or bool dtype: ``exact`` prints its differing elements as values."""
+    return not (dtype.is_floating_point or dtype.is_complex)
 
 
 def untouched(check: str, after: torch.Tensor, before: torch.Tensor, written_rows: torch.Tensor, *,

@@ -15,11 +15,13 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where used: ``BUILTIN`` alone (the CLI's --op choices) imports no torch
+    import torch
 
-from harness import tolerance
-from harness.registry import OpSpec, Registry
+    from harness import tolerance
+    from harness.registry import OpSpec, Registry
 
 BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention", "verify_accept")
 
@@ -32,6 +34,8 @@ def register_builtin(reg: Registry) -> None:
 @functools.cache
 def builtin_specs() -> dict[str, OpSpec]:
     """The built-in ops' specs by name, in ``BUILTIN`` order (a registry of their own, built once)."""
+    from harness.registry import Registry
+
     reg = Registry()
     register_builtin(reg)
     return dict(reg.ops)
@@ -54,6 +58,8 @@ def stem_spec(op: str, *, case_type: str, reference: str, **fields) -> OpSpec:
     r = importlib.import_module(f"reference.{op}.chain")
     o = (importlib.import_module(f"reference.{op}.oracle")
          if importlib.util.find_spec(f"reference.{op}.oracle") is not None else r)
+    from harness.registry import OpSpec
+
     fields.setdefault("bench", f"cases.{op}.bench")
     fields.setdefault("case_cost", getattr(c, "case_cost", None))
     if fields.get("role") == "prepare":
@@ -66,6 +72,7 @@ def stem_spec(op: str, *, case_type: str, reference: str, **fields) -> OpSpec:
 def default_registry(*, with_mutants: bool = True, with_plugins: bool = True, extra: tuple[str, ...] = ()) -> Registry:
     """Built-in ops and implementations, then mutants, entry points and ``extra`` module:attr specs."""
     from cases import mutants
+    from harness.registry import Registry
 
     reg = Registry()
     register_builtin(reg)
@@ -86,5 +93,7 @@ def tolerance_overrides() -> dict[tuple[str, str], tolerance.Tolerance]:
 def lookup_tolerance(op: str, output: str, dtype: torch.dtype) -> tolerance.Tolerance:
     """The tolerance of a built-in op's output (its ``OpSpec.tolerances`` entry, else the dtype's
     floor); with the spec at hand, ``OpSpec.tolerance`` says the same for any registered op."""
+    from harness import tolerance
+
     spec = builtin_specs().get(op)
     return spec.tolerance(output, dtype) if spec is not None else tolerance.floor(op, output, dtype)

@@ -17,12 +17,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from reference.checks import VerifyParityInputError
 
 
-class UsageError(VerifyParityInputError):
+class UsageError(ValueError):
     """A command-line argument (or the environment variable that stands for one) that cannot
-    work, found after parsing. ``arg`` names it: ``--impl``, ``VP_PROFILE``, a file."""
+    work, found after parsing. ``arg`` names it: ``--impl``, ``VP_PROFILE``, a file. (Not an op's
+    ``VerifyParityInputError``, whose module imports torch: ``--help`` imports none.)"""
+
+    def __init__(self, arg: str, message: str):
+        self.arg = arg
+        super().__init__(f"{arg}: {message}")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -38,10 +42,12 @@ def one_line(message) -> str:
 
 
 def usage_errors() -> tuple[type[BaseException], ...]:
-    """What ``main`` turns into one line and exit 2: the typed input errors, a device not present."""
+    """What ``main`` turns into one line and exit 2: usage errors, the ops' typed input errors, a device
+    not present."""
     from harness.devices import DeviceUnavailable
+    from reference.checks import VerifyParityInputError
 
-    return (VerifyParityInputError, DeviceUnavailable)
+    return (UsageError, VerifyParityInputError, DeviceUnavailable)
 
 
 def guarded(prog: str, fn: Callable[..., int], *args) -> int:

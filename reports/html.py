@@ -1,10 +1,12 @@
 """One self-contained HTML report (inline CSS and SVG, no network assets) rendered with jinja2.
 
-Sections: provenance, summary, per-op tables, failures (worst check, worst elements, repro
+Sections: regressions against the baseline (every one, first), provenance, summary, per-op tables, failures (worst check, worst elements, repro
 line), error-vs-shape plots, store-timing timelines (runs per model family and path, each failing
 run's first failing check and repro), mutant kill matrix, benchmark ratios, gate verdicts,
 baseline diff.
-Everything shown is a column of the rows or a count/grouping of them.
+Everything shown is a column of the rows or a count/grouping of them. Sections with nothing failing
+are collapsed (``<details>``); no table is wider than the page (cells wrap, long case ids are cut with
+the whole id as their title): tests/test_report_browser.py reads both off Chromium at 1,400 x 900.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from reports import plots
 from reports.junit import CASE_KEY, PROVENANCE, failure_line, worst_failure
 from reports.rows import failing, replacing
 
-MAX_DIFF_ROWS = 1000  # shown; diff.csv has them all
+MAX_DIFF_ROWS = 1000  # changes other than REGRESS shown (every REGRESS is, first); diff.csv has them all
+OTHER_CHANGES = ["SLOWER", "FIXED", "CHANGED", "NEW", "REMOVED"]  # the diff section's order, after the regressions
+MAX_ID = 90  # characters of a case id shown in a table cell; the whole id is its title (hover) and in diff.csv
 MAX_TIMELINE_FAILURES = 1000  # failing timeline runs shown; junit.xml has them all
 TL_FAIL_COLS = ["model_family", "path", "timeline", "step", "mode", "layer", "check", "err", "allowed", "detail"]
 
@@ -28,6 +32,24 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return "" if math.isnan(v) else f"{v:.4g}"
     return "" if v is None else str(v)
+
+
+def _short(v) -> str:
+    """A long id cut to ``MAX_ID`` characters (the cell's ``title`` holds it whole)."""
+    v = _fmt(v)
+    return v if len(v) <= MAX_ID else v[: MAX_ID - 1] + "…"
+
+
+def diff_parts(diff: pd.DataFrame | None) -> tuple[list[dict], list[dict], int]:
+    """(every REGRESS row, the other changes in ``OTHER_CHANGES`` order cut at ``MAX_DIFF_ROWS``, how many
+    of those were cut)."""
+    if diff is None:
+        return [], [], 0
+    other = diff[diff["change"] != "REGRESS"]
+    other = other.assign(_o=other["change"].map({c: i for i, c in enumerate(OTHER_CHANGES)})) \
+        .sort_values("_o", kind="stable").drop(columns="_o")
+    return (_records(diff[diff["change"] == "REGRESS"]), _records(other.head(MAX_DIFF_ROWS)),
+            max(len(other) - MAX_DIFF_ROWS, 0))
 
 
 def _records(frame: pd.DataFrame | None) -> list[dict]:
@@ -89,6 +111,7 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["fmt"] = _fmt
+    env.filters["short"] = _short
     ops = list(dict.fromkeys(frame["op"]))
     prov = {c: sorted({str(v) for v in frame[c].unique()}) for c in PROVENANCE if c in frame.columns}
     if "shim" in prov:  # rows of compiled runs carry no shim id ("" once frames.read has read them): say so
@@ -99,10 +122,12 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
     km = kill_matrix(mutants) if mutants is not None and not mutants.empty else None
     tl_sum = None if timelines is None else timeline_rows.summary(timelines)
     tl_bad = None if timelines is None else timeline_rows.first_failures(timelines)
+    regress_rows, other_rows, diff_more = diff_parts(diff)
     return env.get_template("report.html.j2").render(
         prov=prov, counts=counts, n_rows=len(frame), n_cases=frame[CASE_KEY].drop_duplicates().shape[0],
         summary=_records(s), summary_cols=list(s.columns),
-        ops=[dict(name=op, table=per_op_checks(frame, op), svg=plots.svg(frame, op)) for op in ops],
+        ops=[dict(name=op, table=per_op_checks(frame, op), svg=plots.svg(frame, op),
+                  failing=bool(failing(frame[frame["op"] == op]["status"]).any())) for op in ops],
         failures=failure_groups(frame),
         timelines=timelines is not None, tl_summary=_records(tl_sum), tl_summary_cols=timeline_rows.SUMMARY_COLS,
         tl_runs=0 if tl_sum is None else int(tl_sum["runs"].sum()),
@@ -113,8 +138,8 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
         km_rows=_records(_targeted(killmatrix)), km_cols=KM_COLS,
         perf=_records(perf), perf_cols=[] if perf is None else [c for c in perf.columns if c not in PROVENANCE],
         gate=gate, gate_rows=_records(gate), gate_cols=[] if gate is None else [c for c in gate.columns if c not in PROVENANCE],
-        diff=diff, diff_counts=diff_counts, diff_rows=_records(None if diff is None else diff.head(MAX_DIFF_ROWS)),
-        diff_more=0 if diff is None else max(len(diff) - MAX_DIFF_ROWS, 0), baseline=baseline, threshold=threshold)
+        diff=diff, diff_counts=diff_counts, regress_rows=regress_rows, diff_rows=other_rows, diff_more=diff_more,
+        baseline=baseline, threshold=threshold)
 
 
 def write(path: str | Path, frame: pd.DataFrame, **kw) -> Path:

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pandas as pd
+import pytest
 from tests.helpers import ROOT, subprocess_env
 
 
-def _run(*args, timeout=900):
-    env = subprocess_env()  # VP_DEVICE as chosen by conftest
+def _run(*args, timeout=900, env=None):
+    env = subprocess_env(**(env or {}))  # VP_DEVICE as chosen by conftest
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=timeout)
 
@@ -27,6 +30,72 @@ def test_list():
     assert any(x.strip().startswith("cases: ") and "one-token-one-head" in x for x in lines)  # catalog case names
     assert f"timeline families: {', '.join(sorted(tl.FAMILIES))}" in lines
     assert any(x.startswith("timelines: ") and "qwen35-gqa/width-1" in x for x in lines)
+
+
+HEAVY = ("torch", "triton", "pandas", "numpy", "hypothesis")
+
+
+@pytest.mark.parametrize("cmd", ["", "list", "run", "mutants", "compile", "repro", "report"])
+def test_help_imports_no_torch(cmd):
+    """``python -m harness [CMD] --help`` imports none of torch, triton, pandas, numpy, hypothesis (read off
+    ``-X importtime``, not a clock: the 2-core machine's load makes wall times noisy); measured at 0.05 s of
+    imports against 1.8 s before (docs/cli.md). Planted: before, every command imported torch (``harness.usage``
+    subclassed the ops' input error, whose module imports torch) and pandas, and the parser built every
+    command's choices from the registry. (``timelines``, ``gate`` and ``serve`` still do: their choices are
+    the model families and layouts.)"""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", *cmd.split(), "--help"], cwd=ROOT,
+                       capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert imported and not imported & set(HEAVY), sorted(imported & set(HEAVY))
+
+
+def test_list_and_the_run_header_state_the_generated_counts_the_run_draws():
+    """``list``'s "generated per run" and the run header's "generated cases" per op are the number of
+    generated cases the run plans on this device (``suite.generated_count``: the profile's count, an op's
+    interpreter cap under the interpreter). Planted: before, ``list`` said 300 for every op on the CPU,
+    where a ci run draws 150 verify_accept and 40 verify_attention cases."""
+    from cases import profiles
+    from harness import devices
+    from harness.ops import default_registry
+    from harness.parity.suite import generated_count
+
+    dev = devices.select(os.environ.get("VP_DEVICE", "auto"))
+    reg = default_registry(with_mutants=False, with_plugins=False)
+    prof = profiles.current("ci")
+    r = _run("list", env={"VP_PROFILE": "ci"})
+    lines = r.stdout.splitlines()
+    listed = {op: int(lines[i + 1].split(f"generated per run ({prof.name}): ")[1].split()[0])
+              for i, line in enumerate(lines) for op in reg.ops if line.startswith(f"{op}: ")}
+    want = {op: generated_count(spec, prof, interpreted=dev.interpreted) for op, spec in reg.ops.items()}
+    assert listed == want, (listed, want)
+    h = _run("run", "--case", "nomatch-xyz", "--quiet", env={"VP_PROFILE": "ci"})  # the header, then refused
+    header = h.stdout.split("generated cases: ", 1)[1].split(";", 1)[0]
+    assert dict((op, int(n)) for op, n in (x.split() for x in header.split(", "))) == want, h.stdout
+
+
+def _profile_sizes(text: str) -> dict:
+    """The profile sizes a document states: ``dev`` (N generated cases per op), ``ci`` (N), ``nightly`` (N ...),
+    and the ops' interpreter caps (`op` N inside the ``OpSpec.interpreter_generated`` parenthesis)."""
+    import re
+
+    flat = " ".join(text.split())
+    sizes = {m[0]: int(m[1].replace(",", "")) for m in re.findall(r"`(dev|ci|nightly)` \((\d[\d,]*)", flat)}
+    caps = flat.split("`OpSpec.interpreter_generated`:", 1)[1].split(")", 1)[0]
+    return sizes | {m[0]: int(m[1]) for m in re.findall(r"`(\w+)` (\d+)", caps)}
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/cli.md"])
+def test_the_docs_state_the_profile_sizes_the_code_has(doc):
+    """README and docs/cli.md state each profile's count and each op's interpreter cap as ``cases.profiles``
+    and the op specs have them. Planted: before, they said ci draws 300 per op, with no cap."""
+    from cases import profiles
+    from harness.ops import default_registry
+
+    reg = default_registry(with_mutants=False, with_plugins=False)
+    want = {p.name: p.generated for p in profiles.PROFILES.values()}
+    want |= {op: spec.interpreter_generated for op, spec in reg.ops.items() if spec.interpreter_generated is not None}
+    assert _profile_sizes((ROOT / doc).read_text()) == want
 
 
 def test_run_writes_csv_with_provenance_and_prints_summary(tmp_path):
@@ -178,19 +247,72 @@ def test_mutants_kill_matrix_writes_the_op_mutants_parity_rows_to_csv(tmp_path):
 
 # ----------------------------------------------------------------------------- a mistaken command wipes nothing
 
-def test_a_selection_that_matches_nothing_is_a_usage_error_and_keeps_the_last_csv(tmp_path):
-    """``--case`` matching no case: exit 2, one line naming ``--case``, the previous CSV byte-identical.
-    Planted: writing the (empty) rows before checking them leaves a header-only CSV (what a mistyped
-    case did to a 1,984-row run before)."""
+@pytest.mark.parametrize("extra", [(), ("--shard", "1/2")], ids=["whole", "shard"])
+def test_a_selection_that_matches_nothing_is_a_usage_error_and_keeps_the_last_csv(tmp_path, extra):
+    """``--case`` matching no case: exit 2, one line naming ``--case``, the previous CSV byte-identical,
+    with or without ``--shard`` (the selection is judged before the slice is taken). Planted: writing the
+    (empty) rows before checking them leaves a header-only CSV (what a mistyped case did to a 1,984-row
+    run before); with ``--shard`` the check was skipped, and a header-only CSV was written, exit 0."""
     csv = tmp_path / "parity.csv"
     csv.write_bytes(b"op,impl\nverify_accept,fused\n")
     r = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--op", "verify_accept",
-                        "--case", "nomatch-xyz", "--quiet", "--csv", str(csv)], cwd=ROOT, capture_output=True,
+                        "--case", "nomatch-xyz", "--quiet", "--csv", str(csv), *extra], cwd=ROOT, capture_output=True,
                        text=True, env=subprocess_env(), timeout=300)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "--case nomatch-xyz" in lines[0], (r.returncode, r.stderr)
     assert csv.read_bytes() == b"op,impl\nverify_accept,fused\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["parity.csv"]  # no temporary file left either
+
+
+def _interrupted_run(tmp_path, how: signal.Signals, stall_after: int):
+    """A run of the ``tests.plugins.stalls`` plugin over a previous good CSV, sent ``how`` once the plugin has
+    stalled after ``stall_after`` calls: (exit status, stderr, the CSV's bytes before)."""
+    csv, calls = tmp_path / "parity.csv", tmp_path / "calls"
+    csv.write_bytes(b"op,impl,case\nverify_accept,fused,the last good run\n")
+    calls.write_text("")
+    before = csv.read_bytes()
+    env = subprocess_env(VP_TEST_CALLS=str(calls), VP_TEST_STALL_AFTER=str(stall_after))
+    p = subprocess.Popen([sys.executable, "-m", "harness", "run", "--device", "cpu", "--op", "verify_accept",
+                          "--impl", "tests.plugins.stalls:STALLS", "--generated", "3", "--quiet", "--csv", str(csv)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while len(calls.read_text().splitlines()) <= stall_after:  # the plugin is in its stall: the run is mid-way
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.1)
+    p.send_signal(how)
+    _, err = p.communicate(timeout=120)
+    return p.returncode, err, before
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_a_run_interrupted_before_any_case_completed_keeps_the_previous_csv(tmp_path, how):
+    """Killed (SIGKILL) or Ctrl-C'd (SIGINT) in the middle of its first case: the previous CSV byte-identical,
+    no temporary file left, and a Ctrl-C says so and exits 130. Planted: opening the CSV for writing when the
+    run starts empties it under SIGKILL; before, a Ctrl-C here exited 2 blaming the selection
+    ('matches no (implementation, case) pair')."""
+    rc, err, before = _interrupted_run(tmp_path, how, stall_after=0)
+    assert (tmp_path / "parity.csv").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calls", "parity.csv"]
+    if how == signal.SIGINT:
+        assert rc == 130 and "interrupted before any run completed" in err and "matches no" not in err, (rc, err)
+    else:
+        assert rc == -signal.SIGKILL
+
+
+def test_a_run_interrupted_midway_writes_only_whole_rows_and_never_exits_0(tmp_path):
+    """Ctrl-C after some cases completed: the CSV is replaced, whole, by the rows of the runs that completed
+    (docs/cli.md: Ctrl-C or SIGTERM keeps every completed case; the nightly reads them), never a cut one, and
+    the exit status is 130 however those rows went. Planted: before, the run exited 0 (its 3 completed cases
+    passed), as a complete one does."""
+    rc, err, _ = _interrupted_run(tmp_path, signal.SIGINT, stall_after=10)
+    assert rc == 130 and "interrupted:" in err, (rc, err)
+    from reports import frames
+
+    rows = frames.read([tmp_path / "parity.csv"])
+    done = int(err.split("interrupted: ")[-1].split(" of ")[0])
+    assert 0 < done and rows["case"].nunique() == done and set(rows["impl"]) == {"stalls"}, (done, rows)
+    assert (rows["status"] == "pass").all()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calls", "parity.csv"]
 
 
 def test_a_write_that_fails_midway_keeps_the_previous_file(tmp_path, monkeypatch):

@@ -286,3 +286,18 @@ def test_where_a_check_computes(monkeypatch):
     assert compare.home(small) == meta  # the default: the tensor's own device
     with pytest.raises(ValueError, match="VP_COMPARE_ON: expected device, cpu or auto"):
         compare.home(small, "gpu")
+
+
+def test_exact_prints_integer_outputs_as_integers():
+    """An int32 output (ids, lengths) that differs is reported by its values, ``got != want`` per element, not
+    by its bytes; fp8 and float outputs keep their bytes (the bytes are their contract). Planted: before, the
+    int32 detail read ``(0, 2): [7, 0, 0, 0] != [255, 255, 255, 255]``."""
+    want = torch.tensor([[1, 2, -1], [3, 4, 5]], dtype=torch.int32)
+    got = want.clone()
+    got[0, 2], got[1, 0] = 7, -300
+    r = compare.exact("exact:output_ids", got, want)
+    assert not r.passed and r.worst == "(0, 2): 7 != -1; (1, 0): -300 != 3  (got/want)", r.worst
+    assert r.detail == "2 of 6 elements differ"
+    q = torch.tensor([1.0, 2.0], dtype=torch.float8_e4m3fn)
+    r = compare.exact("exact:q8", torch.tensor([2.0, 1.0], dtype=torch.float8_e4m3fn), q)
+    assert r.worst.startswith("(0,): [") and r.detail == "2 bytes differ", r

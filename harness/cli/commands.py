@@ -3,12 +3,13 @@ each takes the parsed arguments (the delegated ones: the rest of the command lin
 the exit status. Heavy modules are imported inside the command that needs them."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-
-import pandas as pd
 
 from harness.cli.setup import load_registry, load_specs, plugin_specs, select_impls, setup
 from harness.usage import UsageError
+
+INTERRUPTED = 130  # exit status of a run cut short by Ctrl-C or SIGTERM (128 + SIGINT, as a shell reports it)
 
 
 def cmd_list(args) -> int:
@@ -20,10 +21,14 @@ def cmd_list(args) -> int:
     if unknown:
         raise UsageError("--impl", f"unknown implementation(s) {', '.join(sorted(unknown))}; known: "
                                    f"{', '.join(sorted({i.name for i in reg.impls.values()}))}")
+    from harness.parity.suite import generated_count
+
     for name, spec in sorted(reg.ops.items()):
         print(f"{name}: {spec.doc}")
+        n = generated_count(spec, prof, interpreted=dev.interpreted)  # what `run` draws on this device
+        cap = " (the op's cap under the interpreter)" if n < prof.generated else ""
         print(f"  catalog: {len(spec.catalog(big=False))} cases (+{len(spec.catalog(big=True)) - len(spec.catalog(big=False))} big); "
-              f"generated per run ({prof.name}): {prof.generated}")
+              f"generated per run ({prof.name}): {n}{cap}")
         for impl in reg.for_op(name):
             if names and impl.name not in names:
                 continue
@@ -87,20 +92,26 @@ def cmd_run(args) -> int:
     from harness.parity import stages
 
     table = stages.Table()
-    rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
-                     generated=args.generated, progress=not args.quiet, case_filter=args.case, jobs=args.jobs,
-                     plugin_specs=plugin_specs(args), ledger=known, case_timeout_s=args.case_timeout_s,
-                     stack_dir=Path(args.csv).parent / "stacks", isolate=bool(args.case_timeout_s),
-                     stage_table=table)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
-    if not rows and not args.shard:  # a selection that matches nothing is a mistake: the last results stay
+    tally = suite.Tally()
+    try:
+        rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
+                         generated=args.generated, progress=not args.quiet, case_filter=args.case, jobs=args.jobs,
+                         plugin_specs=plugin_specs(args), ledger=known, case_timeout_s=args.case_timeout_s,
+                         stack_dir=Path(args.csv).parent / "stacks", isolate=bool(args.case_timeout_s),
+                         stage_table=table, tally=tally)
+    except suite.NothingSelected as exc:  # a selection that matches nothing is a mistake: the last results stay
         given = [(flag, v) for flag, v in (("--case", args.case), ("--impl", args.impl), ("--kind", args.kind),
                                            ("--op", args.op)) if v]
         said = [f"{flag} {','.join(v) if isinstance(v, list) else v}" for flag, v in given] or ["--op (every op)"]
-        raise UsageError(said[0], "matches no (implementation, case) pair" + (f" with {' '.join(said[1:])}" if
-                                  said[1:] else "") + f"; nothing written ({args.csv} left as it was)")
+        raise UsageError(said[0], f"{exc}" + (f" with {' '.join(said[1:])}" if said[1:] else "") +
+                         f"; nothing written ({args.csv} left as it was)") from None
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary
+    if tally.interrupted and not rows:  # nothing completed: nothing to keep, and the last results stay
+        print(f"interrupted before any run completed: nothing written ({args.csv} left as it was)", file=sys.stderr)
+        return INTERRUPTED
     path = write_csv(rows, args.csv)
-    print(f"rows: {len(rows)} -> {path}")
+    print(f"rows: {len(rows)} -> {path}" + (f" (interrupted: {tally.done} of {tally.total} runs)" if tally.interrupted
+                                            else ""))
     if not dev.interpreted:  # nightly reads this line: compile time apart from run time
         print(stages.compile_line(table))
     if args.stage_times:
@@ -113,10 +124,15 @@ def cmd_run(args) -> int:
     if args.expect_fail:  # mutant runs: every implementation must be flagged
         from harness.mutants import kills
 
-        return kills.print_kills(frame)
-    from reports import summary
+        rc = kills.print_kills(frame)
+    else:
+        from reports import summary
 
-    return summary.print_report(frame)
+        rc = summary.print_report(frame)
+    if tally.interrupted:  # a run cut short never reads as a complete one, however its rows went
+        print(f"interrupted: {tally.done} of {tally.total} runs done; {path} holds their rows", file=sys.stderr)
+        return INTERRUPTED
+    return rc
 
 
 def _check_path(reg, family: str, prepare: str, attn: str, flag: str = "--path") -> None:
@@ -196,6 +212,8 @@ def cmd_compile(args) -> int:
                                        f"Triton kernels to compile (Impl.compile_specs)")
         for key in bare:
             print(f"{key}: declares no Triton kernels (Impl.compile_specs): skipped")
+    import pandas as pd
+
     res = compile_check.run(args.op or ([] if impls else list(BUILTIN)), args.target or list(compile_check.TARGETS),
                             tuple(impls))
     frame = pd.DataFrame([r.__dict__ for r in res])

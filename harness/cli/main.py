@@ -1,6 +1,7 @@
-"""python -m harness {list, run, repro, mutants, compile, report, gate, serve} — thin: parse, delegate, print, exit code.
-
-A bad argument is one line on stderr and exit status 2 (``harness.usage``), before any work starts."""
+"""python -m harness <command>: the parser of every command (``main``), then the command's body
+(``harness.cli.commands``). A bad argument is one line on stderr and exit status 2 (``harness.usage``),
+before any work starts. Nothing heavy is imported here: a command's arguments, whose choices come from the
+registry, are added only when that command is parsed, so ``--help`` runs without torch."""
 from __future__ import annotations
 
 import argparse
@@ -34,75 +35,72 @@ EXAMPLES = """examples (one per command):
 """
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m harness`` and the ``verify-parity`` console script (pyproject [project.scripts])."""
-    from cases import e2e_gate, profiles
+JOBS_HELP = "worker processes (default $VP_JOBS or 1); rows keep the plan's order"
+PROFILE_HELP = "default: $VP_PROFILE or ci"
+
+
+def _common(p) -> None:
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
+    p.add_argument("--fp8-format", default=None, choices=("e4m3fn", "e4m3fnuz"), help="CPU only")
+    p.add_argument("--impl", action="append",
+                   help="implementation name, or module:attr to load one (an Impl, a list or a callable "
+                        "returning either), module:attr[name,name] to load only those (repeatable)")
+
+
+def _list(p) -> None:
+    _common(p)
+    p.set_defaults(fn=cmd_list)
+
+
+def _run_or_mutants(p, expect_fail: bool) -> None:
+    from cases import profiles
+    from harness.ops import BUILTIN
+
+    name = "mutants" if expect_fail else "run"
+    _common(p)
+    p.add_argument("--op", action="append", choices=BUILTIN)
+    p.add_argument("--kind", action="append", choices=("reference", "fused", "compiled", "external", "mutant"))
+    p.add_argument("--profile", default=None, choices=sorted(profiles.PROFILES), help=PROFILE_HELP)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--generated", type=usage.count, default=None,
+                   help="override the profile's generated-case count")
+    p.add_argument("--shard", type=usage.shard, default=None, metavar="I/N",
+                   help="i/n (1 <= i <= n): run the i-th of n deterministic slices")
+    p.add_argument("--case", default=None, help="only cases whose id contains this text")
+    p.add_argument("--jobs", type=usage.positive_int, default=None, help=JOBS_HELP)
+    p.add_argument("--csv", type=usage.output_file, default=f"runs/{name}.csv",
+                   help="parity rows" + (" (of the op mutants, also in the kill matrix)" if expect_fail else ""))
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--junit", type=usage.output_file, default=None, help="also write JUnit XML here")
+    p.add_argument("--ledger", action="append",
+                   help="known-failure ledger: NAME (cases/ledgers/NAME.py) or module:attr (repeatable); its "
+                        "failures read 'known', a known failure that did not happen fails")
+    p.add_argument("--case-timeout-s", type=usage.finite_float(0.0), default=None,
+                   help="per-case time limit: past it the case's rows read 'timeout' (failing) with the worker's "
+                        "stack in <csv dir>/stacks/, and the run goes on; given, cases run in worker processes "
+                        "even with --jobs 1 (a hang in C is killed). Default 120 (interpreter 900); 0: none")
+    p.add_argument("--stage-times", action="store_true",
+                   help="print the mean wall time per stage (inputs, reference, oracle, impl, reruns, checks, "
+                        "rows) per op at the end; VP_STAGE_TIMES=1 syncs the GPU at each stage boundary")
+    p.set_defaults(fn=cmd_run, expect_fail=expect_fail)
+    if expect_fail:
+        p.set_defaults(kind=["mutant"])
+        p.add_argument("--kill-matrix", type=usage.output_file, default="runs/kill_matrix.csv",
+                       help="where the mutant × (parity, timeline, gate) matrix goes (no selection given)")
+        p.add_argument("--e2e", action="store_true",
+                       help="add the end-to-end gate column (GPU: under the interpreter it takes hours)")
+        p.add_argument("--e2e-problems", type=usage.positive_int, default=None,
+                       help="problems per gate run (default 60)")
+        p.add_argument("--broad", action="store_true",
+                       help="run the whole parity suite over every mutant instead of the kill matrix")
+
+
+def _timelines(p) -> None:
+    from cases import profiles
     from cases import timelines as tl
     from cases.mutants import timelines as mt
-    from harness.e2e import model as M
-    from harness.ops import BUILTIN
-    from harness.registry import cwd_on_path
 
-    cwd_on_path()  # --impl module:attr finds modules in the current directory from both
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in DELEGATED:
-        return DELEGATED[argv[0]](argv[1:])
-    prog = "verify-parity" if Path(sys.argv[0]).name == "verify-parity" else "python -m harness"
-    ap = usage.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EXAMPLES.replace("PROG", prog),
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    jobs_help = "worker processes (default $VP_JOBS or 1); rows keep the plan's order"
-
-    def common(p):
-        p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
-        p.add_argument("--fp8-format", default=None, choices=("e4m3fn", "e4m3fnuz"), help="CPU only")
-        p.add_argument("--impl", action="append",
-                       help="implementation name, or module:attr to load one (an Impl, a list or a callable "
-                            "returning either), module:attr[name,name] to load only those (repeatable)")
-
-    p = sub.add_parser("list", help="ops, implementations, catalogs, timelines")
-    common(p)
-    p.set_defaults(fn=cmd_list)
-    for name, expect_fail in (("run", False), ("mutants", True)):
-        p = sub.add_parser(name, help="parity run" if name == "run" else "run every mutant; each must be flagged")
-        common(p)
-        p.add_argument("--op", action="append", choices=BUILTIN)
-        p.add_argument("--kind", action="append", choices=("reference", "fused", "compiled", "external", "mutant"))
-        p.add_argument("--profile", default=None, choices=sorted(profiles.PROFILES), help="default: $VP_PROFILE or ci")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--generated", type=usage.count, default=None,
-                       help="override the profile's generated-case count")
-        p.add_argument("--shard", type=usage.shard, default=None, metavar="I/N",
-                       help="i/n (1 <= i <= n): run the i-th of n deterministic slices")
-        p.add_argument("--case", default=None, help="only cases whose id contains this text")
-        p.add_argument("--jobs", type=usage.positive_int, default=None, help=jobs_help)
-        p.add_argument("--csv", type=usage.output_file, default=f"runs/{name}.csv",
-                       help="parity rows" + (" (of the op mutants, also in the kill matrix)" if expect_fail else ""))
-        p.add_argument("--quiet", action="store_true", help="no progress bar")
-        p.add_argument("--junit", type=usage.output_file, default=None, help="also write JUnit XML here")
-        p.add_argument("--ledger", action="append",
-                       help="known-failure ledger: NAME (cases/ledgers/NAME.py) or module:attr (repeatable); its "
-                            "failures read 'known', a known failure that did not happen fails")
-        p.add_argument("--case-timeout-s", type=usage.finite_float(0.0), default=None,
-                       help="per-case time limit: past it the case's rows read 'timeout' (failing) with the worker's "
-                            "stack in <csv dir>/stacks/, and the run goes on; given, cases run in worker processes "
-                            "even with --jobs 1 (a hang in C is killed). Default 120 (interpreter 900); 0: none")
-        p.add_argument("--stage-times", action="store_true",
-                       help="print the mean wall time per stage (inputs, reference, oracle, impl, reruns, checks, "
-                            "rows) per op at the end; VP_STAGE_TIMES=1 syncs the GPU at each stage boundary")
-        p.set_defaults(fn=cmd_run, expect_fail=expect_fail)
-        if expect_fail:
-            p.set_defaults(kind=["mutant"])
-            p.add_argument("--kill-matrix", type=usage.output_file, default="runs/kill_matrix.csv",
-                           help="where the mutant × (parity, timeline, gate) matrix goes (no selection given)")
-            p.add_argument("--e2e", action="store_true",
-                           help="add the end-to-end gate column (GPU: under the interpreter it takes hours)")
-            p.add_argument("--e2e-problems", type=usage.positive_int, default=None,
-                           help="problems per gate run (default 60)")
-            p.add_argument("--broad", action="store_true",
-                           help="run the whole parity suite over every mutant instead of the kill matrix")
-    p = sub.add_parser("timelines", help="store-timing timelines: clean paths vs the logical truth")
-    common(p)
+    _common(p)
     p.add_argument("--family", action="append", choices=sorted(tl.FAMILIES), help="model family (repeatable; "
                                                                                   "default: all)")
     p.add_argument("--timeline", type=ids.timeline_arg, default=None,
@@ -118,39 +116,38 @@ def main(argv: list[str] | None = None) -> int:
                    help="a backend the paths run through: a harness.backend.Backend (instance, subclass or "
                         "callable returning one; docs/plugins.md), loaded in the workers too (repeatable: every "
                         "path through each)")
-    p.add_argument("--profile", default=None, choices=sorted(profiles.PROFILES), help="default: $VP_PROFILE or ci")
+    p.add_argument("--profile", default=None, choices=sorted(profiles.PROFILES), help=PROFILE_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generated", type=usage.count, default=None,
                    help="generated timelines per family (default: profile/10)")
     p.add_argument("--shard", type=usage.shard, default=None, metavar="I/N",
                    help="i/n (1 <= i <= n): run the i-th of n deterministic slices of the timelines")
-    p.add_argument("--jobs", type=usage.positive_int, default=None, help=jobs_help)
+    p.add_argument("--jobs", type=usage.positive_int, default=None, help=JOBS_HELP)
     p.add_argument("--case-timeout-s", type=usage.finite_float(0.0), default=None,
                    help="per-timeline time limit, as for `run` (its rows read 'timeout'; default 120, interpreter 900)")
     p.add_argument("--csv", type=usage.output_file, default="runs/timelines.csv")
     p.add_argument("--quiet", action="store_true", help="no progress bar (failures and the summary still print)")
     p.set_defaults(fn=cmd_timelines)
-    p = sub.add_parser("compile", help="compile every kernel for NVIDIA/AMD targets (no GPU needed)")
+
+
+def _compile(p) -> None:
+    from harness.ops import BUILTIN
+
     p.add_argument("--op", action="append", choices=BUILTIN)
     p.add_argument("--target", action="append", choices=("sm90", "gfx942", "gfx950"))
     p.add_argument("--impl", action="append", type=plugin_spec,
                    help="module:attr[name,...]: compile the Triton kernels its implementations declare "
                         "(Impl.compile_specs) instead of the built-in ones (repeatable; with --op: both)")
     p.set_defaults(fn=cmd_compile)
-    for name, text in (("gpu", "GPU-only checks: launch counts, CUDA/HIP graph replay, determinism "
-                                            "(python -m harness gpu --help)"),
-                       ("bench", "benchmarks of every op into PerfRow CSVs (python -m harness bench "
-                                                "--help)"),
-                       ("nightly", "the whole nightly: parity, timelines, GPU checks, gate, benchmarks, report "
-                                   "(python -m harness nightly --help)"),
-                       ("warmup", "compile every Triton variant a parity plan launches, up front, in parallel "
-                                  "(python -m harness warmup --help)")):
-        sub.add_parser(name, help=text)  # listed here; main() hands its arguments to ``fn`` unparsed
-    p = sub.add_parser("repro", help="re-run one case and print every check")
-    common(p)
+
+
+def _repro(p) -> None:
+    _common(p)
     p.add_argument("case_id")
     p.set_defaults(fn=cmd_repro)
-    p = sub.add_parser("report", help="merge run CSVs into report.html, junit.xml, merged.csv, diff.csv")
+
+
+def _report(p) -> None:
     src = usage.input_file
     p.add_argument("--csv", action="append", type=src, required=True, help="parity CSV (repeatable: shards are merged)")
     p.add_argument("--mutants", action="append", type=src, help="mutants-run CSV for the kill matrix (repeatable)")
@@ -166,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="perf slowdown threshold: SLOWER when p20 > baseline p80 * (1 + this) (0.10 = 10%%)")
     p.add_argument("--out", type=usage.output_dir, required=True, help="output directory")
     p.set_defaults(fn=cmd_report)
-    p = sub.add_parser("gate", help="end-to-end gate: accuracy, agreement, acceptance, McNemar vs the reference path")
+
+
+def _gate(p) -> None:
+    from cases import e2e_gate
+    from harness.e2e import model as M
+
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
     p.add_argument("--profile", default=None, choices=sorted(e2e_gate.PROFILES),
                    help="cases/e2e_gate.py (default: cpu-lite on the CPU, else full)")
@@ -189,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="server mode: requests in flight per endpoint")
     p.add_argument("--source", default="synth", choices=("synth", "openai/gsm8k"), help="server mode: problems")
     p.set_defaults(fn=cmd_gate)
-    p = sub.add_parser("serve", help="the micro-engine as an OpenAI-compatible HTTP server on loopback")
+
+
+def _serve(p) -> None:
+    from cases import e2e_gate
+    from cases.mutants import timelines as mt
+    from harness.e2e import model as M
+
     p.add_argument("--layout", default="qwen35-gqa", choices=M.LAYOUTS)
     p.add_argument("--models", type=usage.input_dir, default=None,
                    help=f"directory of <layout>.safetensors (default {e2e_gate.MODEL_DIR}; else random weights)")
@@ -201,8 +209,59 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
     p.add_argument("--port", type=usage.port, default=0, help="0: any free port (printed)")
     p.set_defaults(fn=cmd_serve)
+
+
+# every command in the order --help lists them: (its line in --help, what adds its arguments; None: a
+# delegated command, whose own parser reads the rest of the line). A command's arguments are added only
+# when that command is parsed: their choices come from the registry, and --help imports no torch.
+COMMANDS = {
+    "list": ("ops, implementations, catalogs, timelines", _list),
+    "run": ("parity run", lambda p: _run_or_mutants(p, False)),
+    "mutants": ("run every mutant; each must be flagged", lambda p: _run_or_mutants(p, True)),
+    "timelines": ("store-timing timelines: clean paths vs the logical truth", _timelines),
+    "compile": ("compile every kernel for NVIDIA/AMD targets (no GPU needed)", _compile),
+    "gpu": ("GPU-only checks: launch counts, CUDA/HIP graph replay, determinism (python -m harness gpu --help)",
+            None),
+    "bench": ("benchmarks of every op into PerfRow CSVs (python -m harness bench --help)", None),
+    "nightly": ("the whole nightly: parity, timelines, GPU checks, gate, benchmarks, report "
+                "(python -m harness nightly --help)", None),
+    "warmup": ("compile every Triton variant a parity plan launches, up front, in parallel "
+               "(python -m harness warmup --help)", None),
+    "repro": ("re-run one case and print every check", _repro),
+    "report": ("merge run CSVs into report.html, junit.xml, merged.csv, diff.csv", _report),
+    "gate": ("end-to-end gate: accuracy, agreement, acceptance, McNemar vs the reference path", _gate),
+    "serve": ("the micro-engine as an OpenAI-compatible HTTP server on loopback", _serve),
+}
+
+
+def build_parser(argv: list[str], prog: str = "python -m harness") -> usage.ArgumentParser:
+    """The parser of ``argv``: every command listed, the arguments of ``argv[0]``'s only (none for a
+    top-level ``--help``, which so imports neither torch nor the registry)."""
+    ap = usage.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EXAMPLES.replace("PROG", prog),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, (text, add) in COMMANDS.items():
+        p = sub.add_parser(name, help=text)
+        if add is not None and argv and argv[0] == name:
+            add(p)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness`` and the ``verify-parity`` console script (pyproject [project.scripts])."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        from harness.registry import cwd_on_path
+
+        cwd_on_path()  # --impl module:attr finds modules in the current directory from both
+        return DELEGATED[argv[0]](argv[1:])
+    prog = "verify-parity" if Path(sys.argv[0]).name == "verify-parity" else "python -m harness"
+    ap = build_parser(argv, prog)
     args = ap.parse_args(argv)
-    return usage.guarded(sub.choices[args.cmd].prog, _dispatch, args)
+    from harness.registry import cwd_on_path
+
+    cwd_on_path()
+    return usage.guarded(f"{prog} {args.cmd}", _dispatch, args)
 
 
 def _dispatch(args) -> int:

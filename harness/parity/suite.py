@@ -24,6 +24,19 @@ from harness.registry import Impl, OpSpec, Registry
 from reports.rows import FAILING, ParityRow, Provenance, git_sha, parity_row
 
 
+class NothingSelected(ValueError):
+    """The run's selection matches no (implementation, case) pair: a mistake, refused before any work."""
+
+
+@dataclass
+class Tally:
+    """How far a run got: ``done`` of ``total`` (implementation, case) runs, ``interrupted`` when Ctrl-C
+    or SIGTERM cut it short (its rows are those of the runs that completed)."""
+    done: int = 0
+    total: int = 0
+    interrupted: bool = False
+
+
 @dataclass(frozen=True)
 class Planned:
     spec: OpSpec
@@ -275,21 +288,34 @@ def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: 
         shard_spec: str | None = None, generated: int | None = None, progress: bool = True,
         case_filter: str | None = None, jobs: int = 1, plugin_specs: tuple[str, ...] = (),
         ledger: tuple = (), case_timeout_s: float | None = None, stack_dir=None, isolate: bool = False,
-        stage_table: stages.Table | None = None) -> list[ParityRow]:
+        stage_table: stages.Table | None = None, tally: Tally | None = None) -> list[ParityRow]:
     """Every planned (case, implementation) run's rows, in plan order. Cases complete in any order
     (one slow or hung case holds back nothing); a case past ``case_timeout_s`` (default:
     ``default_case_timeout``) gets ``timeout`` rows, its stack in ``stack_dir``. Ctrl-C or SIGTERM
-    keeps every row that completed. ``stage_table`` collects the stages' wall time
-    (``harness.parity.stages``)."""
+    keeps every row that completed (``tally`` says how many and that the run was cut short).
+    ``stage_table`` collects the stages' wall time (``harness.parity.stages``). A selection (ops,
+    implementations, ``case_filter``) that matches no (implementation, case) pair before the shard is
+    taken raises ``NothingSelected`` before any case runs; an empty shard of a non-empty selection
+    is no error."""
     prov = provenance(dev, profile, seed)
-    work = []
+    tally = Tally() if tally is None else tally
+    work, selected = [], 0
     for op in ops:
         spec = reg.ops[op]
-        planned = shard(plan_cases(spec, profile, seed=seed, generated=generated, interpreted=dev.interpreted),
-                        shard_spec)
+        planned = plan_cases(spec, profile, seed=seed, generated=generated, interpreted=dev.interpreted)
         if case_filter:
-            planned = [p for p in planned if case_filter in p.display or case_filter in p.full_id]
+            kept = [p for p in planned if case_filter in p.display or case_filter in p.full_id]
+            # the slice first, then the filter: a shard holds the same cases with and without --case
+            planned = [p for p in shard(planned, shard_spec) if case_filter in p.display or case_filter in p.full_id]
+        else:
+            kept = planned
+            planned = shard(planned, shard_spec)
+        n_impls = sum(i.op == op for i in impls)
+        selected += len(kept) * n_impls
         work += [(p, i) for p in planned for i in impls if i.op == op]
+    if not selected:
+        raise NothingSelected("matches no (implementation, case) pair")
+    tally.total = len(work)
     groups = _groups(work)
     timeout = default_case_timeout(dev) if case_timeout_s is None else case_timeout_s
     by_group: dict[int, list[ParityRow]] = {}
@@ -318,9 +344,11 @@ def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: 
             by_group[g] = new
             n_fail += any(r.status in FAILING for r in new)
             done += len(g_impls)
+            tally.done = done
             bar.update(len(g_impls))
             bar.set_postfix_str(f"{p.spec.name} fail={n_fail}")
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a CI time limit): keep what ran, say so
+        tally.interrupted = True
         print(f"\ninterrupted: {done} of {len(work)} runs done; rows so far are kept", file=sys.stderr)
     finally:
         results.close()
