@@ -319,35 +319,42 @@ def test_cases_plant_what_they_say(device):
 
 def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
     """The benchmark's run loop with the measurement faked (every callable still runs once,
-    the fused kernel under the interpreter): one PerfRow per impl, the wide CSV, 0 mismatches."""
+    the fused kernels under the interpreter): one PerfRow per impl and mode (eager, graph), with
+    ``--before``'s module (here this tree's wrapper file, loaded as another tree's) as impl ``before``,
+    the wide CSV, 0 mismatches."""
     import pandas as pd
 
-    from harness.gpu import profiling
-    from harness.bench import perf
-    from harness.bench import perf_rows as pr
     from cases.verify_accept import bench as vb
+    from harness.bench import before, perf
+    from harness.bench import perf_rows as pr
+    from harness.gpu import profiling
     from harness.parity.suite import provenance
 
     monkeypatch.setattr(profiling, "time_quantiles_us", lambda fn, warmup=25, rep=100: (1.0, 2.0, 3.0))
-    monkeypatch.setattr(profiling, "count_launches", lambda fn, warmup=1: 1)
+    monkeypatch.setattr(profiling, "graph_time_us", lambda fn, rep=40: 1.5)
+    monkeypatch.setattr(profiling, "count_launches", lambda fn, warmup=1: 2)
     monkeypatch.setattr(perf, "compile_static", lambda fn: fn)
+    monkeypatch.setattr(vb, "before_modules", [before.load_module(fused.__file__)])
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
     shape_list = [vb.Shape(B=2, V=300), vb.Shape(B=3, V=4097)]
     rows = perf.run_shapes(vb, shape_list, ctx, tmp_path)
-    assert [r.impl for r in rows] == list(vb.IMPLS) * 2 and {r.op for r in rows} == {OP}
-    assert all(r.gbps == pytest.approx(vb.bytes_moved(s) / 2e-6 / 1e9) for s in shape_list for r in rows
-               if r.case == s.case)
+    impls = [*vb.IMPLS, "before"]
+    assert [(r.impl, r.mode) for r in rows] == [(i, m) for m in pr.MODES for i in impls] * 2
+    assert {r.op for r in rows} == {OP}
+    assert all(r.gbps == pytest.approx(vb.bytes_moved(s) / (2e-6 if r.mode == "eager" else 1.5e-6) / 1e9)
+               for s in shape_list for r in rows if r.case == s.case)
     wide = pd.read_csv(tmp_path / "verify_accept_bench.csv")
     assert wide["mismatches"].tolist() == [0, 0] and wide["V"].tolist() == [300, 4097]
+    assert wide["before_graph_us"].tolist() == [1.5, 1.5]
     assert not pr.launch_failures(rows, {OP: vb.EXPECTED_LAUNCHES})
 
 
 def test_bench_shapes_and_no_gpu(monkeypatch, tmp_path, capsys):
-    from harness import devices
     from cases.verify_accept import bench as vb
+    from harness import devices
 
     full = vb.shapes(False)
-    assert {s.B for s in full} == {1, 8, 64} and {s.V for s in full} == {32000, 128256, 160000}
+    assert {s.B for s in full} == {1, 64, 256} and {s.V for s in full} == {32000, 160000, 256000}
     assert {s.L for s in full} == {4} and [s.case for s in vb.shapes(True)] == [
         "B=1,L=4,V=160000", "B=64,L=4,V=32000", "B=64,L=4,V=160000"]
     assert set(vb.shapes(True)) < set(full)
@@ -432,7 +439,7 @@ def test_kill_matrix_kills_every_mutant_on_the_targeted_cases(registry, device):
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 def test_gpu_plan_launches_and_graph_under_the_interpreter(spec, registry, device, impl):
     """``harness.gpu.runners`` on the plan's case with the interpreter stand-ins of
-    ``tests/test_gpu_checks.py``: the fused call is one kernel, the chain six stage calls; replayed
+    ``tests/test_gpu_checks.py``: the fused call is two kernels, the chain six stage calls; replayed
     as captured (validate's value checks off) it equals eager; no dispatch gate: the gate row skips.
     The stand-ins count interpreter launches: on a GPU the gpu-marked tests of ``tests/test_gpu_checks.py``
     count the real ones (torch.profiler) and capture real graphs."""

@@ -20,8 +20,8 @@ import triton
 
 from fused.compile_specs import variant
 from fused.verify_accept import kernels as k
-from reference.verify_accept import chain as ref
 from reference.checks import values_checked
+from reference.verify_accept import chain as ref
 
 # compiled: programs launch 1 aims at (H100/H200: 132 SMs x 16 programs of 4 warps resident is 2112):
 # enough to fill the GPU at B 1 (5 rows), few enough that each keeps several tiles in flight at B 64
@@ -89,7 +89,7 @@ def verify_accept(*, target_logits, draft_tokens, qo_indptr, checked=None):
     and of the real requests' drafts, one host sync. ``checked=False``: the caller guarantees
     them (a bad qo_indptr is then read past target_logits) and nothing waits on the device.
     """
-    B, L, V = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr,
+    B, L, _ = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr,
                            check_values=values_checked(checked))
     dev = target_logits.device
     out = torch.empty((B, L + 1), dtype=ref.OUT_DTYPE, device=dev)
