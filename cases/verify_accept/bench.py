@@ -16,7 +16,7 @@ achieved bandwidth (bytes the op must move: read the logits once in bf16, the dr
 write the ids and lengths) against the device-to-device copy bandwidth measured in the same run,
 and the kernel launches of one call (``count_launches``). The fused call must be exactly 2 launches
 (else exit 1). ``--before``: an earlier tree's fused/verify_accept/wrapper.py (``harness.bench.before``;
-e.g. the one-program-per-request kernel of trees before 2026-12-08) timed as ``before`` beside ours.
+e.g. the one-program-per-request kernel of trees up to 5f017f8 (2026-12-07)) timed as ``before`` beside ours.
 Each shape also compares the fused outputs (and ``--before``'s) with the chain's (``mismatches``:
 differing elements; a MISMATCH line when not 0). Writes DIR/verify_accept_bench.csv (wide, one row
 per shape) and DIR/perf.csv (PerfRow). Without a GPU it says so and exits 0.

@@ -2,7 +2,7 @@
 the acceptance walk of every request, in two launches (``fused.verify_accept.kernels``: what each
 does, and why the argmax rule survives the split).
 
-Why split the vocabulary: one program per request (the kernel of trees before 2026-12-08, timed as
+Why split the vocabulary: one program per request (the kernel of trees up to 5f017f8 (2026-12-07), timed as
 ``--before`` by ``cases/verify_accept/bench.py``) streams a request's (L + 1)·V logits on one SM: at
 B 1 one SM walks 800K entries, and at B 64 one wave of 64 programs cannot keep the memory busy. Here
 every row is cut into ``n_chunks`` chunks of ``chunk_len`` columns (``split_config``), so a launch
