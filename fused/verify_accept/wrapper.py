@@ -27,7 +27,7 @@ from reference.verify_accept import chain as ref
 # enough to fill the GPU at B 1 (5 rows), few enough that each keeps several tiles in flight at B 64
 TARGET_PROGRAMS = 2048
 # the interpreter pays per program and per op, hardly per element: few programs, but still several
-# chunks per row at the catalog's vocabularies (a 4097-column row is 5 chunks of 1024)
+# chunks per row at the catalog's vocabularies (the 5 rows of a B 1 request at V 4097: 5 chunks of 1024 each)
 TARGET_PROGRAMS_INTERPRETED = 32
 
 
