@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 from hypothesis import Phase, find, given, settings
+from hypothesis import strategies as st
 
 from cases import base
 from cases.verify_accept import catalog as cases
@@ -112,18 +113,99 @@ def test_argmax_rule_on_hand_checked_rows(device, neg_nan):
     assert fused.verify_accept(**kw)["output_ids"][:, 0].cpu().tolist() == want
 
 
-def test_argmax_ties_across_chunks(device):
-    """Equal maxima in different BLOCK_V chunks and lanes: the lowest index, whichever chunk."""
-    block_v = fused.block_config(device.interpreted)[0]
-    V = 3 * block_v + 5
-    cols = [(5, 2 * block_v + 5), (block_v + 3, 2), (V - 1, 2 * block_v), (block_v - 1, block_v)]
-    rows = []
-    for a, b in cols:
-        r = [0.0] * V
-        r[a] = r[b] = 7.0
-        rows.append(r)
+# ----------------------------------------------------------------------------- the split argmax's combine
+
+# a tiling of launch 1 small enough to cut a 200-column row into 7 chunks (6 of 32 columns, the last
+# of 8): chunk boundaries at 32, 64, ..., 192, tiles of 16 inside each chunk
+SMALL = fused.SplitConfig(block_v=16, chunk_len=32, n_chunks=7, num_warps=1, num_stages=1)
+SMALL_V = 200
+
+
+def _split_argmax(device, rows: list[list[float]], cfg: fused.SplitConfig | None = None) -> list[int]:
+    """Each row's token from the two launches, at ``cfg``'s tiling (None: the default's)."""
     kw = _fact_inputs(device, rows)
-    assert fused.verify_accept(**kw)["output_ids"][:, 0].cpu().tolist() == [min(a, b) for a, b in cols]
+    B = len(rows)
+    out = torch.full((B, 2), -7, dtype=torch.int32, device=device.torch_device)
+    n = torch.full((B,), -7, dtype=torch.int32, device=device.torch_device)
+    if cfg is not None:
+        assert cfg.n_chunks == -(-kw["target_logits"].shape[1] // cfg.chunk_len)
+    fused.launch(output_ids=out, accept_length=n, **kw, config=cfg)
+    return out[:, 0].cpu().tolist()
+
+
+def _row(V: int, planted: dict[int, float], fill: float = 0.0) -> list[float]:
+    r = [fill] * V
+    for col, x in planted.items():
+        r[col] = x
+    return r
+
+
+# (what the combine must get right, planted columns -> values, fill): each row's answer is torch.argmax's
+COMBINE_ROWS = [
+    ("tie across one boundary", {31: 7.0, 32: 7.0}, 0.0),  # last column of chunk 0, first of chunk 1
+    ("tie in chunks 1 and 5", {40: 7.0, 170: 7.0}, 0.0),
+    ("tie in every chunk", {3: 7.0, 33: 7.0, 65: 7.0, 127: 7.0, 130: 7.0, 160: 7.0, 199: 7.0}, 0.0),
+    ("tie, the later one in the short last chunk", {100: 7.0, 195: 7.0}, 0.0),
+    ("the maximum alone in the short last chunk", {199: 7.0, 0: 6.0}, 0.0),
+    ("a larger value in a later chunk", {5: 7.0, 150: 8.0}, 0.0),
+    ("NaN in a later chunk beats +inf in an earlier", {10: float("inf"), 100: NAN}, 0.0),
+    ("NaN in two chunks: the first", {120: NAN, 70: NAN, 10: float("inf")}, 0.0),
+    ("NaN and a tie of +inf, NaN last", {0: float("inf"), 64: float("inf"), 199: NAN}, 0.0),
+    ("all -inf", {}, -INF),
+    ("all -inf but one finite value in the last chunk", {197: -3.0}, -INF),
+    ("-inf, then -0 and +0 tied across a boundary", {63: -0.0, 64: 0.0}, -INF),
+    ("every chunk's best -1 but one -inf chunk", {i: -INF for i in range(32, 64)}, -1.0),
+]
+
+
+@pytest.mark.parametrize("what, planted, fill", COMBINE_ROWS, ids=[c[0] for c in COMBINE_ROWS])
+def test_combine_keeps_the_argmax_rule_across_chunks(device, what, planted, fill):
+    """Rows whose maximum is decided between chunks, at a 7-chunk tiling (``SMALL``): the token is
+    torch.argmax's. Planted in the combine (launch 2): the highest index among tied partials; NaN
+    partials compared as numbers (the maximum non-NaN chunk wins); a partial of -inf taken for an empty
+    chunk; each fails here."""
+    row = _row(SMALL_V, planted, fill)
+    want = int(torch.argmax(torch.tensor([row]).bfloat16(), dim=-1))
+    assert _split_argmax(device, [row], SMALL) == [want], what
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_combine_matches_torch_argmax_on_drawn_tilings(device, data):
+    """Rows drawn from few values (ties, NaN, +-inf, -0 everywhere) at drawn tilings (1..13 chunks,
+    a short last chunk or not): every token is torch.argmax's."""
+    block_v = data.draw(st.sampled_from((16, 32)))
+    chunk_len = block_v * data.draw(st.integers(1, 3))
+    V = data.draw(st.integers(1, 13 * chunk_len))
+    cfg = fused.SplitConfig(block_v, chunk_len, -(-V // chunk_len), 1, 1)
+    values = st.sampled_from((-INF, -1.0, -0.0, 0.0, 2.0, 2.0, 2.0, INF, NAN))
+    rows = [data.draw(st.lists(values, min_size=V, max_size=V)) for _ in range(data.draw(st.integers(1, 3)))]
+    want = torch.argmax(torch.tensor(rows).bfloat16(), dim=-1).tolist()
+    assert _split_argmax(device, rows, cfg) == want
+
+
+def test_default_tiling_splits_the_rows_it_is_given(device):
+    """The default call's tiling cuts catalog-sized rows into several chunks (else its combine would go
+    untested by the parity runs), with a tie across its chunk boundary decided as torch does."""
+    V = 4 * 1024 + 5
+    cfg = fused.split_config(2, V, device.interpreted)
+    assert cfg.n_chunks >= 3 and cfg.chunk_len % cfg.block_v == 0
+    a, b = cfg.chunk_len - 1, cfg.chunk_len  # the last column of chunk 0, the first of chunk 1
+    assert _split_argmax(device, [_row(V, {a: 7.0, b: 7.0}), _row(V, {b: 7.0, V - 1: 7.0})]) == [a, b]
+
+
+@pytest.mark.parametrize("interpreted", [False, True])
+def test_split_config_covers_every_row_once(interpreted):
+    """Chunks are whole tiles, cover 0..V exactly (the last one not empty), and the compiled tiling puts
+    hundreds of programs on B 1 x L 4 x V 160K and about the target on B 64 (the issue's two shapes)."""
+    for rows in (1, 2, 5, 40, 320, 1280, 10 ** 5):
+        for V in (1, 2, 17, 1023, 1024, 1025, 4097, 32000, 151936, 160000, 256000):
+            c = fused.split_config(rows, V, interpreted)
+            assert c.chunk_len % c.block_v == 0 and (c.n_chunks - 1) * c.chunk_len < V <= c.n_chunks * c.chunk_len
+            assert c.n_chunks <= 65535, (rows, V)  # a grid's second axis
+    if not interpreted:
+        assert 5 * fused.split_config(5, 160000, False).n_chunks >= 300
+        assert 2000 <= 320 * fused.split_config(320, 160000, False).n_chunks <= 4 * fused.TARGET_PROGRAMS
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -237,35 +319,42 @@ def test_cases_plant_what_they_say(device):
 
 def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
     """The benchmark's run loop with the measurement faked (every callable still runs once,
-    the fused kernel under the interpreter): one PerfRow per impl, the wide CSV, 0 mismatches."""
+    the fused kernels under the interpreter): one PerfRow per impl and mode (eager, graph), with
+    ``--before``'s module (here this tree's wrapper file, loaded as another tree's) as impl ``before``,
+    the wide CSV, 0 mismatches."""
     import pandas as pd
 
-    from harness.gpu import profiling
-    from harness.bench import perf
-    from harness.bench import perf_rows as pr
     from cases.verify_accept import bench as vb
+    from harness.bench import before, perf
+    from harness.bench import perf_rows as pr
+    from harness.gpu import profiling
     from harness.parity.suite import provenance
 
     monkeypatch.setattr(profiling, "time_quantiles_us", lambda fn, warmup=25, rep=100: (1.0, 2.0, 3.0))
-    monkeypatch.setattr(profiling, "count_launches", lambda fn, warmup=1: 1)
+    monkeypatch.setattr(profiling, "graph_time_us", lambda fn, rep=40: 1.5)
+    monkeypatch.setattr(profiling, "count_launches", lambda fn, warmup=1: 2)
     monkeypatch.setattr(perf, "compile_static", lambda fn: fn)
+    monkeypatch.setattr(vb, "before_modules", [before.load_module(fused.__file__)])
     ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
     shape_list = [vb.Shape(B=2, V=300), vb.Shape(B=3, V=4097)]
     rows = perf.run_shapes(vb, shape_list, ctx, tmp_path)
-    assert [r.impl for r in rows] == list(vb.IMPLS) * 2 and {r.op for r in rows} == {OP}
-    assert all(r.gbps == pytest.approx(vb.bytes_moved(s) / 2e-6 / 1e9) for s in shape_list for r in rows
-               if r.case == s.case)
+    impls = [*vb.IMPLS, "before"]
+    assert [(r.impl, r.mode) for r in rows] == [(i, m) for m in pr.MODES for i in impls] * 2
+    assert {r.op for r in rows} == {OP}
+    assert all(r.gbps == pytest.approx(vb.bytes_moved(s) / (2e-6 if r.mode == "eager" else 1.5e-6) / 1e9)
+               for s in shape_list for r in rows if r.case == s.case)
     wide = pd.read_csv(tmp_path / "verify_accept_bench.csv")
     assert wide["mismatches"].tolist() == [0, 0] and wide["V"].tolist() == [300, 4097]
+    assert wide["before_graph_us"].tolist() == [1.5, 1.5]
     assert not pr.launch_failures(rows, {OP: vb.EXPECTED_LAUNCHES})
 
 
 def test_bench_shapes_and_no_gpu(monkeypatch, tmp_path, capsys):
-    from harness import devices
     from cases.verify_accept import bench as vb
+    from harness import devices
 
     full = vb.shapes(False)
-    assert {s.B for s in full} == {1, 8, 64} and {s.V for s in full} == {32000, 128256, 160000}
+    assert {s.B for s in full} == {1, 64, 256} and {s.V for s in full} == {32000, 160000, 256000}
     assert {s.L for s in full} == {4} and [s.case for s in vb.shapes(True)] == [
         "B=1,L=4,V=160000", "B=64,L=4,V=32000", "B=64,L=4,V=160000"]
     assert set(vb.shapes(True)) < set(full)
@@ -350,7 +439,7 @@ def test_kill_matrix_kills_every_mutant_on_the_targeted_cases(registry, device):
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 def test_gpu_plan_launches_and_graph_under_the_interpreter(spec, registry, device, impl):
     """``harness.gpu.runners`` on the plan's case with the interpreter stand-ins of
-    ``tests/test_gpu_checks.py``: the fused call is one kernel, the chain six stage calls; replayed
+    ``tests/test_gpu_checks.py``: the fused call is two kernels, the chain six stage calls; replayed
     as captured (validate's value checks off) it equals eager; no dispatch gate: the gate row skips.
     The stand-ins count interpreter launches: on a GPU the gpu-marked tests of ``tests/test_gpu_checks.py``
     count the real ones (torch.profiler) and capture real graphs."""

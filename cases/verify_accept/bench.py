@@ -1,42 +1,49 @@
-"""Benchmark (not a test) of verify_accept on a GPU: the fused one-launch kernel vs the reference
-six-launch chain vs torch.compile of that chain, side by side in one run.
+"""Benchmark (not a test) of verify_accept on a GPU: the fused kernels (two launches: the split-V
+argmax, then the combine and the walk) vs the reference six-launch chain vs torch.compile of that
+chain, side by side in one run, eager and replayed from a CUDA graph.
 
     python -m cases.verify_accept.bench --out DIR [--quick] [--b B ...] [--v V ...]
+        [--before OLD/fused/verify_accept/wrapper.py]
 
-Shapes: B requests in 1..64 × L = 4 drafts (L + 1 = 5 target rows each), vocabularies of the
-32K / 128K / 160K classes (32,000 Llama-2, 128,256 Llama-3, 160,000), bf16 logits as an LM head
-hands them over: a (B·(L + 1), V) slice of a buffer whose rows are V + 128 wide (row stride > V).
-Every draft is the target's argmax, so every request accepts all L drafts: the fused kernel
-reads every row (its worst case; on a rejection it stops reading the request's later rows).
+Shapes: B requests in 1..256 × L = 4 drafts (L + 1 = 5 target rows each), vocabularies of the
+32K / 160K / 256K classes (32,000 Llama-2, 160,000, 256,000), bf16 logits as an LM head hands them
+over: a (B·(L + 1), V) slice of a buffer whose rows are V + 128 wide (row stride > V). Every draft
+is the target's argmax, so every request accepts all L drafts (every implementation reads every row).
 
-Per implementation: p20/p50/p80 (``harness.gpu.profiling.time_quantiles_us``), ratios to the
-reference chain and to torch.compile of it, achieved bandwidth (bytes the op must move: read
-the logits once in bf16, the drafts and qo_indptr; write the ids and lengths) against the
-measured device-to-device copy bandwidth, and the kernel launches of one call
-(``count_launches``). The fused kernel must be exactly 1 launch (else exit 1). Each shape also
-compares the fused outputs with the chain's (``mismatches``: differing elements; a MISMATCH
-line when not 0). Writes DIR/verify_accept_bench.csv (wide, one row per shape) and
-DIR/perf.csv (PerfRow). Without a GPU it says so and exits 0.
+Per implementation: p20/p50/p80 (``harness.gpu.profiling.time_quantiles_us``), the median replayed
+from a CUDA graph (``graph_time_us``), ratios to the reference chain and to torch.compile of it,
+achieved bandwidth (bytes the op must move: read the logits once in bf16, the drafts and qo_indptr;
+write the ids and lengths) against the device-to-device copy bandwidth measured in the same run,
+and the kernel launches of one call (``count_launches``). The fused call must be exactly 2 launches
+(else exit 1). ``--before``: an earlier tree's fused/verify_accept/wrapper.py (``harness.bench.before``;
+e.g. the one-program-per-request kernel of trees up to 5f017f8 (2026-12-07)) timed as ``before`` beside ours.
+Each shape also compares the fused outputs (and ``--before``'s) with the chain's (``mismatches``:
+differing elements; a MISMATCH line when not 0). Writes DIR/verify_accept_bench.csv (wide, one row
+per shape) and DIR/perf.csv (PerfRow). Without a GPU it says so and exits 0.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from harness.bench import perf
+from harness.bench import perf_rows as pr
 from harness.bench import wide_rows as wr
 from reports.rows import PerfRow
 
 OP = "verify_accept"
 IMPLS = ("fused", "reference", "compiled")
-EXPECTED_LAUNCHES = {"fused": 1}
+EXPECTED_LAUNCHES = {"fused": 2}
 WARMUP_MS, REP_MS = 10, 50
+GRAPH_REP_MS = 20  # do_bench_cudagraph's rep per graph timing
 EXTRA_TIMINGS = 0
 L = 4
 ROW_PAD = 128  # the LM head's buffer is this much wider than the vocabulary
-B_FULL, V_FULL = (1, 8, 64), (32000, 128256, 160000)
+B_FULL, V_FULL = (1, 64, 256), (32000, 160000, 256000)
 # the quick set (the nightly's bench step): one request at the largest vocabulary (one program streams
 # it all), a full batch at both ends; 3 shapes, so every op's quick plan together stays within
 # harness.bench.perf.QUICK_BUDGET_S (4 shapes here: 123 s modelled against its 120)
@@ -73,9 +80,14 @@ def bytes_moved(s: Shape) -> int:
     return s.T * s.V * 2 + s.B * s.L * 8 + (s.B + 1) * 4 + s.B * (s.L + 1) * 4 + s.B * 4
 
 
-# mismatches: fused vs the chain, elements of output_ids and accept_length (must be 0)
+# mismatches: fused (and --before's) vs the chain, elements of output_ids and accept_length (must be 0);
+# *_graph_us: replayed from a CUDA graph; before_*: --before's kernel (NaN when not asked)
 BenchRow = wr.wide_row_type(__name__, (("B", int), ("L", int), ("V", int), ("T", int), ("bytes_moved", int)),
-                            (("mismatches", int),))
+                            (("mismatches", int), ("fused_graph_us", float), ("compiled_graph_us", float),
+                             ("before_us", float), ("before_graph_us", float)))
+
+# --before's module (harness.bench.before.load_module), set by main for the run's measurements
+before_modules: list = []
 
 
 def _inputs(s: Shape, dev) -> dict:
@@ -108,14 +120,19 @@ def _implementations(kw: dict, compiled_chain) -> dict:
     drafts = kw["draft_tokens"].view(B, -1)
     dev = kw["target_logits"].device
 
-    def fused():
-        out = torch.empty((B, drafts.shape[1] + 1), dtype=r.OUT_DTYPE, device=dev)
-        n = torch.empty((B,), dtype=r.OUT_DTYPE, device=dev)
-        f.launch(output_ids=out, accept_length=n, **kw)
-        return out, n
+    def call(mod):
+        def run():
+            out = torch.empty((B, drafts.shape[1] + 1), dtype=r.OUT_DTYPE, device=dev)
+            n = torch.empty((B,), dtype=r.OUT_DTYPE, device=dev)
+            mod.launch(output_ids=out, accept_length=n, **kw)
+            return out, n
+        return run
 
     args = (kw["target_logits"], drafts, kw["qo_indptr"])
-    return {"fused": fused, "reference": lambda: _chain(*args), "compiled": lambda: compiled_chain(*args)}
+    impls = {"fused": call(f), "reference": lambda: _chain(*args), "compiled": lambda: compiled_chain(*args)}
+    if before_modules:
+        impls["before"] = call(before_modules[0])
+    return impls
 
 
 WIDE_CSV = "verify_accept_bench.csv"
@@ -126,27 +143,49 @@ def measurements(shape_list: list[Shape], ctx: perf.Context):
     for s in shape_list:
         kw = _inputs(s, ctx.dev.torch_device)
         impls = _implementations(kw, compiled_chain)
-        (fo, fn), (ro, rn) = impls["fused"](), impls["reference"]()
-        bad = int((fo != ro).sum()) + int((fn != rn).sum())
-        t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
-        del kw, impls, fo, fn, ro, rn
+        ro, rn = impls["reference"]()
+        bad = sum(int((o != ro).sum()) + int((n != rn).sum())
+                  for o, n in (impls[k]() for k in ("fused", "before") if k in impls))
+        t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS, graph_rep_ms=GRAPH_REP_MS)
+        del kw, impls, ro, rn
         yield wr.Measured(s, t, bytes_moved(s), {"mismatches": bad})
 
 
 def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
-    s, bad = m.shape, m.extra["mismatches"]
+    s, bad, t = m.shape, m.extra["mismatches"], m.timings
+    before = t.get("before", pr.NOT_MEASURED)
     row = BenchRow(B=s.B, L=s.L, V=s.V, T=s.T, bytes_moved=m.bytes_moved, **wr.fused_vs_chain(m, rows["fused"]),
-                   mismatches=bad)
-    line = f"{wr.fused_line(m, rows['fused'])} | mismatches {bad}"
+                   mismatches=bad, fused_graph_us=t["fused"].graph_us, compiled_graph_us=t["compiled"].graph_us,
+                   before_us=before.p50_us, before_graph_us=before.graph_us)
+    line = (f"{wr.fused_line(m, rows['fused'])} | graph fused {t['fused'].graph_us:7.2f} us, compiled "
+            f"{t['compiled'].graph_us:7.2f} us" + (f", before {before.graph_us:7.2f} us" if "before" in t else "")
+            + f" | mismatches {bad}")
     if bad:
         line += f"\n  MISMATCH {s.case}: {bad} output elements of the fused kernel differ from the chain's"
     return row, line
 
 
 def main(argv: list[str] | None = None) -> int:
-    return perf.main_for(sys.modules[__name__], argv, quick_help=f"(B, V) {QUICK} only",
-                         options={"--b": f"batch sizes (default {B_FULL})", "--v": f"vocabularies (default {V_FULL})"},
-                         pick=lambda args, ap: shapes(args.quick, args.b, args.v))
+    ap = argparse.ArgumentParser(prog=f"python -m cases.{OP}.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help=f"directory for {WIDE_CSV} and perf.csv")
+    ap.add_argument("--quick", action="store_true", help=f"(B, V) {QUICK} only")
+    ap.add_argument("--b", type=int, action="append", help=f"batch sizes (default {B_FULL})")
+    ap.add_argument("--v", type=int, action="append", help=f"vocabularies (default {V_FULL})")
+    ap.add_argument("--before", type=Path, help="another fused/verify_accept/wrapper.py (e.g. an earlier commit's): "
+                                                "timed as 'before' beside ours")
+    args = ap.parse_args(argv)
+    if args.before is not None:
+        from harness.bench import before
+
+        if not args.before.is_file():
+            ap.error(f"--before: no file {args.before}")
+        before_modules[:] = [before.load_module(args.before)]
+    try:
+        return perf.run_ops([sys.modules[__name__]], out=args.out, quick=args.quick, nested=False, prog=ap.prog,
+                            shapes={OP: shapes(args.quick, args.b, args.v)})
+    finally:
+        before_modules.clear()
 
 
 if __name__ == "__main__":

@@ -75,10 +75,11 @@ def catalog(*, big: bool = False) -> list[VerifyAcceptCase]:
         C(B=8, L=4, V=4096, nans=0.5, name="nan-rows", seed=14),
         C(B=6, L=4, V=4096, nans=1.0, accept="all", name="nan-every-row-all-accepted", seed=15),
         C(B=6, L=4, V=3000, nans=1.0, ties=1.0, name="nan-and-ties", seed=16),
-        # V against the chunk (the interpreter's 4096 and the compiled kernel's): one past, one short, tiny
+        # V against the tile of fused.verify_accept.wrapper.split_config (the interpreter's 1024, the compiled
+        # kernel's 2048): one past, one short (4097 = 4·1024 + 1 = 2·2048 + 1, 8193 = 4·2048 + 1), tiny
         C(B=4, L=4, V=4097, ties=0.5, name="v-block-plus-one", seed=17),
         C(B=4, L=4, V=4095, ties=0.5, name="v-block-minus-one", seed=18),
-        C(B=4, L=4, V=8193, row_pad=7, name="v-two-blocks-plus-one-strided", seed=19),  # compiled chunk + 1
+        C(B=4, L=4, V=8193, row_pad=7, name="v-two-blocks-plus-one-strided", seed=19),  # compiled tile x 4 + 1
         C(B=4, L=4, V=8191, ties=0.5, name="v-compiled-block-minus-one", seed=32),
         C(B=3, L=4, V=1, name="v-one", seed=20),
         C(B=4, L=3, V=17, values="coarse", name="v-17-coarse", seed=21),
@@ -117,7 +118,7 @@ VOCABS = (1, 2, 17, 100, 1000, 4095, 4096, 4097, 5000, 8193, 32000)
 def cases(draw, *, max_batch: int = 8, max_drafts: int = 6, vocabs=VOCABS):
     """Generated cases; shrink toward B = 1, L = 1, the smallest vocabulary, contiguous rows, no
     padding, mixed acceptance of randn logits."""
-    # one request and one draft are edges of their own (a program per request; a chain of one): drawn
+    # one request and one draft are edges of their own (B 1: the widest split of its rows; a chain of one): drawn
     # three times as often as any other count, so each holds about a third of the draws (REACH)
     B = draw(st.sampled_from((1, 1, *range(1, max_batch + 1))))
     return VerifyAcceptCase(

@@ -26,11 +26,12 @@ KILL = KillPlan(clean=("reference", "fused"),
 STAGES = ("row_argmax", "gather_targets", "match", "accept_lengths", "bonus_tokens", "output_ids")
 
 
-# GPU-only checks (harness.gpu.runners): one program per request, the chain's six launches. Both are
-# captured: the only syncs are validate's host copies, which ``capture_safe`` turns off after the
-# validated eager call (the chain itself is gathers, compares and a cumprod on device). No dispatch
-# gate (the fused call always launches its kernel): the graph check's gate row is a skip
-GPU = GpuPlan(("b8-l3-v8192-mixed",), "b64-l4-v160k", 1, STAGES, lambda c, kw: len(STAGES), "verify_accept")
+# GPU-only checks (harness.gpu.runners): the fused call's two launches (the split argmax, then the combine
+# and the walk), the chain's six. Both are captured: the only syncs are validate's host copies, which
+# ``capture_safe`` turns off after the validated eager call (the fused call's workspace is an allocation, the
+# chain is gathers, compares and a cumprod on device). No dispatch gate (the fused call always launches its
+# kernels): the graph check's gate row is a skip
+GPU = GpuPlan(("b8-l3-v8192-mixed",), "b64-l4-v160k", 2, STAGES, lambda c, kw: len(STAGES), "verify_accept")
 
 
 def _no_effects(case, inputs, oracle):
@@ -95,6 +96,7 @@ def register(reg: Registry) -> None:
     reg.add(Impl(OP, "reference", "reference", r.verify_accept,
                  doc="six launches: argmax, gather per request, match, cumprod accept length, bonus, ids"))
     reg.add(Impl(OP, "fused", "fused", _fused,
-                 doc="one Triton launch: a program per request, vocab argmax per row in chunks, then the walk"))
+                 doc="two Triton launches: the vocab argmax split over (row, chunk) programs, then per request the "
+                     "combine of its chunks and the walk"))
     reg.add(Impl(OP, "compiled", "compiled", _compiled,
                  doc="torch.compile(dynamic=True) of the reference chain's six launches"))

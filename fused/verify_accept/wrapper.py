@@ -1,115 +1,84 @@
-"""Fused greedy chain acceptance: the vocabulary argmax of every target row and the acceptance
-walk of every request in one launch.
+"""Fused greedy chain acceptance: the vocabulary argmax of every target row, split over the row, and
+the acceptance walk of every request, in two launches (``fused.verify_accept.kernels``: what each
+does, and why the argmax rule survives the split).
 
-Grid ``(B,)``: program ``b`` owns request ``b``. It walks the request's rows j = 0..L in order;
-for each it scans the row in BLOCK_V chunks through the row stride (an LM head's output sliced
-to the vocabulary has stride > V), keeping per lane the best (value, index) seen, then reduces
-the lanes to the row's argmax under the chain's rule (``reference.verify_accept.chain``): NaN above
-every number, the lowest index among equal maxima, −0 == +0. It stores the token into
-``output_ids[b, j]`` and compares it with draft j; the first mismatch (or row L) ends the walk:
-that row's token is the bonus, the rest of the row is −1, and the rows after it are never read
-(the chain computes them and throws them away). A padding request (0 rows) reads nothing and
-writes −1 and length 0. Every output element is written by exactly one program; no scratch,
-no atomics, so the result is exact and bitwise deterministic.
-
-Why one program per request and not a split of the vocabulary over programs: a split needs a
-second phase that combines the partial argmaxes, i.e. a zeroed workspace (a memset: a second
-launch) or a workspace the kernel re-zeroes itself (state that survives the call and breaks on
-an aborted one). One program per request keeps one launch with nothing between calls; it uses
-B programs, so at B = 1 one SM streams the (L + 1)·V logits, and each program's bandwidth is
-set by the chunk loads it keeps in flight (wide chunks, ``tl.range`` pipelining;
-``cases/verify_accept/bench.py`` measures what that costs against a copy).
+Why split the vocabulary: one program per request (the kernel of trees up to 5f017f8 (2026-12-07), timed as
+``--before`` by ``cases/verify_accept/bench.py``) streams a request's (L + 1)·V logits on one SM: at
+B 1 one SM walks 800K entries, and at B 64 one wave of 64 programs cannot keep the memory busy. Here
+every row is cut into ``n_chunks`` chunks of ``chunk_len`` columns (``split_config``), so a launch
+has B·(L + 1)·n_chunks programs; the price is a small workspace of partials (written before read,
+no zeroing) and a second launch of B programs, and that every row of a real request is read (the
+walk no longer stops reading at the first mismatch; the chain reads them all too).
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 
 from fused.compile_specs import variant
-from reference.verify_accept import chain as ref
+from fused.verify_accept import kernels as k
 from reference.checks import values_checked
+from reference.verify_accept import chain as ref
 
-SENTINEL = tl.constexpr(2 ** 31 - 1)  # an index no row has: lanes that saw no element (constexpr: the compiler reads no other global)
-
-
-@triton.jit(do_not_specialize=["V", "L", "stride_row"])  # one compile per layout, not per vocabulary or L
-def verify_accept_kernel(
-    out_ptr,  # (B, L + 1) int32 out: accepted drafts, the bonus token, then -1
-    len_ptr,  # (B,) int32 out: accepted drafts
-    logits_ptr,  # (N, V) bf16, unit stride on the last axis, rows stride_row apart
-    draft_ptr,  # (B * L,) int32/int64 drafts
-    qo_ptr,  # (B + 1,) int32/int64: request b's rows start at qo[b]; qo[b + 1] == qo[b]: padding
-    V,  # vocabulary
-    L,  # drafts per request
-    stride_row,  # elements between target rows (>= V)
-    stride_out,  # elements between output rows (L + 1)
-    BLOCK_V: tl.constexpr,  # vocabulary entries per chunk and lane count
-    NUM_STAGES: tl.constexpr,  # software-pipelined chunk loads in flight (compiled; the interpreter ignores it)
-):
-    """The op's one launch (module docstring): program b, request b's argmax rows and acceptance walk."""
-    b = tl.program_id(0)
-    start = tl.load(qo_ptr + b).to(tl.int64)
-    end = tl.load(qo_ptr + b + 1).to(tl.int64)
-    accepting = end > start  # padding requests never accept and never read a row
-    n_acc = b * 0  # int32 scalar
-    offs = tl.arange(0, BLOCK_V)
-    n_chunks = tl.cdiv(V, BLOCK_V)
-    for j in range(0, L + 1):
-        row = logits_ptr + (start + j) * stride_row
-        best_v = tl.full([BLOCK_V], float("-inf"), tl.float32)
-        best_nan = tl.zeros([BLOCK_V], dtype=tl.int1)
-        best_i = tl.full([BLOCK_V], SENTINEL, tl.int32)
-        # rows after the walk ended are not read; later chunks' loads are issued while this one reduces
-        for c in tl.range(0, tl.where(accepting, n_chunks, 0), num_stages=NUM_STAGES):
-            idx = c * BLOCK_V + offs
-            valid = idx < V
-            x = tl.load(row + idx, mask=valid, other=float("-inf")).to(tl.float32)  # bf16 -> fp32: exact
-            x_nan = x != x
-            # strictly better: lanes see indices in increasing order, so an equal value keeps the lower one
-            better = valid & ((best_i == SENTINEL) | (x_nan & ~best_nan) | (~x_nan & ~best_nan & (x > best_v)))
-            best_v = tl.where(better, x, best_v)
-            best_nan = tl.where(better, x_nan, best_nan)
-            best_i = tl.where(better, idx, best_i)
-        any_nan = tl.max(best_nan.to(tl.int32), axis=0) > 0
-        v_max = tl.max(tl.where(best_nan, float("-inf"), best_v), axis=0)
-        cand = tl.where(any_nan, best_nan, (best_v == v_max) & ~best_nan & (best_i != SENTINEL))
-        tok = tl.min(tl.where(cand, best_i, SENTINEL), axis=0)
-        tl.store(out_ptr + b.to(tl.int64) * stride_out + j, tl.where(accepting, tok, -1))
-        is_draft = j < L
-        d = tl.load(draft_ptr + b.to(tl.int64) * L + j, mask=accepting & is_draft, other=-1).to(tl.int64)
-        accepting = accepting & is_draft & (tok.to(tl.int64) == d)
-        n_acc += accepting.to(tl.int32)
-    tl.store(len_ptr + b, n_acc)
+# compiled: programs launch 1 aims at (H100/H200: 132 SMs x 16 programs of 4 warps resident is 2112):
+# enough to fill the GPU at B 1 (5 rows), few enough that each keeps several tiles in flight at B 64
+TARGET_PROGRAMS = 2048
+# the interpreter pays per program and per op, hardly per element: few programs, but still several
+# chunks per row at the catalog's vocabularies (the 5 rows of a B 1 request at V 4097: 5 chunks of 1024 each)
+TARGET_PROGRAMS_INTERPRETED = 32
 
 
-def block_config(interpreted: bool) -> tuple[int, int, int]:
-    """(BLOCK_V, num_warps, num_stages). The interpreter pays per op, hardly per element: wide
-    chunks (catalog cases have V one past and one short of 4096). Compiled: one program streams a
-    whole request, so its loads in flight set its bandwidth: 8192 bf16 per chunk over 256 threads
-    (32 contiguous elements, four 16-byte loads, per thread; ~130 registers for the lanes' running
-    bests) and 3 chunks in flight. Not tuned on a GPU yet: ``cases/verify_accept/bench.py``."""
-    return (4096, 1, 1) if interpreted else (8192, 8, 3)
+@dataclass(frozen=True)
+class SplitConfig:
+    block_v: int  # columns per tile (launch 1's lanes)
+    chunk_len: int  # columns per launch-1 program, a multiple of block_v
+    n_chunks: int  # launch-1 programs per row: cdiv(V, chunk_len)
+    num_warps: int
+    num_stages: int
 
 
-def launch(*, output_ids, accept_length, target_logits, draft_tokens, qo_indptr, stride_row: int | None = None
-           ) -> None:
-    """The one launch. Arguments already validated. ``stride_row``: the row stride the kernel is
-    told (default: the tensor's own)."""
+def split_config(rows: int, V: int, interpreted: bool) -> SplitConfig:
+    """Launch 1's tiling of ``rows`` target rows of V columns: as many chunks per row as bring the
+    programs to the target (``TARGET_PROGRAMS``), at most one tile each, and whole tiles per chunk.
+    Compiled: 2048-column tiles over 128 threads (16 contiguous bf16, two 16-byte loads, per thread)
+    and 3 tiles in flight. B 1 x L 4 x V 160K: 79 chunks of 2048, 395 programs of one tile; B 64:
+    7 chunks of 24576 (12 tiles), 2240 programs; B 256: 2 chunks, 2560 programs. Not tuned on a GPU
+    yet: ``cases/verify_accept/bench.py``."""
+    block_v, warps, stages = (1024, 1, 1) if interpreted else (2048, 4, 3)
+    target = TARGET_PROGRAMS_INTERPRETED if interpreted else TARGET_PROGRAMS
+    tiles = triton.cdiv(V, block_v)
+    want = min(tiles, max(1, triton.cdiv(target, max(rows, 1))))
+    chunk_len = triton.cdiv(tiles, want) * block_v
+    return SplitConfig(block_v, chunk_len, triton.cdiv(V, chunk_len), warps, stages)
+
+
+def launch(*, output_ids, accept_length, target_logits, draft_tokens, qo_indptr, stride_row: int | None = None,
+           config: SplitConfig | None = None) -> None:
+    """The two launches. Arguments already validated. ``stride_row``: the row stride the kernels are
+    told (default: the tensor's own); ``config``: launch 1's tiling (default ``split_config``'s)."""
     B, Lp1 = output_ids.shape
-    block_v, num_warps, num_stages = block_config(os.environ.get("TRITON_INTERPRET") == "1")
-    verify_accept_kernel[(B,)](
-        out_ptr=output_ids, len_ptr=accept_length, logits_ptr=target_logits, draft_ptr=draft_tokens,
-        qo_ptr=qo_indptr, V=target_logits.shape[1], L=Lp1 - 1,
-        stride_row=target_logits.stride(0) if stride_row is None else stride_row, stride_out=output_ids.stride(0),
-        BLOCK_V=block_v, NUM_STAGES=num_stages, num_warps=num_warps,
+    V = target_logits.shape[1]
+    cfg = config or split_config(B * Lp1, V, os.environ.get("TRITON_INTERPRET") == "1")
+    part_v = torch.empty((B * Lp1, cfg.n_chunks), dtype=torch.float32, device=target_logits.device)
+    part_i = torch.empty((B * Lp1, cfg.n_chunks), dtype=torch.int32, device=target_logits.device)
+    k.verify_accept_partial_kernel[(B * Lp1, cfg.n_chunks)](
+        part_v_ptr=part_v, part_i_ptr=part_i, logits_ptr=target_logits, qo_ptr=qo_indptr, V=V, L=Lp1 - 1,
+        chunk_len=cfg.chunk_len, n_chunks=cfg.n_chunks,
+        stride_row=target_logits.stride(0) if stride_row is None else stride_row,
+        BLOCK_V=cfg.block_v, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+    )
+    k.verify_accept_combine_kernel[(B,)](
+        out_ptr=output_ids, len_ptr=accept_length, part_v_ptr=part_v, part_i_ptr=part_i, draft_ptr=draft_tokens,
+        qo_ptr=qo_indptr, L=Lp1 - 1, n_chunks=cfg.n_chunks, stride_out=output_ids.stride(0),
+        BLOCK_L=triton.next_power_of_2(Lp1), BLOCK_C=triton.next_power_of_2(cfg.n_chunks), num_warps=4,
     )
 
 
 def verify_accept(*, target_logits, draft_tokens, qo_indptr, checked=None):
-    """Same contract as ``reference.verify_accept.chain.verify_accept``, in one launch.
+    """Same contract as ``reference.verify_accept.chain.verify_accept``, in two launches.
 
     Shapes: target_logits (N, V) bf16, any row stride with a unit innermost one; draft_tokens
     (B·L,) int; qo_indptr (B + 1,) int, each request L + 1 rows or 0 (padding).
@@ -120,7 +89,7 @@ def verify_accept(*, target_logits, draft_tokens, qo_indptr, checked=None):
     and of the real requests' drafts, one host sync. ``checked=False``: the caller guarantees
     them (a bad qo_indptr is then read past target_logits) and nothing waits on the device.
     """
-    B, L, V = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr,
+    B, L, _ = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr,
                            check_values=values_checked(checked))
     dev = target_logits.device
     out = torch.empty((B, L + 1), dtype=ref.OUT_DTYPE, device=dev)
@@ -131,10 +100,19 @@ def verify_accept(*, target_logits, draft_tokens, qo_indptr, checked=None):
 
 
 def compile_specs():
-    """Signatures for the ahead-of-time compile check (``python -m harness compile``): both index
-    dtypes of the drafts and of qo_indptr (the kernel's own arguments: ``fused.compile_specs``)."""
-    block_v, warps, stages = block_config(interpreted=False)
-    return [variant(f"draft={draft_sig[1:]},qo={qo_sig[1:]}", verify_accept_kernel,
-                    {"out_ptr": "*i32", "len_ptr": "*i32", "logits_ptr": "*bf16", "draft_ptr": draft_sig,
-                     "qo_ptr": qo_sig}, {"BLOCK_V": block_v, "NUM_STAGES": stages}, warps)
-            for draft_sig in ("*i32", "*i64") for qo_sig in ("*i32", "*i64")]
+    """Signatures for the ahead-of-time compile check (``python -m harness compile``): launch 1 for
+    both index dtypes of qo_indptr, launch 2 for both of the drafts and of qo_indptr at B 1 x L 4 x
+    V 160K's tile (79 chunks: BLOCK_C 128) and B 64's (7: BLOCK_C 8) (``fused.compile_specs``)."""
+    cfg = split_config(5, 160000, interpreted=False)
+    specs = [variant(f"qo={qo[1:]}", k.verify_accept_partial_kernel,
+                     {"part_v_ptr": "*fp32", "part_i_ptr": "*i32", "logits_ptr": "*bf16", "qo_ptr": qo},
+                     {"BLOCK_V": cfg.block_v, "NUM_STAGES": cfg.num_stages}, cfg.num_warps)
+             for qo in ("*i32", "*i64")]
+    for rows in (5, 320):
+        n_chunks = split_config(rows, 160000, interpreted=False).n_chunks
+        specs += [variant(f"draft={d[1:]},qo={qo[1:]},chunks={n_chunks}", k.verify_accept_combine_kernel,
+                          {"out_ptr": "*i32", "len_ptr": "*i32", "part_v_ptr": "*fp32", "part_i_ptr": "*i32",
+                           "draft_ptr": d, "qo_ptr": qo},
+                          {"BLOCK_L": 8, "BLOCK_C": triton.next_power_of_2(n_chunks)}, 4)
+                  for d in ("*i32", "*i64") for qo in ("*i32", "*i64")]
+    return specs
