@@ -1,17 +1,26 @@
 """Every user-facing entry point: `nox -s parity`, `nox -s tests`, `nox -s mutants`, `nox -s compile`,
-`nox -s report`, `nox -s gate`, `nox -s sglang`, `nox -s fuzz`, `nox -s warmup`.
+`nox -s report`, `nox -s gate`, `nox -s sglang`, `nox -s fuzz`, `nox -s warmup`, `nox -s dev`.
 
-Installs are vendor-safe. On a CPU machine the session venv takes the pins of
-``constraints/cpu.txt`` (torch 2.13.0 CPU build, triton 3.9.0, numpy 2.4.6). On a CUDA or
-ROCm runner (``nvidia-smi``/``rocm-smi`` present, or ``VP_SYSTEM_TORCH=1``) the venv sees the
-runner's own site-packages and installs no torch or triton at all, so a ROCm torch is never
-replaced by CUDA wheels. Arguments after ``--`` go to the underlying command.
+One environment for all of them and for the user's shell: ``.venv`` at the top of the checkout
+(``VP_VENV`` moves it). The first session makes it; the others reuse it, and reinstall only when
+``pyproject.toml``, ``constraints/cpu.txt`` or the engine pins change (a stamp file in the venv says
+what it holds). ``source .venv/bin/activate`` then gives a shell where ``python -m harness`` /
+``verify-parity`` and every printed repro line run as printed.
+
+Installs are vendor-safe. On a CPU machine the venv takes the pins of ``constraints/cpu.txt``
+(torch 2.13.0 CPU build, triton 3.9.0, numpy 2.4.6). On a CUDA or ROCm runner (``nvidia-smi`` /
+``rocm-smi`` present, or ``VP_SYSTEM_TORCH=1``) the venv sees the runner's own site-packages and
+installs no torch or triton at all, so a ROCm torch is never replaced by CUDA wheels. Arguments
+after ``--`` go to the underlying command.
 """
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
+import sys
+from pathlib import Path
 
 import nox
 
@@ -19,98 +28,129 @@ nox.options.sessions = ["parity", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 SYSTEM_TORCH = os.environ.get("VP_SYSTEM_TORCH") == "1" or bool(shutil.which("nvidia-smi") or shutil.which("rocm-smi"))
-VENV_PARAMS = ["--system-site-packages"] if SYSTEM_TORCH else []
 DEVICE = os.environ.get("VP_DEVICE", "auto" if SYSTEM_TORCH else "cpu")
 # SGLang's kernel files (harness.adapters.sglang); --no-deps: its serving stack is not needed, and its
 # torch pin must never replace a runner's torch
 SGLANG = "sglang==0.5.23"
+VENV = Path(os.environ.get("VP_VENV", ".venv"))
+STAMP = ".verify-parity-installed"
 
 
-def _install(session: nox.Session) -> None:
-    if SYSTEM_TORCH:
-        session.run("python", "-c", "import torch, triton; print('runner torch', torch.__version__, 'triton', triton.__version__)")
-        session.install("-e", ".")
+def _wanted() -> str:
+    """What the environment must hold: the files and pins an install reads, hashed."""
+    h = hashlib.sha256()
+    for f in ("pyproject.toml", "constraints/cpu.txt"):
+        h.update(Path(f).read_bytes())
+    h.update(f"{SYSTEM_TORCH} {SGLANG} {sys.version_info[:2]}".encode())
+    return h.hexdigest()
+
+
+def _install(session: nox.Session):
+    """The one environment (module docstring), made or brought up to date; returns ``run(*args, env=None)``,
+    which runs ``python *args`` in it."""
+    py = VENV / "bin" / "python"
+    stamp = VENV / STAMP
+    if not py.exists():
+        session.log(f"making {VENV} (one environment for every session and your shell)")
+        session.run(sys.executable, "-m", "venv", *(["--system-site-packages"] if SYSTEM_TORCH else []), str(VENV),
+                    external=True)
+    if not stamp.exists() or stamp.read_text() != _wanted():
+        pip = (str(py), "-m", "pip", "install", "-q")
+        if SYSTEM_TORCH:
+            session.run(str(py), "-c", "import torch, triton; print('runner torch', torch.__version__, 'triton', "
+                                       "triton.__version__)", external=True)
+            session.run(*pip, "-e", ".", external=True)
+        else:
+            session.run(*pip, "-c", "constraints/cpu.txt", "-e", ".[cpu]", external=True)
+        session.run(*pip, "--no-deps", SGLANG, external=True)  # the adapters' kernel files (tests, nox -s sglang)
+        stamp.write_text(_wanted())
     else:
-        session.install("-c", "constraints/cpu.txt", "-e", ".[cpu]")
+        session.log(f"{VENV} is up to date (pyproject.toml and the pins unchanged)")
+
+    bin_dir = (VENV / "bin").resolve()
+    base = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(VENV.resolve())}
+
+    def run(*args, env=None):
+        session.run(str(py), *args, env={**base, **(env or {})}, external=True)
+
+    return run
 
 
 def _jobs() -> str:
     return os.environ.get("VP_JOBS", str(os.cpu_count() or 1) if DEVICE == "cpu" else "1")
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def parity(session: nox.Session) -> None:
     """Parity of every op: catalog + generated cases (VP_PROFILE: ci | nightly | dev)."""
-    _install(session)
+    run = _install(session)
     args = session.posargs or []
-    session.run("python", "-m", "harness", "run", "--device", DEVICE, "--jobs", _jobs(), "--csv", "runs/parity.csv",
-                *args, env={"VP_DEVICE": DEVICE})
+    run("-m", "harness", "run", "--device", DEVICE, "--jobs", _jobs(), "--csv", "runs/parity.csv",
+        *args, env={"VP_DEVICE": DEVICE})
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def warmup(session: nox.Session) -> None:
     """Compile every Triton variant the parity plan launches into Triton's cache (TRITON_CACHE_DIR), once, in
     parallel, before a timed run; the plan takes `run`'s arguments (`-- --shard 1/2`). Nothing to do on the CPU."""
-    _install(session)
-    session.run("python", "-m", "harness", "warmup", "--device", DEVICE, *session.posargs, env={"VP_DEVICE": DEVICE})
+    run = _install(session)
+    run("-m", "harness", "warmup", "--device", DEVICE, *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The harness's own tests (pytest-xdist: one worker per core, ``VP_WORKERS`` to change it). On a GPU
     machine they run on the GPU, every worker sharing it (docs/gpu-tests.md)."""
-    _install(session)
-    session.install("--no-deps", SGLANG)  # tests/test_sglang.py checks the adapters
+    run = _install(session)
     workers = os.environ.get("VP_WORKERS", "auto")
-    session.run("python", "-m", "pytest", "-n", workers, "-q", "--durations=15", *session.posargs,
-                env={"VP_DEVICE": DEVICE, "VP_REQUIRE_SGLANG": "1"})
+    run("-m", "pytest", "-n", workers, "-q", "--durations=15", *session.posargs,
+        env={"VP_DEVICE": DEVICE, "VP_REQUIRE_SGLANG": "1"})
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def sglang(session: nox.Session) -> None:
     """SGLang 0.5.23's own kernels (harness.adapters.sglang: split-KV and shared-KV verify attention, the
     fused qk-norm-rope store) over the ci profile, against their known-failure ledger
     (cases/ledgers/sglang.py): fails on any failure not in the ledger, and on a known failure that did not
     happen. runs/sglang.csv. `-- --generated 20` for a quick slice."""
-    _install(session)
-    session.install("--no-deps", SGLANG)
-    session.run("python", "-m", "harness", "run", "--device", DEVICE, "--profile", "ci", "--jobs", _jobs(),
-                "--impl", "harness.adapters.sglang:IMPLS", "--ledger", "sglang", "--csv", "runs/sglang.csv",
-                *session.posargs, env={"VP_DEVICE": DEVICE})
+    run = _install(session)
+    run("-m", "harness", "run", "--device", DEVICE, "--profile", "ci", "--jobs", _jobs(),
+        "--impl", "harness.adapters.sglang:IMPLS", "--ledger", "sglang", "--csv", "runs/sglang.csv",
+        *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def fuzz(session: nox.Session) -> None:
     """The bad-input fuzzer (harness/fuzz/) deeper than the tests: 8 drawn inputs per class, op and argument
     instead of 1, every call in a worker subprocess; fails on any crash, segfault, hang, wrong answer, partial write,
     refusal of a legal input or error not naming the argument. `-- --classes stride device` for a slice."""
-    _install(session)
-    session.run("python", "-m", "harness.fuzz", "--device", DEVICE, "--examples", "8", "--jobs", _jobs(),
-                *session.posargs, env={"VP_DEVICE": DEVICE})
+    run = _install(session)
+    run("-m", "harness.fuzz", "--device", DEVICE, "--examples", "8", "--jobs", _jobs(),
+        *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def mutants(session: nox.Session) -> None:
     """Every mutant against the suite; fails if any survives."""
-    _install(session)
-    session.run("python", "-m", "harness", "mutants", "--device", DEVICE, "--csv", "runs/mutants.csv",
-                *session.posargs, env={"VP_DEVICE": DEVICE})
+    run = _install(session)
+    run("-m", "harness", "mutants", "--device", DEVICE, "--csv", "runs/mutants.csv",
+        *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def compile(session: nox.Session) -> None:
     """Compile every kernel for sm90, gfx942 and gfx950 (no GPU needed)."""
-    _install(session)
+    run = _install(session)
     env = {"TRITON_INTERPRET": "0", "VP_DEVICE": "compile"}
-    session.run("python", "-m", "harness", "compile", *session.posargs, env=env)
+    run("-m", "harness", "compile", *session.posargs, env=env)
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def report(session: nox.Session) -> None:
     """runs/report/{report.html, junit.xml, merged.csv, diff.csv} from the CSVs in runs/: parity*.csv
     (shards merged), and mutants*.csv, perf*.csv, gate*.csv, kill_matrix*.csv, timelines*.csv[.gz]
     when present. `-- --baseline OLD.csv` diffs against a previous run and fails on any REGRESS."""
-    _install(session)
+    run = _install(session)
     parity = sorted(glob.glob("runs/parity*.csv"))
     if not parity:
         session.error("no runs/parity*.csv: run `nox -s parity` (or its shards) first")
@@ -118,43 +158,52 @@ def report(session: nox.Session) -> None:
     for flag, pattern in (("--mutants", "runs/mutants*.csv"), ("--perf", "runs/perf*.csv"), ("--gate", "runs/gate*.csv"),
                           ("--kill-matrix", "runs/kill_matrix*.csv"), ("--timelines", "runs/timelines*.csv*")):
         args += [a for p in sorted(glob.glob(pattern)) for a in (flag, p)]
-    session.run("python", "-m", "harness", "report", *args, "--out", "runs/report", *session.posargs)
+    run("-m", "harness", "report", *args, "--out", "runs/report", *session.posargs)
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def gate(session: nox.Session) -> None:
     """End-to-end gate: micro-models on held-out GSM8K-style problems through the reference,
     fused and path-mutant paths; runs/gate.csv. Profile: cpu-lite on the CPU, full on a GPU
     (`-- --profile full`). On the CPU the generation runs go to one process per core (VP_JOBS)."""
-    _install(session)
-    session.run("python", "-m", "harness", "gate", "--device", DEVICE, "--jobs", _jobs(), "--csv", "runs/gate.csv",
-                *session.posargs, env={"VP_DEVICE": DEVICE})
+    run = _install(session)
+    run("-m", "harness", "gate", "--device", DEVICE, "--jobs", _jobs(), "--csv", "runs/gate.csv",
+        *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
     """GPU-only checks: launch counts (torch.profiler), CUDA/HIP graph capture + replay with new inputs
     vs eager (the gate's decision included), full-size determinism; planted mutants must be flagged.
     runs/gpu/gpu_checks.csv. On a machine without a GPU it says so and checks nothing."""
-    _install(session)
-    session.run("python", "-m", "harness", "gpu", "--out", "runs/gpu", *session.posargs)
+    run = _install(session)
+    run("-m", "harness", "gpu", "--out", "runs/gpu", *session.posargs)
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """Benchmarks of every op (fused vs reference chain vs torch.compile of it, side by side in one run):
     runs/perf.csv (PerfRow per mode, eager and graph-replayed: p50, ratios, bandwidth vs measured copy
     bandwidth, launches) and runs/table.csv, the table of ours per op and shape it prints last.
     `-- --quick` for the small set. Needs a GPU (without one it says so and measures nothing)."""
-    _install(session)
-    session.run("python", "-m", "harness", "bench", "--out", "runs", *session.posargs)
+    run = _install(session)
+    run("-m", "harness", "bench", "--out", "runs", *session.posargs)
 
 
-@nox.session(venv_params=VENV_PARAMS)
+@nox.session(venv_backend="none")
 def nightly(session: nox.Session) -> None:
     """The whole nightly in one run (GPU runners): parity per op, timelines per family, GPU-only checks
     and the gate concurrently, then benchmarks alone, then runs/nightly/report (HTML, JUnit, merged CSV).
     `-- --budget-s 600`, `-- --baseline OLD/merged.csv`; on a CPU machine `-- --profile dev`."""
-    _install(session)
-    session.run("python", "-m", "harness", "nightly", "--device", DEVICE, "--out", "runs/nightly", *session.posargs,
-                env={"VP_DEVICE": DEVICE})
+    run = _install(session)
+    run("-m", "harness", "nightly", "--device", DEVICE, "--out", "runs/nightly", *session.posargs,
+        env={"VP_DEVICE": DEVICE})
+
+
+@nox.session(venv_backend="none", default=False)
+def dev(session: nox.Session) -> None:
+    """Make (or bring up to date) the one environment, .venv, and say how to use it: `source .venv/bin/activate`
+    gives a shell where `python -m harness ...`, `verify-parity ...` and every printed repro line run."""
+    run = _install(session)
+    run("-c", "import harness, torch; print('verify-parity in', harness.__path__[0], '| torch', torch.__version__)")
+    session.log(f"your shell: source {VENV}/bin/activate   (then: verify-parity list, or a repro line as printed)")
