@@ -116,3 +116,19 @@ def test_gpu_jobs_keep_the_triton_cache_and_parity_warms_it_first():
     order = [s.get("run", "") for s in jobs["parity"]["steps"]]
     warm = next(i for i, r in enumerate(order) if "nox -s warmup" in r)
     assert warm < next(i for i, r in enumerate(order) if "nox -s parity" in r)
+
+
+def test_every_nox_session_shares_one_environment():
+    """Each nox session runs in the one ``.venv`` (``noxfile._install``), none in a virtualenv of its own:
+    a newcomer holds one torch on disk, and the shell the README activates has what the sessions ran."""
+    import ast
+
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    sessions = [f for f in tree.body if isinstance(f, ast.FunctionDef)
+                and any("nox.session" in ast.unparse(d) for d in f.decorator_list)]
+    assert len(sessions) >= 10
+    for f in sessions:
+        deco = next(ast.unparse(d) for d in f.decorator_list if "nox.session" in ast.unparse(d))
+        assert "venv_backend='none'" in deco, f"{f.name}: {deco} makes a virtualenv of its own"
+        calls = {ast.unparse(n.func) for n in ast.walk(f) if isinstance(n, ast.Call)}
+        assert "_install" in calls and "session.install" not in calls, f"{f.name} installs apart from .venv"
