@@ -29,10 +29,9 @@ import triton
 import triton.language as tl
 
 from fused.compile_specs import variant
+from fused.row_argmax import row_argmax
 from reference.verify_accept import chain as ref
 from reference.checks import values_checked
-
-SENTINEL = tl.constexpr(2 ** 31 - 1)  # an index no row has: lanes that saw no element (constexpr: the compiler reads no other global)
 
 
 @triton.jit(do_not_specialize=["V", "L", "stride_row"])  # one compile per layout, not per vocabulary or L
@@ -55,28 +54,9 @@ def verify_accept_kernel(
     end = tl.load(qo_ptr + b + 1).to(tl.int64)
     accepting = end > start  # padding requests never accept and never read a row
     n_acc = b * 0  # int32 scalar
-    offs = tl.arange(0, BLOCK_V)
-    n_chunks = tl.cdiv(V, BLOCK_V)
     for j in range(0, L + 1):
-        row = logits_ptr + (start + j) * stride_row
-        best_v = tl.full([BLOCK_V], float("-inf"), tl.float32)
-        best_nan = tl.zeros([BLOCK_V], dtype=tl.int1)
-        best_i = tl.full([BLOCK_V], SENTINEL, tl.int32)
-        # rows after the walk ended are not read; later chunks' loads are issued while this one reduces
-        for c in tl.range(0, tl.where(accepting, n_chunks, 0), num_stages=NUM_STAGES):
-            idx = c * BLOCK_V + offs
-            valid = idx < V
-            x = tl.load(row + idx, mask=valid, other=float("-inf")).to(tl.float32)  # bf16 -> fp32: exact
-            x_nan = x != x
-            # strictly better: lanes see indices in increasing order, so an equal value keeps the lower one
-            better = valid & ((best_i == SENTINEL) | (x_nan & ~best_nan) | (~x_nan & ~best_nan & (x > best_v)))
-            best_v = tl.where(better, x, best_v)
-            best_nan = tl.where(better, x_nan, best_nan)
-            best_i = tl.where(better, idx, best_i)
-        any_nan = tl.max(best_nan.to(tl.int32), axis=0) > 0
-        v_max = tl.max(tl.where(best_nan, float("-inf"), best_v), axis=0)
-        cand = tl.where(any_nan, best_nan, (best_v == v_max) & ~best_nan & (best_i != SENTINEL))
-        tok = tl.min(tl.where(cand, best_i, SENTINEL), axis=0)
+        # rows after the walk ended are not read (``active`` False)
+        tok = row_argmax(logits_ptr + (start + j) * stride_row, V, accepting, BLOCK_V=BLOCK_V, NUM_STAGES=NUM_STAGES)
         tl.store(out_ptr + b.to(tl.int64) * stride_out + j, tl.where(accepting, tok, -1))
         is_draft = j < L
         d = tl.load(draft_ptr + b.to(tl.int64) * L + j, mask=accepting & is_draft, other=-1).to(tl.int64)
