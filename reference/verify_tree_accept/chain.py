@@ -107,37 +107,46 @@ def validate_tensors(*, target_logits, candidates, retrive_index, retrive_next_t
 
 
 def tree_faults(candidates, retrive_index, retrive_next_token, retrive_next_sibling, V: int) -> torch.Tensor:
-    """(5,) int64 on the inputs' device, no sync: for each value rule of the layout, the first
-    request that breaks it, or −1 — candidates in [0, V); retrive_index a permutation of the
-    request's block; next_token forward; next_sibling forward; no node with two incoming pointers.
-    Padding requests (retrive_index[b, 0] < 0) are exempt."""
+    """(5, 3) int64 on the inputs' device, no sync: for each value rule of the layout (``TREE_FAULTS``'
+    order) the first breaking (request, node, entry) in slot order, or (−1, −1, 0) — candidates in
+    [0, V); retrive_index a permutation of the request's block (its node's entry outside the block,
+    or repeated); next_token and next_sibling pointing forward (−1 or i < p < N); no node with two
+    incoming pointers (the entry: the count). Padding requests (retrive_index[b, 0] < 0) are exempt."""
     B, N = candidates.shape
-    real = retrive_index[:, 0] >= 0
-    node = torch.arange(N, device=candidates.device)
-    block = torch.arange(B, device=candidates.device)[:, None] * N + node
-    c = candidates.long()
-    bad_cand = ((c < 0) | (c >= V)).any(1)
-    bad_perm = (torch.sort(retrive_index.long(), dim=1).values != block).any(1)
-    fwd = [((p != -1) & ((p <= node) | (p >= N))).any(1)
-           for p in (retrive_next_token.long(), retrive_next_sibling.long())]
-    targets = torch.cat((retrive_next_token.long(), retrive_next_sibling.long()), dim=1)  # (B, 2N)
-    hit = torch.zeros((B, N + 1), dtype=torch.long, device=c.device)
-    hit.scatter_add_(1, torch.where((targets >= 0) & (targets < N), targets, N), torch.ones_like(targets))
-    bad_in = (hit[:, :N] > 1).any(1)
+    dev = candidates.device
+    real = (retrive_index[:, :1] >= 0)
+    node = torch.arange(N, device=dev)
+    lo = torch.arange(B, device=dev)[:, None] * N
+    ri, c = retrive_index.long(), candidates.long()
+    nt, ns = retrive_next_token.long(), retrive_next_sibling.long()
+    out_of_block = (ri < lo) | (ri >= lo + N)
+    s = torch.sort(torch.where(out_of_block, -1 - node, ri), dim=1)  # in-block repeats sit next to their twin
+    rep = torch.zeros_like(out_of_block)
+    rep.scatter_(1, s.indices[:, 1:], (s.values[:, 1:] == s.values[:, :-1]) & (s.values[:, 1:] >= 0))
+    targets = torch.cat((nt, ns), dim=1)  # (B, 2N)
+    indeg = torch.zeros((B, N + 1), dtype=torch.long, device=dev)
+    indeg.scatter_add_(1, torch.where((targets > 0) & (targets < N), targets, N), torch.ones_like(targets))
+    rules = (((c < 0) | (c >= V), c), (out_of_block | rep, ri),
+             ((nt != -1) & ((nt <= node) | (nt >= N)), nt), ((ns != -1) & ((ns <= node) | (ns >= N)), ns),
+             (indeg[:, :N] > 1, indeg[:, :N]))
     first = []
-    for bad in (bad_cand, bad_perm, *fwd, bad_in):
-        bad = bad & real
-        first.append(torch.where(bad.any(), torch.argmax(bad.int()), -1))
+    for bad, val in rules:
+        flat = (bad & real).flatten()
+        k = torch.argmax(flat.int())
+        hit = flat.any()
+        first.append(torch.stack((torch.where(hit, k // N, -1), torch.where(hit, k % N, -1),
+                                  torch.where(hit, val.flatten()[k], 0))))
     return torch.stack(first)
 
 
 TREE_FAULTS = (
-    ("candidates", "a token outside [0, {V}) (V = vocabulary)"),
-    ("retrive_index", "entries that are not a permutation of its own rows b·N … b·N + N − 1"),
-    ("retrive_next_token", "a pointer that is neither −1 nor a later node (i < next < N)"),
-    ("retrive_next_sibling", "a pointer that is neither −1 nor a later node (i < next < N)"),
-    ("retrive_next_sibling", "a node with two incoming pointers (next_token and next_sibling together: "
-                             "not a tree)"),
+    ("candidates", "node {i} carries token {v}, outside [0, {V}) (V = vocabulary)"),
+    ("retrive_index", "node {i} has row {v}: the entries must be a permutation of the request's rows "
+                      "{lo} … {hi} (its own block of N)"),
+    ("retrive_next_token", "node {i} points to {v}: a first child is −1 or a later node (i < next < N)"),
+    ("retrive_next_sibling", "node {i} points to {v}: a next sibling is −1 or a later node (i < next < N)"),
+    ("retrive_next_sibling", "node {i} has {v} incoming pointers (next_token and next_sibling together): "
+                             "not a tree"),
 )
 
 
@@ -152,9 +161,9 @@ def validate(*, target_logits, candidates, retrive_index, retrive_next_token, re
     if not check_values or (candidates.is_cuda and torch.cuda.is_current_stream_capturing()):
         return B, N, V, S
     faults = tree_faults(candidates, retrive_index, retrive_next_token, retrive_next_sibling, V).tolist()  # the sync
-    for (arg, what), b in zip(TREE_FAULTS, faults):
+    for (arg, what), (b, i, v) in zip(TREE_FAULTS, faults):
         if b >= 0:
-            raise RangeError(arg, f"request {b}: {what.format(V=V)}")
+            raise RangeError(arg, f"request {b}: " + what.format(i=i, v=v, V=V, lo=b * N, hi=b * N + N - 1))
     return B, N, V, S
 
 
@@ -230,12 +239,14 @@ def accept_path(chosen: torch.Tensor, parent: torch.Tensor, retrive_index: torch
 
 def write_predicts(predict: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:
     """Launch 7. (B·N,) int32: the target's token at every accepted row (the accepted drafts, then
-    the bonus at the last), −1 elsewhere."""
-    out = torch.full_like(predict, PAD_ID)
+    the bonus at the last), −1 elsewhere. A scatter through a spare last entry (no boolean
+    indexing: no host sync, so the chain can be captured in a CUDA graph)."""
+    n = predict.shape[0]
     rows = accept_index.long().flatten()
-    on = rows >= 0
-    out[rows[on]] = predict[rows[on]]
-    return out.to(OUT_DTYPE)
+    idx = torch.where(rows >= 0, rows, n)  # unaccepted entries land in entry n, dropped
+    out = torch.full((n + 1,), PAD_ID, dtype=torch.long, device=predict.device)
+    out.scatter_(0, idx, torch.cat((predict, predict.new_full((1,), PAD_ID)))[idx])
+    return out[:n].to(OUT_DTYPE)
 
 
 def verify_tree_accept(*, target_logits, candidates, retrive_index, retrive_next_token, retrive_next_sibling,
