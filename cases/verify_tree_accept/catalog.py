@@ -253,17 +253,12 @@ def trees(case: VerifyTreeAcceptCase) -> list[list[int] | None]:
             for b, r in enumerate(real_requests(case))]
 
 
-def build_inputs(case: VerifyTreeAcceptCase, device) -> dict:
-    """Keyword arguments of ``verify_tree_accept`` on ``device`` (a harness.devices.Device)."""
+def tree_tensors(case: VerifyTreeAcceptCase, pred: torch.Tensor) -> dict:
+    """The tree of every request as CPU int64 tensors (candidates, retrive_index, retrive_next_token,
+    retrive_next_sibling), its tokens planted against ``pred`` ((B·N,) the argmax of each target row,
+    the chain's rule): the module docstring's path, duplicates and decoys."""
     g = torch.Generator().manual_seed(case.seed + 1)
     B, N, V = case.B, case.N, case.V
-    R = B * N + case.tail
-    x = torch.randn(R, V, generator=g)
-    if case.values == "coarse":
-        x = (2 * x).round() / 2
-    x = x.bfloat16()
-    x[B * N:] = float("inf")  # the buffer's tail: never read
-    pred = torch.argmax(x, dim=-1)  # the chain's rule, only to craft the drafts
     cand = torch.full((B, N), -1, dtype=torch.long)
     ri = torch.full((B, N), 0, dtype=torch.long)
     nt = torch.zeros((B, N), dtype=torch.long)  # padding requests keep pointers 0 (a loop, were they read)
@@ -271,7 +266,6 @@ def build_inputs(case: VerifyTreeAcceptCase, device) -> dict:
     for b, parents in enumerate(trees(case)):
         if parents is None:
             ri[b, 0] = -1
-            x[b * N:(b + 1) * N] = float("inf")
             continue
         perm = torch.randperm(N, generator=g) if case.shuffled_rows else torch.arange(N)
         ri[b] = b * N + perm
@@ -301,13 +295,31 @@ def build_inputs(case: VerifyTreeAcceptCase, device) -> dict:
             if later and torch.rand((), generator=g) < case.dup_siblings:
                 cand[b, later[int(torch.randint(0, len(later), (), generator=g))]] = t
             cur, level = chosen, level + 1
+    return dict(candidates=cand, retrive_index=ri, retrive_next_token=nt, retrive_next_sibling=ns)
+
+
+def build_inputs(case: VerifyTreeAcceptCase, device) -> dict:
+    """Keyword arguments of ``verify_tree_accept`` on ``device`` (a harness.devices.Device)."""
+    g = torch.Generator().manual_seed(case.seed)
+    B, N, V = case.B, case.N, case.V
+    R = B * N + case.tail
+    x = torch.randn(R, V, generator=g)
+    if case.values == "coarse":
+        x = (2 * x).round() / 2
+    x = x.bfloat16()
+    x[B * N:] = float("inf")  # the buffer's tail: never read
+    for b, real in enumerate(real_requests(case)):
+        if not real:
+            x[b * N:(b + 1) * N] = float("inf")  # padding requests' rows: never read
+    tree = tree_tensors(case, torch.argmax(x, dim=-1))  # the chain's rule, only to craft the drafts
     storage = torch.full((R, V + case.row_pad), float("inf"), dtype=torch.bfloat16)
     storage[:, :V] = x
     dev = device.torch_device
     idx = INDEX_DTYPES[case.index_dtype]
-    return dict(target_logits=storage.to(dev)[:, :V], candidates=cand.to(INDEX_DTYPES[case.cand_dtype]).to(dev),
-                retrive_index=ri.to(idx).to(dev), retrive_next_token=nt.to(idx).to(dev),
-                retrive_next_sibling=ns.to(idx).to(dev), num_speculative_tokens=case.S)
+    return dict(target_logits=storage.to(dev)[:, :V],
+                candidates=tree["candidates"].to(INDEX_DTYPES[case.cand_dtype]).to(dev),
+                **{k: tree[k].to(idx).to(dev) for k in ("retrive_index", "retrive_next_token", "retrive_next_sibling")},
+                num_speculative_tokens=case.S)
 
 
 def case_from_display(display: str) -> VerifyTreeAcceptCase:

@@ -35,7 +35,7 @@ Launches of the chain (each over the whole batch):
                         maximum)                                               (B·N,) int64
   2. ``gather_targets`` target[b, i] = predict[retrive_index[b, i]]; −1 for padding   (B, N) int64
   3. ``tree_parents``   parent[b, i] (−1: the root, or a slot no pointer reaches) and rank[b, i]
-                        (position in its sibling list), one sweep over the slots in index order
+                        (position in its sibling list), by pointer jumping along the sibling lists
                                                                                (B, N), (B, N) int64
   4. ``match``          match[b, i] = parent ≥ 0 and candidates[b, i] == target[b, parent]  (B, N) bool
   5. ``first_matches``  chosen[b, i] = match and no sibling of lower rank matches   (B, N) bool
@@ -185,21 +185,26 @@ def gather_targets(predict: torch.Tensor, retrive_index: torch.Tensor) -> torch.
 def tree_parents(retrive_next_token: torch.Tensor, retrive_next_sibling: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch 3. The layout's pointers -> (parent (B, N) int64, −1 for the root and for a slot no
-    pointer reaches; rank (B, N) int64, the slot's position in its parent's child list). One sweep
-    in index order: pointers go forward, so a slot's parent is final before the slot is visited."""
+    first-child pointer leads to; rank (B, N) int64, the slot's position in its sibling list).
+    List ranking by pointer jumping over the previous-sibling links (ceil(log2 N) rounds): each
+    slot finds the head of its sibling list and its distance to it; the parent is the slot whose
+    first child that head is. Padding requests' entries are read like any others (their results
+    are never used); only forward pointers in range are followed."""
     B, N = retrive_next_token.shape
-    parent = torch.full((B, N + 1), -1, dtype=torch.long, device=retrive_next_token.device)  # column N: no slot
-    rank = torch.zeros((B, N + 1), dtype=torch.long, device=retrive_next_token.device)
+    dev = retrive_next_token.device
+    node = torch.arange(N, device=dev).expand(B, N)
     nt, ns = retrive_next_token.long(), retrive_next_sibling.long()
-    rows = torch.arange(B, device=nt.device)
-    for i in range(N):
-        child = torch.where((nt[:, i] > i) & (nt[:, i] < N), nt[:, i], N)  # padding requests' garbage lands in column N
-        parent[rows, child] = i
-        rank[rows, child] = 0
-        sib = torch.where((ns[:, i] > i) & (ns[:, i] < N), ns[:, i], N)
-        parent[rows, sib] = parent[:, i]
-        rank[rows, sib] = rank[:, i] + 1
-    return parent[:, :N], rank[:, :N]
+    spare = torch.full((B, 1), -1, dtype=torch.long, device=dev)  # column N: where pointers out of range go
+    fwd_ns = torch.where((ns > node) & (ns < N), ns, N)
+    # prev[b, j]: the sibling before j in its list; a list head keeps itself (distance 0)
+    prev = torch.cat((node, spare), 1).scatter(1, fwd_ns, node)[:, :N]
+    dist = (prev != node).long()
+    for _ in range(max(1, (N - 1).bit_length())):
+        dist = dist + dist.gather(1, prev)
+        prev = prev.gather(1, prev)
+    fwd_nt = torch.where((nt > node) & (nt < N), nt, N)
+    owner = torch.cat((torch.full_like(nt, -1), spare), 1).scatter(1, fwd_nt, torch.cat((node, spare), 1)[:, :N])
+    return owner[:, :N].gather(1, prev), dist
 
 
 def match(candidates: torch.Tensor, target: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
