@@ -226,7 +226,8 @@ def layout(parents: list[int]) -> tuple[list[int], list[int]]:
     return nt, ns
 
 
-def _depths(parents: list[int]) -> list[int]:
+def depths(parents: list[int]) -> list[int]:
+    """Each slot's level (root 0; −1 for a spare slot)."""
     d = [0] * len(parents)
     for i, p in enumerate(parents):
         d[i] = d[p] + 1 if p >= 0 else (0 if p == -1 else -1)
@@ -272,7 +273,7 @@ def tree_tensors(case: VerifyTreeAcceptCase, pred: torch.Tensor) -> dict:
         nxt, sib = layout(parents)
         nt[b], ns[b] = torch.tensor(nxt), torch.tensor(sib)
         cand[b] = torch.randint(0, V, (N,), generator=g)
-        depth = _depths(parents)
+        depth = depths(parents)
         kids = [[c for c in range(N) if parents[c] == p] for p in range(N)]
         target = [int(pred[int(ri[b, i])]) for i in range(N)]
         cur, level = 0, 0
@@ -336,7 +337,7 @@ def reach_facts(case: VerifyTreeAcceptCase) -> dict:
     """What the case alone does not say: the shape of the trees it builds (its real requests')."""
     ts = [t for t in trees(case) if t is not None] or [[-1]]
     return {"max_children": max(sum(1 for q in t if q == p) for t in ts for p in range(len(t))),
-            "tree_depth": max(max(_depths(t)) for t in ts)}
+            "tree_depth": max(max(depths(t)) for t in ts)}
 
 
 # Regions of the case space the generated cases must each reach (cases/reach.py: a fifth of the ci
