@@ -65,8 +65,10 @@ from reference.checks import (
     check_rank,
     check_same_device,
 )
-from reference.verify_accept.chain import LOGIT_DTYPES, OUT_DTYPE, PAD_ID
+from reference.verify_accept.chain import LOGIT_DTYPES
 
+OUT_DTYPE = torch.int32  # rows, tokens and counts (a vocabulary of 160K fits, and so does -1)
+PAD_ID = -1  # accept_index past the path; predicts off it
 MAX_NODES = 1024  # N: node slots per request (EAGLE trees hold up to ~64; the kernel keeps one vector of N)
 TREE_ARGS = ("candidates", "retrive_index", "retrive_next_token", "retrive_next_sibling")
 
