@@ -26,7 +26,7 @@ def _chain(*, first_fn=ref.first_matches, path_fn=None, bonus_fn=None, **kw):
     """The reference chain with launches swapped: ``first_fn`` (match, parent, rank) -> chosen;
     ``path_fn`` (candidates, target, parent, retrive_index, S) -> (accept_index, n) replaces
     launches 4–6; ``bonus_fn`` (predict, accept_index, n, retrive_index) -> predicts replaces 7."""
-    B, N, V, S = ref.validate(**kw)
+    B, N, _, S = ref.validate(**kw)
     predict = ref.row_argmax(kw["target_logits"], B * N)
     target = ref.gather_targets(predict, kw["retrive_index"])
     parent, rank = ref.tree_parents(kw["retrive_next_token"], kw["retrive_next_sibling"])
@@ -108,7 +108,7 @@ def _rows_assumed_identity(**kw):
     """The real kernel given retrive_index = b·N + i (SGLang's usual layout assumed instead of read):
     with rows permuted within a block it argmaxes other nodes' rows and writes other entries."""
     f = _fused()
-    B, N, V, S = ref.validate(**kw)
+    B, N, _, S = ref.validate(**kw)
     ri = kw["retrive_index"]
     ident = torch.arange(B * N, device=ri.device, dtype=ri.dtype).view(B, N)
     ident = torch.where(ri[:, :1] >= 0, ident, ri)  # padding stays padding

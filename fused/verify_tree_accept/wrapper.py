@@ -125,7 +125,7 @@ def verify_tree_accept(*, target_logits, candidates, retrive_index, retrive_next
     ``VP_CHECK_VALUES``, on by default; see ``reference.checks``): also the tree's values (the
     layout rules of ``reference.verify_tree_accept.chain.tree_faults``), one host sync.
     """
-    B, N, V, S = ref.validate(target_logits=target_logits, candidates=candidates, retrive_index=retrive_index,
+    B, N, _, S = ref.validate(target_logits=target_logits, candidates=candidates, retrive_index=retrive_index,
                               retrive_next_token=retrive_next_token, retrive_next_sibling=retrive_next_sibling,
                               num_speculative_tokens=num_speculative_tokens, check_values=values_checked(checked))
     dev = target_logits.device

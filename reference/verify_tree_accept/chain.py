@@ -143,12 +143,12 @@ def tree_faults(candidates, retrive_index, retrive_next_token, retrive_next_sibl
 
 TREE_FAULTS = (
     ("candidates", "node {i} carries token {v}, outside [0, {V}) (V = vocabulary)"),
-    ("retrive_index", "node {i} has row {v}: the entries must be a permutation of the request's rows "
-                      "{lo} … {hi} (its own block of N)"),
+    ("retrive_index", ("node {i} has row {v}: the entries must be a permutation of the request's rows "
+                       "{lo} … {hi} (its own block of N)")),
     ("retrive_next_token", "node {i} points to {v}: a first child is −1 or a later node (i < next < N)"),
     ("retrive_next_sibling", "node {i} points to {v}: a next sibling is −1 or a later node (i < next < N)"),
-    ("retrive_next_sibling", "node {i} has {v} incoming pointers (next_token and next_sibling together): "
-                             "not a tree"),
+    ("retrive_next_sibling", ("node {i} has {v} incoming pointers (next_token and next_sibling together): "
+                              "not a tree")),
 )
 
 
@@ -228,7 +228,7 @@ def accept_path(chosen: torch.Tensor, parent: torch.Tensor, retrive_index: torch
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch 6. -> (accept_index (B, S) int32: the accepted nodes' rows, root first, −1 after; all −1
     for padding; accept_token_num (B,) int32: accepted drafts, the root not counted)."""
-    B, N = chosen.shape
+    B = chosen.shape[0]
     real = retrive_index[:, 0] >= 0
     cur = torch.zeros(B, dtype=torch.long, device=chosen.device)
     alive = real.clone()
@@ -260,7 +260,7 @@ def verify_tree_accept(*, target_logits, candidates, retrive_index, retrive_next
                        num_speculative_tokens):
     """The seven-launch reference chain. Returns {"predicts": (B·N,) int32, "accept_index": (B, S)
     int32, "accept_token_num": (B,) int32}."""
-    B, N, V, S = validate(target_logits=target_logits, candidates=candidates, retrive_index=retrive_index,
+    B, N, _, S = validate(target_logits=target_logits, candidates=candidates, retrive_index=retrive_index,
                           retrive_next_token=retrive_next_token, retrive_next_sibling=retrive_next_sibling,
                           num_speculative_tokens=num_speculative_tokens)
     predict = row_argmax(target_logits, B * N)
