@@ -77,8 +77,8 @@ def test_plan_runs_compiled_on_the_catalog_only_and_sizes_workers_by_cores(tmp_p
                                               layouts=None, families=None, bench=True, gate=True, cores=16)}
     for op in nightly_plan.OPS:
         assert _kinds(steps[f"parity:{op}"]) == ["reference", "fused", "external"]
-        # five implementations per case in verify_attention; verify_accept's integer outputs are cheap per case
-        want = {"verify_attention": "4", "verify_accept": "1"}.get(op, "2")
+        # five implementations per case in verify_attention; the acceptance ops' integer outputs are cheap per case
+        want = {"verify_attention": "4", "verify_accept": "1", "verify_tree_accept": "1"}.get(op, "2")
         assert steps[f"parity:{op}"].argv[steps[f"parity:{op}"].argv.index("--jobs") + 1] == want
     comp = steps["parity:compiled"].argv
     assert _kinds(steps["parity:compiled"]) == ["compiled"] and comp[comp.index("--generated") + 1] == "0"

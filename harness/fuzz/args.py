@@ -13,8 +13,8 @@ MODULES = {op: importlib.import_module(f"cases.{op}.bad_inputs") for op in BUILT
            if importlib.util.find_spec(f"cases.{op}.bad_inputs") is not None}
 OPS = tuple(MODULES)
 ARGS: dict[str, tuple[Arg, ...]] = {op: mod.ARGS for op, mod in MODULES.items()}
-TENSOR_KINDS = ("data", "param", "table", "buffer", "out", "index", "slots", "map", "indptr")
-INDEX_KINDS = ("index", "slots", "map", "indptr")
+TENSOR_KINDS = ("data", "param", "table", "buffer", "out", "index", "slots", "map", "indptr", "tree")
+INDEX_KINDS = ("index", "slots", "map", "indptr", "tree")
 FLOAT_DATA_KINDS = ("data", "param", "table", "buffer", "out")
 
 

@@ -16,7 +16,8 @@ class Arg:
     name: str
     # data (read-only activations / KV pools) | param (weights) | table (cos, sin) | buffer (written pool)
     # | out (caller-provided output) | index (read indices) | slots (write slots, negative = padding)
-    # | map (slot_map) | indptr | float | int | bool | enum
+    # | map (slot_map) | indptr | tree (a draft tree's pointers or row permutation: -1 is legal, an entry
+    # is not changed alone; the layout classes apply, the range classes do not) | float | int | bool | enum
     kind: str
     layout: str = ""  # tensors: rows (unit innermost stride, any row strides) | contiguous | any
     needs: tuple[tuple[str, Any], ...] = ()  # case fields under which the call passes and reads it
