@@ -21,7 +21,7 @@ import torch
 from harness import tolerance
 from harness.registry import OpSpec, Registry
 
-BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention", "verify_accept")
+BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention", "verify_accept", "spec_sampling")
 
 
 def register_builtin(reg: Registry) -> None:
