@@ -85,11 +85,11 @@ def catalog(*, big: bool = False) -> list[SpecSamplingCase]:
         C(B=1, L=4, V=32000, draft="far", name="one-request", seed=18),
         # distributional: the implementation's own randomness, many trials of small vocabularies
         # (every named mutant's skew is a share of a few bins: docs/spec_sampling.md states the power)
-        C(B=2, L=3, V=8, temperature=0.8, scale=1.5, draft="far", mode="distribution", trials=40000,
+        C(B=2, L=3, V=8, temperature=0.8, scale=1.5, draft="far", mode="distribution", trials=20000,
           name="dist-far-v8", seed=20),
-        C(B=2, L=2, V=16, temperature=0.6, scale=1.0, draft="near", mode="distribution", trials=40000,
+        C(B=2, L=2, V=16, temperature=0.6, scale=1.0, draft="near", mode="distribution", trials=20000,
           name="dist-near-v16", seed=21),
-        C(B=2, L=3, V=8, temperature=1.3, scale=1.0, draft="onehot", mode="distribution", trials=40000,
+        C(B=2, L=3, V=8, temperature=1.3, scale=1.0, draft="onehot", mode="distribution", trials=20000,
           name="dist-onehot-v8", seed=22),
     ]
     if big:
@@ -147,7 +147,7 @@ def target_and_draft(case: SpecSamplingCase, g: torch.Generator) -> tuple[torch.
     elif case.draft == "far":
         q = torch.softmax(torch.randn(B, L, V, generator=g) * case.scale / t[:, None, None], dim=-1)
     else:
-        noisy = x.float()[:, :L].clamp(min=-1e4) + torch.randn(B, L, V, generator=g)
+        noisy = x.float()[:, :L].clamp(min=-1e4) + 0.5 * torch.randn(B, L, V, generator=g)
         q = torch.softmax(noisy / t[:, None, None], dim=-1)
         if case.draft == "sparse" and V > 4:
             kth = q.topk(4, dim=-1).values[..., -1:]

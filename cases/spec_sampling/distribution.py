@@ -100,28 +100,32 @@ def verdict(case, pairs: list, alpha: float) -> list[compare.Record]:
     d = torch.cat([i["draft_tokens"] for i, _ in pairs]).long()
     req = torch.cat([torch.arange(i["draft_tokens"].shape[0]) % B for i, _ in pairs])
     broken, first = structure_violations(ids, n, d, V)
+    # counts[b, j, v]: trials of request b that reached position j and emitted v there; reached[b, j]; accepted[b, j]
+    j = torch.arange(L + 1)[None, :]
+    hit = n[:, None] >= j  # (T, L + 1)
+    key = (req[:, None] * (L + 1) + j) * V + ids.clamp(0, V - 1)
+    counts = torch.bincount(key[hit], minlength=B * (L + 1) * V).reshape(B, L + 1, V).numpy()
+    reached = torch.zeros(B, L + 1, dtype=torch.long).index_put_((req,), hit.long(), accumulate=True).numpy()
+    accepted = torch.zeros(B, L + 1, dtype=torch.long).index_put_((req,), (n[:, None] > j).long(),
+                                                                  accumulate=True).numpy()
+    per_request = np.bincount(req.numpy(), minlength=B)
     tok_tests, acc_tests = [], []
     for b in range(B):
-        mine = req == b
-        N = int(mine.sum())
         reach_p = 1.0
-        for j in range(L + 1):
-            reach = mine & (n >= j)
-            m = int(reach.sum())
-            hist = torch.bincount(ids[reach, j].clamp(0, V - 1), minlength=V).numpy() if m else np.zeros(V, int)
-            order = np.argsort(-p[b, j], kind="stable")
-            own = [v for v in order[:MAX_BINS] if N * reach_p * p[b, j, v] >= MIN_EXPECTED]
-            for v in own:
-                tok_tests.append(Test(f"request {b} position {j} token {v}", int(hist[v]), m, float(p[b, j, v])))
+        for jj in range(L + 1):
+            m = int(reached[b, jj])
+            order = np.argsort(-p[b, jj], kind="stable")[:MAX_BINS]
+            own = order[per_request[b] * reach_p * p[b, jj, order] >= MIN_EXPECTED]
+            tok_tests += [Test(f"request {b} position {jj} token {v}", int(counts[b, jj, v]), m, float(p[b, jj, v]))
+                          for v in own]
             rest = np.ones(V, bool)
             rest[own] = False
             if rest.any():
-                tok_tests.append(Test(f"request {b} position {j} other tokens", int(hist[rest].sum()), m,
-                                      float(p[b, j, rest].sum())))
-            if j < L:
-                acc_tests.append(Test(f"request {b} draft {j} accepted", int((reach & (n > j)).sum()), m,
-                                      float(acc[b, j])))
-                reach_p *= float(acc[b, j])
+                tok_tests.append(Test(f"request {b} position {jj} other tokens", int(counts[b, jj, rest].sum()), m,
+                                      float(p[b, jj, rest].sum())))
+            if jj < L:
+                acc_tests.append(Test(f"request {b} draft {jj} accepted", int(accepted[b, jj]), m, float(acc[b, jj])))
+                reach_p *= float(acc[b, jj])
     trials = f"{ids.shape[0] // B} trials per request over {len(pairs)} calls"
     tok = binomial_tests("distribution:output_ids", tok_tests, alpha, detail=trials)
     if broken:
