@@ -163,22 +163,17 @@ def test_bonferroni_threshold_and_the_record():
     assert rec.passed and rec.err < rec.allowed == pytest.approx(6.0)
 
 
-def test_verdict_counts_match_a_loop(device):
+def test_verdict_counts_match_a_loop(device, monkeypatch):
     """The verdict's vectorised counts against a Python loop over trials, on a small case."""
     c = dataclasses.replace(CATALOG["dist-far-v8"], trials=300)
     fn = ref.spec_sampling
     pairs = [({k: v.cpu() if hasattr(v, "cpu") else v for k, v in i.items()}, {k: v.cpu() for k, v in fn(**i).items()})
              for i in dist.batches(c, device)]
     seen = []
-    import cases.spec_sampling.distribution as mod
-
-    orig = mod.binomial_tests
-    try:
-        mod.binomial_tests = lambda check, tests, alpha, detail="": seen.append(tests) or orig(check, tests, alpha,
-                                                                                              detail=detail)
-        dist.verdict(c, pairs, 1e-6)
-    finally:
-        mod.binomial_tests = orig
+    orig = hd.binomial_tests
+    monkeypatch.setattr(hd, "binomial_tests", lambda check, tests, alpha, detail="": seen.append(tests)
+                        or orig(check, tests, alpha, detail=detail))
+    dist.verdict(c, pairs, 1e-6)
     tok = {t.label: (t.count, t.trials) for t in seen[0]}
     ids = torch.cat([o["output_ids"] for _, o in pairs])
     n = torch.cat([o["accept_length"] for _, o in pairs])

@@ -30,7 +30,7 @@ import torch
 
 from cases.spec_sampling import catalog as c
 from harness import compare
-from harness.parity.distribution import Test, binomial_tests
+from harness.parity import distribution as hd
 from reference.spec_sampling import oracle
 from reference.spec_sampling.chain import SEED_MAX
 
@@ -116,19 +116,19 @@ def verdict(case, pairs: list, alpha: float) -> list[compare.Record]:
             m = int(reached[b, jj])
             order = np.argsort(-p[b, jj], kind="stable")[:MAX_BINS]
             own = order[per_request[b] * reach_p * p[b, jj, order] >= MIN_EXPECTED]
-            tok_tests += [Test(f"request {b} position {jj} token {v}", int(counts[b, jj, v]), m, float(p[b, jj, v]))
+            tok_tests += [hd.Test(f"request {b} position {jj} token {v}", int(counts[b, jj, v]), m, float(p[b, jj, v]))
                           for v in own]
             rest = np.ones(V, bool)
             rest[own] = False
             if rest.any():
-                tok_tests.append(Test(f"request {b} position {jj} other tokens", int(counts[b, jj, rest].sum()), m,
+                tok_tests.append(hd.Test(f"request {b} position {jj} other tokens", int(counts[b, jj, rest].sum()), m,
                                       float(p[b, jj, rest].sum())))
             if jj < L:
-                acc_tests.append(Test(f"request {b} draft {jj} accepted", int(accepted[b, jj]), m, float(acc[b, jj])))
+                acc_tests.append(hd.Test(f"request {b} draft {jj} accepted", int(accepted[b, jj]), m, float(acc[b, jj])))
                 reach_p *= float(acc[b, jj])
     trials = f"{ids.shape[0] // B} trials per request over {len(pairs)} calls"
-    tok = binomial_tests("distribution:output_ids", tok_tests, alpha, detail=trials)
+    tok = hd.binomial_tests("distribution:output_ids", tok_tests, alpha, detail=trials)
     if broken:
         tok = compare.Record(tok.check, False, err=float("inf"), allowed=tok.allowed, worst=first,
                              detail=f"{broken} trials not drafts, one token, then -1; {tok.detail}", extra=tok.extra)
-    return [tok, binomial_tests("distribution:accept_length", acc_tests, alpha, detail=trials)]
+    return [tok, hd.binomial_tests("distribution:accept_length", acc_tests, alpha, detail=trials)]

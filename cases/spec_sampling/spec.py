@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from cases.spec_sampling import distribution as dist
 from harness.ops import stem_spec
-from harness.registry import DistributionPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
+from harness.registry import (
+    DistributionPlan,
+    Impl,
+    KillPlan,
+    OpSpec,
+    OutputSpec,
+    Registry,
+)
 
 OP = "spec_sampling"
 
