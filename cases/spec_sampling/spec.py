@@ -53,7 +53,9 @@ def _spec() -> OpSpec:
         kill=KILL,
         bench="",  # no GPU benchmark yet (docs/spec_sampling.md)
         distribution=DistributionPlan(applies=dist.applies, batches=dist.batches, verdict=dist.verdict),
-        nightly=True,
+        # not in the nightly yet: one more parity step puts its 16-core plan past 2 x the cores
+        # (tests/test_nightly.py); the nightly's worker budget is a decision of its own
+        nightly=False,
         parity_weight=0.5,
         interpreter_generated=60,
     )
