@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # imported where used: ``BUILTIN`` alone (the CLI's --op choi
     from harness import tolerance
     from harness.registry import OpSpec, Registry
 
-BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention", "verify_accept", "verify_tree_accept")
+BUILTIN = ("qk_norm_rope", "mla_fp8_prepare", "verify_attention", "verify_accept", "verify_tree_accept",
+           "spec_sampling")
 
 
 def register_builtin(reg: Registry) -> None:

@@ -34,8 +34,8 @@ from typing import Any
 from harness import tolerance
 
 # the plugin API is imported from here (docs/plugins.md)
-__all__ = ["ENTRY_POINT_GROUP", "ENTRY_POINT_SOURCE", "KINDS", "ROLES", "Effect", "GpuPlan", "Impl", "KillPlan",
-           "OpSpec", "OutputSpec", "Registry", "always", "can_handle_takes_inputs", "cwd_on_path",
+__all__ = ["ENTRY_POINT_GROUP", "ENTRY_POINT_SOURCE", "KINDS", "ROLES", "DistributionPlan", "Effect", "GpuPlan", "Impl",
+           "KillPlan", "OpSpec", "OutputSpec", "Registry", "always", "can_handle_takes_inputs", "cwd_on_path",
            "parse_spec"]
 
 
@@ -94,6 +94,19 @@ class GpuPlan:
     capture: Callable[[dict], Any] = lambda inputs: contextlib.nullcontext()
 
 
+@dataclass(frozen=True)
+class DistributionPlan:
+    """A sampling op's distributional check (``harness.parity.distribution``): on a case it applies
+    to, an implementation that draws its own randomness is called on ``batches(case, device)`` (each
+    a dict of inputs: the case's requests repeated, fresh draws, its own seed), and ``verdict`` judges
+    every (inputs, outputs) pair together against the case's exact distribution, as records whose
+    false-alarm probability for a correct implementation is at most ``alpha`` each. One verdict, no rerun."""
+    applies: Callable[[Any], bool]  # case -> whether the check runs on it
+    batches: Callable[[Any, Any], Any]  # (case, Device) -> iterable of input dicts, one per call
+    verdict: Callable[[Any, list, float], list]  # (case, [(inputs, outputs) on the host], alpha) -> [compare.Record]
+    alpha: float = 1e-6
+
+
 # "prepare": a timeline family's prepare step; "attn": the attention of every family; "accept": the
 # acceptance after every verify step (the n a timeline's backend rolls back to)
 ROLES = ("", "prepare", "attn", "accept")
@@ -141,6 +154,8 @@ class OpSpec:
     bench: str = ""  # module of its benchmark (harness.bench.perf's per-op API); "": none
     # role "prepare": zero-argument factory of its harness.timelines.runner.Prepare adapter (cases/<op>/prepare.py)
     timeline: Callable[[], Any] | None = None
+    # a sampling op: the distributional check of implementations that draw their own randomness (None: none)
+    distribution: DistributionPlan | None = None
 
     def tolerance(self, output: str, dtype) -> tolerance.Tolerance:
         """The tolerance of ``output`` (an output or written buffer) in ``dtype``: its override in

@@ -14,6 +14,9 @@
                  that depends on it is a bug either way); without determinism it is a run of its own
   poisoned       caller-provided outputs pre-filled with NaN and writable buffers poisoned
                  with 0xFF bytes: every element must still be written, nothing else touched
+  distribution   a sampling op's distributional case (``OpSpec.distribution``): many trials of
+                 the implementation's own randomness against the exact target distribution
+                 (``harness.parity.distribution``), one verdict, never a rerun
 
 A rerun or poisoned run whose outputs hold the first run's bytes reuses the first run's records
 (``harness.parity.records``, where the records are made). Determinism, ``untouched:<input>`` and the
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from harness import compare, poison, tolerance
-from harness.parity import stages
+from harness.parity import distribution, stages
 from harness.devices import Device, synchronize
 from harness.registry import Impl, OpSpec, can_handle_takes_inputs
 from harness.parity.records import Allowance, CaseContext, FirstRun, untouched_inputs, writable_buffers
@@ -218,6 +221,8 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
                                                    detail=f"caller-provided {name} was not written in place"))
                 recs += first.check(p_out, p, p_before, suffix="@poisoned")
                 recs += untouched_inputs(ctx, p, suffix="@poisoned")
+        with stages.timed("distribution"):
+            recs += distribution.run(spec, impl, case, dev)
     except Exception as exc:  # an implementation crash is a failure of that implementation, with its trace
         recs.append(_crash("run", exc))
         seconds = float("nan")

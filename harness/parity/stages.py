@@ -32,7 +32,7 @@ from collections import defaultdict
 import pandas as pd
 
 STAGES = ("inputs", "reference", "oracle", "allowance", "copy", "impl", "compare", "rerun", "compare:rerun",
-          "poisoned", "compare:poisoned", "rows")
+          "poisoned", "compare:poisoned", "distribution", "rows")
 COMPILE = "compile"  # seconds inside Triton compiles (a part of the stages above, not a stage of its own)
 COMPILES = "compiles"  # how many kernels were compiled
 SYNC_ENV = "VP_STAGE_TIMES"

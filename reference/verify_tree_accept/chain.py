@@ -64,7 +64,9 @@ from reference.checks import (
     check_int,
     check_rank,
     check_same_device,
+    values_read,
 )
+from reference.launches import launch
 from reference.verify_accept.chain import LOGIT_DTYPES
 
 OUT_DTYPE = torch.int32  # rows, tokens and counts (a vocabulary of 160K fits, and so does -1)
@@ -160,7 +162,7 @@ def validate(*, target_logits, candidates, retrive_index, retrive_next_token, re
     kw = dict(candidates=candidates, retrive_index=retrive_index, retrive_next_token=retrive_next_token,
               retrive_next_sibling=retrive_next_sibling)
     B, N, V, S = validate_tensors(target_logits=target_logits, num_speculative_tokens=num_speculative_tokens, **kw)
-    if not check_values or (candidates.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not check_values or not values_read() or (candidates.is_cuda and torch.cuda.is_current_stream_capturing()):
         return B, N, V, S
     faults = tree_faults(candidates, retrive_index, retrive_next_token, retrive_next_sibling, V).tolist()  # the sync
     for (arg, what), (b, i, v) in zip(TREE_FAULTS, faults):
@@ -171,12 +173,14 @@ def validate(*, target_logits, candidates, retrive_index, retrive_next_token, re
 
 # ----------------------------------------------------------------------------- the chain
 
+@launch
 def row_argmax(target_logits: torch.Tensor, rows: int) -> torch.Tensor:
     """Launch 1. (R, V) bf16 -> (rows,) int64: each of the first ``rows`` rows' argmax (torch.argmax:
     the lowest index among equal maxima, NaN the maximum)."""
     return torch.argmax(target_logits[:rows], dim=-1)
 
 
+@launch
 def gather_targets(predict: torch.Tensor, retrive_index: torch.Tensor) -> torch.Tensor:
     """Launch 2. (B·N,) predictions, (B, N) rows -> (B, N) int64 target tokens; padding requests −1."""
     real = retrive_index[:, :1] >= 0
@@ -184,6 +188,7 @@ def gather_targets(predict: torch.Tensor, retrive_index: torch.Tensor) -> torch.
     return torch.where(real, predict[idx], PAD_ID)
 
 
+@launch
 def tree_parents(retrive_next_token: torch.Tensor, retrive_next_sibling: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch 3. The layout's pointers -> (parent (B, N) int64, −1 for the root and for a slot no
@@ -209,12 +214,14 @@ def tree_parents(retrive_next_token: torch.Tensor, retrive_next_sibling: torch.T
     return owner[:, :N].gather(1, prev), dist
 
 
+@launch
 def match(candidates: torch.Tensor, target: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
     """Launch 4. (B, N) bool: node i has a parent and carries the target's token at its parent's row."""
     at_parent = target.gather(1, parent.clamp(min=0))
     return (parent >= 0) & (candidates.long() == at_parent)
 
 
+@launch
 def first_matches(matched: torch.Tensor, parent: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
     """Launch 5. (B, N) bool: the matching node of lowest rank among its siblings (first in list order)."""
     B, N = matched.shape
@@ -224,6 +231,7 @@ def first_matches(matched: torch.Tensor, parent: torch.Tensor, rank: torch.Tenso
     return matched & (best.gather(1, torch.where(matched, parent, N)) == rank)
 
 
+@launch
 def accept_path(chosen: torch.Tensor, parent: torch.Tensor, retrive_index: torch.Tensor, S: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch 6. -> (accept_index (B, S) int32: the accepted nodes' rows, root first, −1 after; all −1
@@ -244,6 +252,7 @@ def accept_path(chosen: torch.Tensor, parent: torch.Tensor, retrive_index: torch
     return acc.to(OUT_DTYPE), n.to(OUT_DTYPE)
 
 
+@launch
 def write_predicts(predict: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:
     """Launch 7. (B·N,) int32: the target's token at every accepted row (the accepted drafts, then
     the bonus at the last), −1 elsewhere. A scatter through a spare last entry (no boolean
