@@ -144,6 +144,9 @@ class OpSpec:
     kill: KillPlan | None = None  # its rows in the kill matrix (None: none)
     gpu: GpuPlan | None = None  # its GPU-only checks (None: none)
     nightly: bool = True  # the nightly runs its parity step
+    # the op whose nightly parity step runs this one's cases too ("": a step of its own): light ops share one
+    # step, so the concurrent steps' processes stay within the host (harness.nightly.plan)
+    nightly_with: str = ""
     # nightly parity workers relative to the other ops (their cost per case: implementations, checks);
     # < 1 for an op cheaper per case (harness.nightly.plan.parity_jobs)
     parity_weight: float = 1

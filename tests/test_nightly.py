@@ -75,11 +75,17 @@ def test_plan_runs_compiled_on_the_catalog_only_and_sizes_workers_by_cores(tmp_p
     leave it out and one step runs it on the catalogs; worker counts follow the cores."""
     steps = {s.name: s for s in nightly_plan.plan(tmp_path, profile="nightly", device="cuda", budget_s=600, jobs=None,
                                               layouts=None, families=None, bench=True, gate=True, cores=16)}
-    for op in nightly_plan.OPS:
+    groups = nightly_plan.parity_groups(list(nightly_plan.OPS))
+    assert groups["verify_accept"] == ["verify_accept", "verify_tree_accept", "spec_sampling"]  # one step
+    assert sorted(o for g in groups.values() for o in g) == sorted(nightly_plan.OPS)  # every op checked once
+    for op in groups:
+        argv = steps[f"parity:{op}"].argv
         assert _kinds(steps[f"parity:{op}"]) == ["reference", "fused", "external"]
+        assert [argv[i + 1] for i, a in enumerate(argv) if a == "--op"] == groups[op]
         # five implementations per case in verify_attention; the acceptance ops' integer outputs are cheap per case
-        want = {"verify_attention": "4", "verify_accept": "1", "verify_tree_accept": "1"}.get(op, "2")
-        assert steps[f"parity:{op}"].argv[steps[f"parity:{op}"].argv.index("--jobs") + 1] == want
+        want = {"verify_attention": "4", "verify_accept": "1"}.get(op, "2")
+        assert argv[argv.index("--jobs") + 1] == want
+    assert not any(f"parity:{op}" in steps for op in ("verify_tree_accept", "spec_sampling"))
     comp = steps["parity:compiled"].argv
     assert _kinds(steps["parity:compiled"]) == ["compiled"] and comp[comp.index("--generated") + 1] == "0"
     assert [comp[i + 1] for i, a in enumerate(comp) if a == "--op"] == list(nightly_plan.OPS)
@@ -282,3 +288,10 @@ def test_correctness_steps_sleep_while_they_wait_for_the_gpu_and_the_benchmarks_
     step.env = {"VP_CUDA_SYNC": "blocking"}
     nightly_steps.run_steps([step], tmp_path, poll_s=0.05, progress=lambda m: None)
     assert "sync blocking" in step.log.read_text()
+
+
+def test_a_light_op_without_its_partner_gets_a_step_of_its_own():
+    """``OpSpec.nightly_with`` groups an op into its partner's step only when the partner runs too."""
+    assert nightly_plan.parity_groups(["spec_sampling"]) == {"spec_sampling": ["spec_sampling"]}
+    assert nightly_plan.parity_groups(["verify_attention", "verify_tree_accept", "verify_accept"]) == {
+        "verify_attention": ["verify_attention"], "verify_accept": ["verify_accept", "verify_tree_accept"]}

@@ -53,9 +53,7 @@ def _spec() -> OpSpec:
         kill=KILL,
         bench="",  # no GPU benchmark yet (docs/spec_sampling.md)
         distribution=DistributionPlan(applies=dist.applies, batches=dist.batches, verdict=dist.verdict),
-        # not in the nightly yet: one more parity step puts its 16-core plan past 2 x the cores
-        # (tests/test_nightly.py); the nightly's worker budget is a decision of its own
-        nightly=False,
+        nightly_with="verify_accept",  # a light acceptance op: its cases run in verify_accept's parity step
         parity_weight=0.5,
         interpreter_generated=60,
     )

@@ -87,10 +87,7 @@ def _spec() -> OpSpec:
             "accept_index padded with -1",
         kill=KILL,
         gpu=GPU,
-        # not in the nightly yet: its parity step would be a 33rd concurrent process on the 16-core host, past
-        # the 2 x cores the nightly plan holds to (tests/test_nightly.py); the light acceptance ops need one
-        # shared parity step first. Its parity runs on demand: python -m harness run --op verify_tree_accept
-        nightly=False,
+        nightly_with="verify_accept",  # a light acceptance op: its cases run in verify_accept's parity step
         parity_weight=0.5,  # integer outputs compared exactly, like verify_accept: cheap per case
         interpreter_generated=150,
     )

@@ -12,8 +12,10 @@ from pathlib import Path
 
 from harness.ops import builtin_specs
 
-# the ops with a parity step (OpSpec.nightly), in harness.ops.BUILTIN order
+# the ops the nightly checks (OpSpec.nightly), in harness.ops.BUILTIN order
 OPS = tuple(name for name, spec in builtin_specs().items() if spec.nightly)
+# op -> the op whose parity step runs its cases too (OpSpec.nightly_with)
+NIGHTLY_WITH = {name: spec.nightly_with for name, spec in builtin_specs().items() if spec.nightly_with}
 # parity workers of an op relative to the others (OpSpec.parity_weight: implementations per case)
 PARITY_WEIGHT = {name: spec.parity_weight for name, spec in builtin_specs().items() if spec.parity_weight != 1}
 # Phase 0 oversubscribes the host (H200 nightly of 2026-11-29: 26 processes on 16 cores). The gate's runs
@@ -134,12 +136,14 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                                           str(min(cores, 16)), "--kind", "fused", "--kind", "external"]
                           + [a for op in ops or OPS for a in ("--op", op)] + ["--generated", str(warm_gen)],
                           WARMUP_SHARE * budget_s, phase=-1))
-    steps += [Step(f"parity:{op}", py + ["run", "--op", op, "--device", device, "--profile", profile, "--quiet",
-                                       "--jobs", str(parity_jobs(workers["parity"], PARITY_WEIGHT.get(op, 1), cores)),
-                                       "--csv", str(out / f"parity-{op}.csv.gz"),
-                                       "--junit", str(out / f"parity-{op}.xml"), "--stage-times"]
-                   + kinds + gen + watchdog, par, nice=BACKGROUND_NICE)
-              for op in ops or OPS]
+    for op, group in parity_groups(list(ops or OPS)).items():
+        weight = max(PARITY_WEIGHT.get(o, 1) for o in group)  # the group's workers: its heaviest op's
+        steps.append(Step(f"parity:{op}", py + ["run", *(a for o in group for a in ("--op", o)), "--device", device,
+                                                "--profile", profile, "--quiet",
+                                                "--jobs", str(parity_jobs(workers["parity"], weight, cores)),
+                                                "--csv", str(out / f"parity-{op}.csv.gz"),
+                                                "--junit", str(out / f"parity-{op}.xml"), "--stage-times"]
+                          + kinds + gen + watchdog, par, nice=BACKGROUND_NICE))
     if device != "cpu":  # torch.compile's Triton backend needs a GPU; on the CPU `compiled` refuses anyway
         shard = compiled_shard(compiled_shards, day)
         steps.append(Step("parity:compiled",
@@ -188,6 +192,17 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
         steps.append(Step("bench", py + ["bench", "--out", str(out / "bench"), "--quick"],
                           (1 - CORRECTNESS_ENDS) * budget_s, phase=1))
     return steps
+
+
+def parity_groups(ops: list[str]) -> dict[str, list[str]]:
+    """The parity steps: step op -> the ops whose cases it runs (itself, then those that name it in
+    ``OpSpec.nightly_with``, when they are among ``ops``; one whose partner is not chosen gets a step
+    of its own)."""
+    groups = {op: [op] for op in ops if NIGHTLY_WITH.get(op) not in ops}
+    for op in ops:
+        if op not in groups:
+            groups[NIGHTLY_WITH[op]].append(op)
+    return groups
 
 
 def compiled_shard(shards: int, day: int | None = None) -> str | None:
