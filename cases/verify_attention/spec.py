@@ -182,10 +182,12 @@ def _spec() -> OpSpec:
         # the largest over the case's partition, one split and two. Those still fell short of a kernel
         # with one online softmax over prefix + drafts (vLLM's unified attention: 0.925 of the allowance on
         # 'prefix-one', issue 35): the chain's one-pass form with a running maximum per tile of 16, 32, 64
-        # and 128 keys (chain.online_weights) is among the variants, so every such kernel is covered by
-        # construction, not by the luck of its partition
+        # and 128 keys, and cut into 16 segments of 16-key tiles as vLLM's split-KV (3D) launch does
+        # (chain.online_weights), is among the variants, so every such kernel is covered by construction,
+        # not by the luck of its partition
         rounding_variants=({}, {"num_kv_splits": 1}, {"num_kv_splits": 2}, {"online_tile": 16},
-                           {"online_tile": 32}, {"online_tile": 64}, {"online_tile": 128}),
+                           {"online_tile": 32}, {"online_tile": 64}, {"online_tile": 128},
+                           {"online_tile": 16, "online_segments": 16}),
         # nightly parity workers relative to the other ops: it runs six implementations per case (the
         # others two or three). Measured on the H200 with 2 workers each, before reference-batched (a torch
         # chain) made the sixth: qk_norm_rope 1,732 cases in 310 s, mla_fp8_prepare 1,744 in 300 s,

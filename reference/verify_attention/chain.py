@@ -40,8 +40,10 @@ and for the draft part; a one-pass kernel keeps one running maximum over the pre
 updated per tile of keys. ``online_tile=n`` emulates that kernel instead: one pass over the request's
 keys (prefix, then drafts) in tiles of n, each key's P = exp(x − m_t) with m_t the running maximum
 after its tile, rounded as the roundings say, and rescaled by exp(m_t − M) in fp32 (``online_weights``).
-The tolerance's variants (``cases/verify_attention/spec.py``) run the chain with tiles of 16, 32, 64 and
-128 so that an allowance covers every such kernel by construction.
+``online_segments=s`` cuts that pass into s segments, each with its own running maximum, merged in fp32
+(a split-KV one-pass kernel). The tolerance's variants (``cases/verify_attention/spec.py``) run the
+chain with tiles of 16, 32, 64 and 128, and with 16 segments of 16-key tiles, so that an allowance
+covers every such kernel by construction.
 
 Layouts: GQA (``D == Dv``, query head h reads KV head h // (H / Hkv)) and MLA (Hkv = 1,
 D = 576 = 512 + 64, Dv = 512, V = the first 512 dims of K, passed as a strided view).
@@ -290,12 +292,13 @@ def _per_head(x: torch.Tensor, H: int) -> torch.Tensor:
 def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
                      k_scale=1.0, v_scale=1.0, num_kv_splits=1, custom_mask=None, o=None, topk=1,
                      model_family="generic", splitkv_switch=True, bf16_p=False, bf16_partials=False, fp8_q=False,
-                     cache_drafts=False, online_tile=None, _stages=None):
+                     cache_drafts=False, online_tile=None, online_segments=1, _stages=None):
     """The reference chain. Returns {"o": (T, H, Dv) bf16} (written into ``o`` when given).
 
     ``bf16_p``, ``bf16_partials``, ``fp8_q``, ``cache_drafts``: emulate a kernel's rounding (module
     docstring; the precision classes of ``harness.tolerance``); off, the chain is bitwise the unrounded
-    one. ``online_tile``: the one-pass partition of the P rounding (module docstring), an int ≥ 1 or None.
+    one. ``online_tile``, ``online_segments``: the one-pass partition of the P rounding (module docstring),
+    an int ≥ 1 or None, and an int ≥ 1.
     ``_stages`` (prefix, draft, combine) replaces the launches; only mutants pass it. Without them
     a batch that ``batchable`` takes (one width, no tree mask, its padded
     scores small enough) runs the same launches over every request at once; any other, request by request.
@@ -311,14 +314,16 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
                        cache_drafts=cache_drafts)
     if online_tile is not None:
         online_tile = check_int("online_tile", online_tile, low=1)
+        online_segments = check_int("online_segments", online_segments, low=1)
     k, v = rnd.stored(k, k_scale), rnd.stored(v, v_scale)  # bf16, or the fp8-stored drafts in fp32
     draft_scale, draft_v_scale = (sm_scale * k_scale, v_scale) if rnd.drafts is not None else (sm_scale, 1.0)
     prefix_fn, draft_fn, combine_fn = _stages or (prefix_split_partials, draft_partial, combine)
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
     if online_tile is not None and _stages is None:
-        return finish(_online_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, custom_mask, sm_scale=sm_scale,
+        return finish(online_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, custom_mask, sm_scale=sm_scale,
                                     k_scale=k_scale, v_scale=v_scale, draft_scale=draft_scale,
-                                    draft_v_scale=draft_v_scale, is_causal=is_causal, rnd=rnd, tile=online_tile),
+                                    draft_v_scale=draft_v_scale, is_causal=is_causal, rnd=rnd, tile=online_tile,
+                                    segments=online_segments),
                       q, o)
     if _stages is None and custom_mask is None and batchable(qo, kvp, H, Dv):  # the same chain, batch at once
         res = batched_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, scale=sm_scale,
@@ -350,17 +355,20 @@ def _scaled_v(part, v_scale: float):
     return m, l, acc * v_scale
 
 
-def online_weights(x: torch.Tensor, tile: int):
+def online_weights(x: torch.Tensor, tile: int, segments: int = 1):
     """One pass over the keys in tiles of ``tile`` with a running maximum: x (H, L, N) fp32 scores (−inf
     where masked) -> (m, p, rescale): m (H, L) the final maximum; p (H, L, N) = exp(x_j − m_t), m_t the
     running maximum after key j's tile (what a kernel rounds before P·V); rescale (H, L, N) =
-    exp(m_t − m), the factor its accumulator later takes in fp32. A row with no key: m = −inf, p = 0."""
+    exp(m_t − m), the factor its accumulator later takes in fp32. A row with no key: m = −inf, p = 0.
+    ``segments``: the pass cut into that many segments of cdiv(N, segments·tile) tiles (a split-KV
+    one-pass kernel, vLLM's 3D unified attention), the running maximum restarting in each."""
     H, L, N = x.shape
     n_tiles = -(-N // tile)
-    pad = n_tiles * tile - N
-    xt = torch.nn.functional.pad(x, (0, pad), value=float("-inf")).view(H, L, n_tiles, tile)
-    m_t = xt.amax(-1).cummax(-1).values  # (H, L, n_tiles): the running maximum after each tile
-    m = m_t[..., -1]
+    per_seg = -(-N // (segments * tile))  # tiles per segment
+    xt = torch.nn.functional.pad(x, (0, n_tiles * tile - N), value=float("-inf")).view(H, L, n_tiles, tile)
+    tile_max = xt.amax(-1)  # (H, L, n_tiles)
+    m_t = torch.cat([tile_max[..., s: s + per_seg].cummax(-1).values for s in range(0, n_tiles, per_seg)], -1)
+    m = tile_max.amax(-1)
     m_key = m_t.repeat_interleave(tile, -1)[..., :N]  # (H, L, N)
     safe = torch.where(torch.isfinite(m_key), m_key, torch.zeros_like(m_key))
     p = torch.exp(x - safe)  # (H, L, N) fp32, exp(-inf) = 0 where masked
@@ -368,8 +376,8 @@ def online_weights(x: torch.Tensor, tile: int):
     return m, p, rescale
 
 
-def _online_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, custom_mask, *, sm_scale, k_scale, v_scale,
-                  draft_scale, draft_v_scale, is_causal, rnd: Roundings, tile: int) -> torch.Tensor:
+def online_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, custom_mask, *, sm_scale, k_scale, v_scale,
+                  draft_scale, draft_v_scale, is_causal, rnd: Roundings, tile: int, segments: int) -> torch.Tensor:
     """The chain's per-request math as one pass over prefix + drafts in tiles ->
     (T, H, Dv) fp32: the same scores, masks, scales and roundings as the split chain, P rounded relative
     to the running maximum of its tile instead of its split's (``online_weights``)."""
@@ -388,7 +396,7 @@ def _online_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, custom_mask,
         xp = (_rounded(qh, rnd.q_prefix) @ kp.transpose(1, 2)) * (sm_scale * k_scale)  # (H, L, n)
         xd = (qh @ kd.transpose(1, 2)) * draft_scale  # (H, L, L)
         xd = xd.masked_fill(~draft_mask(t1 - t0, is_causal, trees[b], q.device), float("-inf"))
-        _, p, rescale = online_weights(torch.cat((xp, xd), -1), tile)
+        _, p, rescale = online_weights(torch.cat((xp, xd), -1), tile, segments)
         pv = torch.cat((_rounded(p[..., :n], rnd.p_prefix), _rounded(p[..., n:], rnd.p_draft)), -1)
         acc = (pv * rescale) @ torch.cat((vp, vd), 1)  # (H, L, N) @ (H, N, Dv)
         l = (p * rescale).sum(-1)
