@@ -51,6 +51,7 @@ imported, it is used as it is.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import importlib
@@ -437,45 +438,83 @@ def _unified_can_handle(case, device, inputs) -> bool | str:
     return True
 
 
-def _unified(**inputs):
-    """vLLM's Triton backend on one verify step: the prefix copied into vLLM's cache, the drafts stored by
-    ``do_kv_cache_update``'s kernel, then ``unified_attention`` with the backend's arguments (its 2D / 3D
-    choice, 16 segments, scratch rows for ``seq_threshold_3D`` requests of this width)."""
-    mods = load()
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    dev = q.device
-    T, H, D = q.shape
-    Hkv = k.shape[1]
+@dataclasses.dataclass
+class PagedStep:
+    """One verify step in vLLM's paged cache (``paged_step``): the cache views the Triton backend reads
+    (``key_cache``, ``value_cache``: (num_blocks, 16, Hkv, D) strided views of one (num_blocks, Hkv, 16, 2·D)
+    buffer), the block table (B, max_blocks) int32, each request's KV length (prefix + drafts) and the
+    draft tokens' cache slots (T,) int64, in token order."""
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    table: torch.Tensor
+    seq_lens: list[int]
+    slot_mapping: torch.Tensor
+
+
+def paged_step(inputs) -> PagedStep:
+    """vLLM's cache for the op's inputs, each request's prefix rows copied in (bytes as stored); the draft
+    slots left for ``store_drafts``."""
+    k, kb = inputs["k"], inputs["k_buffer"]
+    dev = k.device
+    Hkv, D = k.shape[1], k.shape[2]
     w, pre = _widths(inputs["qo_indptr"]), _prefix_lengths(inputs["kv_indptr"])
     seq = [n + l for n, l in zip(pre, w)]
     table, blocks = _block_table(seq, dev)
-    kb = inputs["k_buffer"]
     raw = torch.empty(blocks, Hkv, BLOCK_SIZE, 2 * D, dtype=kb.dtype, device=dev)  # vLLM's (blocks, Hkv, 16, 2·D)
     key_cache, value_cache = raw.transpose(1, 2).split(D, dim=-1)  # (blocks, 16, Hkv, D) each, as forward() views
     _copy_prefix(key_cache, kb, inputs["kv_indices"], inputs["kv_indptr"], table)
     _copy_prefix(value_cache, inputs["v_buffer"], inputs["kv_indices"], inputs["kv_indptr"], table)
     slot_mapping = torch.cat([_slots(table, b, pre[b], seq[b]) for b in range(len(w))])
-    ks, vs = _scale(inputs["k_scale"], dev), _scale(inputs["v_scale"], dev)
-    _store_drafts(mods["triton_reshape_and_cache_flash"], k, v, key_cache, value_cache, slot_mapping, ks, vs)
+    return PagedStep(key_cache, value_cache, table, seq, slot_mapping)
+
+
+def store_drafts(step: PagedStep, k: torch.Tensor, v: torch.Tensor, k_scale: float, v_scale: float,
+                 slot_mapping: torch.Tensor | None = None) -> None:
+    """The backend's ``do_kv_cache_update``: ``k``, ``v`` (T, Hkv, D) bf16 into ``step``'s cache at its
+    draft slots (or ``slot_mapping``) by vLLM's store kernel (``_store_drafts``)."""
+    dev = k.device
+    _store_drafts(load()["triton_reshape_and_cache_flash"], k, v, step.key_cache, step.value_cache,
+                  step.slot_mapping if slot_mapping is None else slot_mapping, _scale(k_scale, dev),
+                  _scale(v_scale, dev))
+
+
+def attend(step: PagedStep, inputs) -> torch.Tensor:
+    """``unified_attention`` with the Triton backend's arguments over ``step``'s cache (its 2D / 3D choice,
+    16 segments, scratch rows for ``seq_threshold_3D`` requests of this width) -> o (T, H, D) bf16."""
+    mod = load()["triton_unified_attention"]
+    q, kb = inputs["q"], inputs["k_buffer"]
+    dev = q.device
+    T, H, D = q.shape
+    Hkv = inputs["k"].shape[1]
+    w = _widths(inputs["qo_indptr"])
     o = inputs["o"]
     if o is None:
         o = torch.empty(T, H, D, dtype=q.dtype, device=dev)
+    ks, vs = _scale(inputs["k_scale"], dev), _scale(inputs["v_scale"], dev)
     threshold = MIN_LAUNCH_GRID_SIZE_2D // Hkv
-    rows = threshold * min(max(w), mods["triton_unified_attention"].MAX_3D_QUERY_LEN)
+    rows = threshold * min(max(w), mod.MAX_3D_QUERY_LEN)
     segs = NUM_PAR_SOFTMAX_SEGMENTS
     pad = triton.next_power_of_2(D)
     B = len(w)
-    mods["triton_unified_attention"].unified_attention(
-        q=q, k=key_cache, v=value_cache, out=o, cu_seqlens_q=inputs["qo_indptr"].to(torch.int32),
-        max_seqlen_q=max(w), seqused_k=torch.tensor(seq, dtype=torch.int32, device=dev), max_seqlen_k=max(seq),
-        softmax_scale=float(inputs["sm_scale"]), causal=bool(inputs["is_causal"]), window_size=(-1, -1),
-        block_table=table, softcap=0, q_descale=None, k_descale=ks.expand(B, Hkv), v_descale=vs.expand(B, Hkv),
-        seq_threshold_3D=threshold, num_par_softmax_segments=segs,
+    mod.unified_attention(
+        q=q, k=step.key_cache, v=step.value_cache, out=o, cu_seqlens_q=inputs["qo_indptr"].to(torch.int32),
+        max_seqlen_q=max(w), seqused_k=torch.tensor(step.seq_lens, dtype=torch.int32, device=dev),
+        max_seqlen_k=max(step.seq_lens), softmax_scale=float(inputs["sm_scale"]), causal=bool(inputs["is_causal"]),
+        window_size=(-1, -1), block_table=step.table, softcap=0, q_descale=None, k_descale=ks.expand(B, Hkv),
+        v_descale=vs.expand(B, Hkv), seq_threshold_3D=threshold, num_par_softmax_segments=segs,
         softmax_segm_output=torch.empty(rows, H, segs, pad, dtype=torch.float32, device=dev),
         softmax_segm_max=torch.empty(rows, H, segs, dtype=torch.float32, device=dev),
         softmax_segm_expsum=torch.empty(rows, H, segs, dtype=torch.float32, device=dev),
         qq_bias=_tree_bias(inputs), kv_quant_mode=KVQuantMode.FP8_PER_TENSOR if kb.dtype in FP8_KV else KVQuantMode.NONE)
-    return {"o": o}
+    return o
+
+
+def _unified(**inputs):
+    """vLLM's Triton backend on one verify step: the prefix copied into vLLM's cache (``paged_step``), the
+    drafts stored by ``do_kv_cache_update``'s kernel (``store_drafts``), then ``attend``."""
+    step = paged_step(inputs)
+    store_drafts(step, inputs["k"], inputs["v"], inputs["k_scale"], inputs["v_scale"])
+    return {"o": attend(step, inputs)}
 
 
 # ----------------------------------------------------------------------------- MLA (one latent KV head)
