@@ -152,6 +152,19 @@ def _compiled_can_handle(case, device):
     return True
 
 
+def _drafts_as_stored(inputs: dict) -> dict:
+    """The inputs with the drafts k, v replaced by what an fp8 cache stores and gives back for them
+    (``Roundings.stored``: fp8(sat(x / scale)), times the scale in fp32): the oracle then attends to what a kernel of the
+    ``cache-drafts`` class attends to. bf16 KV: the inputs unchanged."""
+    from reference.verify_attention import chain as r
+
+    rnd = r.Roundings.of(inputs["k_buffer"].dtype, bf16_p=False, bf16_partials=False, fp8_q=False, cache_drafts=True)
+    if rnd.drafts is None:
+        return inputs
+    ks, vs = float(inputs["k_scale"]), float(inputs["v_scale"])
+    return {**inputs, "k": rnd.stored(inputs["k"], ks) * ks, "v": rnd.stored(inputs["v"], vs) * vs}
+
+
 def _spec() -> OpSpec:
     return stem_spec(
         "verify_attention", case_type="VerifyAttentionCase", reference="verify_attention",
@@ -172,6 +185,9 @@ def _spec() -> OpSpec:
         # the reference chain's flags emulating each rounding a kernel may declare (harness.tolerance)
         roundings={"bf16-p": {"bf16_p": True}, "bf16-partials": {"bf16_partials": True}, "fp8-q": {"fp8_q": True},
                    "cache-drafts": {"cache_drafts": True}},
+        # a kernel that stores the drafts in the fp8 cache before attention attends to the stored drafts:
+        # its oracle (and its chain's) is exact attention over them, not over the bf16 drafts (issue 35)
+        rounding_oracle_inputs={"cache-drafts": _drafts_as_stored},
         # P is rounded relative to a maximum: its split's in the chain, its tile's running one in a kernel,
         # so which weights round (p = 1 is exact) depends on the partition. With the case's 8 splits of
         # 5 keys every p is its split's max and the chain rounds nothing, where SGLang's kernels (one

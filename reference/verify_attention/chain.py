@@ -198,13 +198,13 @@ class Roundings:
                          drafts=kv_dtype if cache_drafts and kv_dtype in FP8_KV_DTYPES else None)
 
     def stored(self, x: torch.Tensor, scale: float) -> torch.Tensor:
-        """Draft k or v (bf16) as the chain attends to it: itself, or (``drafts``) stored in the fp8 cache
-        dtype and read back, fp8(sat(x / scale)) · scale in fp32 (exact: 4 significant bits times the
-        scale), NaN kept."""
+        """Draft k or v (bf16) as the chain reads it: itself, or (``drafts``) the value the fp8 cache holds
+        for it, fp8(sat(x / scale)) upcast exactly to fp32 (NaN kept); the chain then scales it as the
+        prefix's values (scores x sm_scale·k_scale, values x v_scale)."""
         if self.drafts is None:
             return x
         top = torch.finfo(self.drafts).max
-        return (x.float() / scale).clamp(-top, top).to(self.drafts).float() * scale
+        return (x.float() / scale).clamp(-top, top).to(self.drafts).float()
 
     def prefix(self, parts: list) -> list:
         """Split partials as a kernel storing them in bf16 would combine them: acc' = bf16(acc/l)·l
