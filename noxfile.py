@@ -1,5 +1,5 @@
 """Every user-facing entry point: `nox -s parity`, `nox -s tests`, `nox -s mutants`, `nox -s compile`,
-`nox -s report`, `nox -s gate`, `nox -s sglang`, `nox -s fuzz`, `nox -s warmup`.
+`nox -s report`, `nox -s gate`, `nox -s sglang`, `nox -s vllm`, `nox -s fuzz`, `nox -s warmup`.
 
 Installs are vendor-safe. On a CPU machine the session venv takes the pins of
 ``constraints/cpu.txt`` (torch 2.13.0 CPU build, triton 3.9.0, numpy 2.4.6). On a CUDA or
@@ -24,6 +24,8 @@ DEVICE = os.environ.get("VP_DEVICE", "auto" if SYSTEM_TORCH else "cpu")
 # SGLang's kernel files (harness.adapters.sglang); --no-deps: its serving stack is not needed, and its
 # torch pin must never replace a runner's torch
 SGLANG = "sglang==0.5.23"
+# vLLM's kernel files (harness.adapters.vllm); --no-deps as for SGLang: the kernels need torch and triton only
+VLLM = "vllm==0.34.0"
 
 
 def _install(session: nox.Session) -> None:
@@ -61,9 +63,10 @@ def tests(session: nox.Session) -> None:
     machine they run on the GPU, every worker sharing it (docs/gpu-tests.md)."""
     _install(session)
     session.install("--no-deps", SGLANG)  # tests/test_sglang.py checks the adapters
+    session.install("--no-deps", VLLM)  # tests/test_vllm.py checks its adapters
     workers = os.environ.get("VP_WORKERS", "auto")
     session.run("python", "-m", "pytest", "-n", workers, "-q", "--durations=15", *session.posargs,
-                env={"VP_DEVICE": DEVICE, "VP_REQUIRE_SGLANG": "1"})
+                env={"VP_DEVICE": DEVICE, "VP_REQUIRE_SGLANG": "1", "VP_REQUIRE_VLLM": "1"})
 
 
 @nox.session(venv_params=VENV_PARAMS)
@@ -76,6 +79,19 @@ def sglang(session: nox.Session) -> None:
     session.install("--no-deps", SGLANG)
     session.run("python", "-m", "harness", "run", "--device", DEVICE, "--profile", "ci", "--jobs", _jobs(),
                 "--impl", "harness.adapters.sglang:IMPLS", "--ledger", "sglang", "--csv", "runs/sglang.csv",
+                *session.posargs, env={"VP_DEVICE": DEVICE})
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def vllm(session: nox.Session) -> None:
+    """vLLM 0.34.0's own kernels (harness.adapters.vllm: greedy rejection_sample, unified attention 2D/3D,
+    the Triton MLA decode and folded verify kernels) over the ci profile, against their known-failure ledger
+    (cases/ledgers/vllm.py): fails on any failure not in the ledger, and on a known failure that did not
+    happen. runs/vllm.csv. `-- --generated 20` for a quick slice."""
+    _install(session)
+    session.install("--no-deps", VLLM)
+    session.run("python", "-m", "harness", "run", "--device", DEVICE, "--profile", "ci", "--jobs", _jobs(),
+                "--impl", "harness.adapters.vllm:IMPLS", "--ledger", "vllm", "--csv", "runs/vllm.csv",
                 *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
