@@ -1,5 +1,5 @@
 """Every user-facing entry point: `nox -s parity`, `nox -s tests`, `nox -s mutants`, `nox -s compile`,
-`nox -s report`, `nox -s gate`, `nox -s sglang`, `nox -s fuzz`, `nox -s warmup`, `nox -s dev`.
+`nox -s report`, `nox -s gate`, `nox -s sglang`, `nox -s vllm`, `nox -s fuzz`, `nox -s warmup`, `nox -s dev`.
 
 One environment for all of them and for the user's shell: ``.venv`` at the top of the checkout
 (``VP_VENV`` moves it). The first session makes it; the others reuse it, and reinstall only when
@@ -32,6 +32,8 @@ DEVICE = os.environ.get("VP_DEVICE", "auto" if SYSTEM_TORCH else "cpu")
 # SGLang's kernel files (harness.adapters.sglang); --no-deps: its serving stack is not needed, and its
 # torch pin must never replace a runner's torch
 SGLANG = "sglang==0.5.23"
+# vLLM's kernel files (harness.adapters.vllm); --no-deps as for SGLang: the kernels need torch and triton only
+VLLM = "vllm==0.34.0"
 VENV = Path(os.environ.get("VP_VENV", ".venv"))
 STAMP = ".verify-parity-installed"
 
@@ -41,7 +43,7 @@ def _wanted() -> str:
     h = hashlib.sha256()
     for f in ("pyproject.toml", "constraints/cpu.txt"):
         h.update(Path(f).read_bytes())
-    h.update(f"{SYSTEM_TORCH} {SGLANG} {sys.version_info[:2]}".encode())
+    h.update(f"{SYSTEM_TORCH} {SGLANG} {VLLM} {sys.version_info[:2]}".encode())
     return h.hexdigest()
 
 
@@ -62,7 +64,8 @@ def _install(session: nox.Session):
             session.run(*pip, "-e", ".", external=True)
         else:
             session.run(*pip, "-c", "constraints/cpu.txt", "-e", ".[cpu]", external=True)
-        session.run(*pip, "--no-deps", SGLANG, external=True)  # the adapters' kernel files (tests, nox -s sglang)
+        session.run(*pip, "--no-deps", SGLANG, VLLM, external=True)  # the engine adapters' kernel files (tests,
+        # nox -s sglang / vllm)
         stamp.write_text(_wanted())
     else:
         session.log(f"{VENV} is up to date (pyproject.toml and the pins unchanged)")
@@ -104,7 +107,7 @@ def tests(session: nox.Session) -> None:
     run = _install(session)
     workers = os.environ.get("VP_WORKERS", "auto")
     run("-m", "pytest", "-n", workers, "-q", "--durations=15", *session.posargs,
-        env={"VP_DEVICE": DEVICE, "VP_REQUIRE_SGLANG": "1"})
+        env={"VP_DEVICE": DEVICE, "VP_REQUIRE_SGLANG": "1", "VP_REQUIRE_VLLM": "1"})
 
 
 @nox.session(venv_backend="none")
@@ -116,6 +119,18 @@ def sglang(session: nox.Session) -> None:
     run = _install(session)
     run("-m", "harness", "run", "--device", DEVICE, "--profile", "ci", "--jobs", _jobs(),
         "--impl", "harness.adapters.sglang:IMPLS", "--ledger", "sglang", "--csv", "runs/sglang.csv",
+        *session.posargs, env={"VP_DEVICE": DEVICE})
+
+
+@nox.session(venv_backend="none")
+def vllm(session: nox.Session) -> None:
+    """vLLM 0.34.0's own kernels (harness.adapters.vllm: greedy rejection_sample, unified attention 2D/3D,
+    the Triton MLA decode and folded verify kernels) over the ci profile, against their known-failure ledger
+    (cases/ledgers/vllm.py): fails on any failure not in the ledger, and on a known failure that did not
+    happen. runs/vllm.csv. `-- --generated 20` for a quick slice."""
+    run = _install(session)
+    run("-m", "harness", "run", "--device", DEVICE, "--profile", "ci", "--jobs", _jobs(),
+        "--impl", "harness.adapters.vllm:IMPLS", "--ledger", "vllm", "--csv", "runs/vllm.csv",
         *session.posargs, env={"VP_DEVICE": DEVICE})
 
 

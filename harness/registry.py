@@ -137,6 +137,11 @@ class OpSpec:
     # costs: the rounded chain runs once per entry (keyword overrides; {} = the case as built) and
     # the allowance is the largest of their errors, since a kernel's own choice is not known
     rounding_variants: tuple[Mapping[str, Any], ...] = ({},)
+    # precision class name -> a function of the op's inputs (a copy) giving the inputs the oracle of that
+    # class sees: for a class that changes what a kernel computes on, not only how it rounds (the drafts
+    # stored in the fp8 cache before attention: the kernel attends to the stored drafts). The class's
+    # records compare the output and its emulated chain with that oracle instead of the op's own
+    rounding_oracle_inputs: Mapping[str, Callable[[dict], dict]] = field(default_factory=dict)
     # --- what the shared machinery needs about the op (it loops over the registry, naming no op)
     # output or written buffer name -> its tolerance, replacing the dtype's floor (harness.tolerance)
     tolerances: Mapping[str, tolerance.Tolerance] = field(default_factory=dict)
@@ -267,7 +272,8 @@ class Registry:
     def add_op(self, spec: OpSpec) -> None:
         if spec.name in self.ops:
             raise ValueError(f"op {spec.name!r} registered twice")
-        unknown = sorted(set(spec.roundings) - (set(tolerance.PRECISION_CLASSES) - {tolerance.EXACT}))
+        unknown = sorted((set(spec.roundings) | set(spec.rounding_oracle_inputs))
+                         - (set(tolerance.PRECISION_CLASSES) - {tolerance.EXACT}))
         if unknown:
             raise ValueError(f"op {spec.name!r}: roundings {unknown} are not precision classes of harness.tolerance")
         if spec.role not in ROLES:

@@ -81,6 +81,13 @@ PRECISION_CLASSES: dict[str, Rounding] = {
                       "the KV's fp8 dtype: q and P rounded to e4m3",
                       emulation="verify_attention: q and the prefix P rounded to the KV fp8 dtype; bf16 KV "
                                 "unaffected (flag fp8_q)"),
+    "cache-drafts": Rounding("engines that write the step's K/V into the KV cache before attention (vLLM's "
+                             "do_kv_cache_update, the pre-attention store of the DeepSeek-V4 verify path) read the "
+                             "drafts back from the cache: with an fp8 cache they are quantized like the prefix",
+                             emulation="verify_attention: the drafts stored as the prefix is, fp8(sat(k / k_scale)) "
+                                       "and fp8(sat(v / v_scale)) saturated to the dtype's finite range, then "
+                                       "dequantized with the same scales (their scores x sm_scale·k_scale, values "
+                                       "x v_scale); bf16 KV unaffected (flag cache_drafts)"),
 }
 
 

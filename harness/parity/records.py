@@ -24,9 +24,11 @@ from harness.registry import Impl, OpSpec
 class Allowance:
     """Outputs of the reference chain with a precision class's roundings emulated, once per
     ``OpSpec.rounding_variants`` entry, and the label its records carry (``detail``: which chain the
-    allowance came from). A numeric check takes the variant with the largest allowance."""
+    allowance came from). A numeric check takes the variant with the largest allowance. ``oracle``: the
+    class's own oracle (``OpSpec.rounding_oracle_inputs``), None for the op's."""
     outs: tuple[dict, ...]
     label: str
+    oracle: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suf
     """The records of ``spec.outputs``: a function of ``out``'s outputs (None, or shape, dtype and bytes)
     and, for an output with ``OutputSpec.observed``, of the writable buffers in ``inputs`` and ``before``."""
     spec, case, oracle, ref_out, allowance = ctx.spec, ctx.case, ctx.oracle, ctx.ref_out, ctx.allowance
+    if allowance is not None and allowance.oracle is not None:
+        oracle = allowance.oracle
     recs = []
     is_ref = ctx.impl.kind == "reference"
     for o in spec.outputs:

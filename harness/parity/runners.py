@@ -131,7 +131,15 @@ class CaseSetup:
                     out, _ = _call(functools.partial(self.spec.reference, **flags), {**self.fresh(), **variant},
                                    self.dev)
                     outs.append({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()})
-            self._emulated[key] = Allowance(tuple(outs), f"allowance: chain with {key}")
+                oracle, label = None, f"allowance: chain with {key}"
+                moved = [n for n in key.split("+") if n in self.spec.rounding_oracle_inputs]
+                if moved:  # the class changes what is computed on: its own oracle
+                    inputs = self.fresh()
+                    for name in moved:
+                        inputs = self.spec.rounding_oracle_inputs[name](inputs)
+                    oracle = self.spec.oracle(**_cpu(inputs))
+                    label += f"; oracle over the inputs as {'+'.join(moved)} stores them"
+            self._emulated[key] = Allowance(tuple(outs), label, oracle)
         return self._emulated[key]
 
 

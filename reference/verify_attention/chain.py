@@ -26,7 +26,24 @@ an allowance from them (``Roundings``; the per-request loop and its batched form
   ``fp8_q``          fp8 KV only: q rounded to the KV fp8 dtype before q·K over the prefix and P
                      rounded to it before P·V over the prefix (SGLang's ``q.to(K_Buffer.dtype)``,
                      ``p.to(v.dtype)``); drafts unaffected. No effect on bf16 KV.
+  ``cache_drafts``   fp8 KV only: the drafts stored in the cache dtype before attention and read back
+                     from there, as the prefix is (an engine that writes the step's K/V into its cache
+                     first, vLLM's backends): k' = fp8(sat(k / k_scale)), v' = fp8(sat(v / v_scale)),
+                     saturated to the fp8 dtype's largest finite value; their scores are then scaled by
+                     sm_scale·k_scale and their values by v_scale, exactly as the prefix's. No effect on
+                     bf16 KV.
 All casts are torch's round-to-nearest-even; q and P stay inside the fp8 range (0 ≤ P ≤ 1).
+
+Partition of the P rounding (``online_tile``, keyword, None by default): P is rounded relative to a
+maximum, so which weights round depends on where the maxima are taken. The chain takes them per split
+and for the draft part; a one-pass kernel keeps one running maximum over the prefix and then the drafts,
+updated per tile of keys. ``online_tile=n`` emulates that kernel instead: one pass over the request's
+keys (prefix, then drafts) in tiles of n, each key's P = exp(x − m_t) with m_t the running maximum
+after its tile, rounded as the roundings say, and rescaled by exp(m_t − M) in fp32 (``online_weights``).
+``online_segments=s`` cuts that pass into s segments, each with its own running maximum, merged in fp32
+(a split-KV one-pass kernel). The tolerance's variants (``cases/verify_attention/spec.py``) run the
+chain with tiles of 16, 32, 64 and 128, and with 16 segments of 16-key tiles, so that an allowance
+covers every such kernel by construction.
 
 Layouts: GQA (``D == Dv``, query head h reads KV head h // (H / Hkv)) and MLA (Hkv = 1,
 D = 576 = 512 + 64, Dv = 512, V = the first 512 dims of K, passed as a strided view).
@@ -176,15 +193,27 @@ class Roundings:
     p_prefix: torch.dtype | None = None  # P before P·V over the prefix
     p_draft: torch.dtype | None = None  # P before P·V over the drafts
     partials: bool = False  # each prefix split's acc/l to bf16
+    drafts: torch.dtype | None = None  # the drafts stored in this (fp8 cache) dtype with the k/v scales
 
     @staticmethod
-    def of(kv_dtype: torch.dtype, *, bf16_p: bool, bf16_partials: bool, fp8_q: bool) -> "Roundings":
-        bf16_p, bf16_partials, fp8_q = (check_bool(a, v) for a, v in (("bf16_p", bf16_p),
-                                                                       ("bf16_partials", bf16_partials),
-                                                                       ("fp8_q", fp8_q)))
+    def of(kv_dtype: torch.dtype, *, bf16_p: bool, bf16_partials: bool, fp8_q: bool,
+           cache_drafts: bool = False) -> Roundings:
+        bf16_p, bf16_partials, fp8_q, cache_drafts = (
+            check_bool(a, v) for a, v in (("bf16_p", bf16_p), ("bf16_partials", bf16_partials), ("fp8_q", fp8_q),
+                                          ("cache_drafts", cache_drafts)))
         kv8 = kv_dtype if fp8_q and kv_dtype in FP8_KV_DTYPES else None
         p16 = torch.bfloat16 if bf16_p else None
-        return Roundings(q_prefix=kv8, p_prefix=kv8 or p16, p_draft=p16, partials=bf16_partials)
+        return Roundings(q_prefix=kv8, p_prefix=kv8 or p16, p_draft=p16, partials=bf16_partials,
+                         drafts=kv_dtype if cache_drafts and kv_dtype in FP8_KV_DTYPES else None)
+
+    def stored(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        """Draft k or v (bf16) as the chain reads it: itself, or (``drafts``) the value the fp8 cache holds
+        for it, fp8(sat(x / scale)) upcast exactly to fp32 (NaN kept); the chain then scales it as the
+        prefix's values (scores x sm_scale·k_scale, values x v_scale)."""
+        if self.drafts is None:
+            return x
+        top = torch.finfo(self.drafts).max
+        return (x.float() / scale).clamp(-top, top).to(self.drafts).float()
 
     def prefix(self, parts: list) -> list:
         """Split partials as a kernel storing them in bf16 would combine them: acc' = bf16(acc/l)·l
@@ -275,11 +304,13 @@ def _per_head(x: torch.Tensor, H: int) -> torch.Tensor:
 def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
                      k_scale=1.0, v_scale=1.0, num_kv_splits=1, custom_mask=None, o=None, topk=1,
                      model_family="generic", splitkv_switch=True, bf16_p=False, bf16_partials=False, fp8_q=False,
-                     _stages=None):
+                     cache_drafts=False, online_tile=None, online_segments=1, _stages=None):
     """The reference chain. Returns {"o": (T, H, Dv) bf16} (written into ``o`` when given).
 
-    ``bf16_p``, ``bf16_partials``, ``fp8_q``: emulate a kernel's rounding (module docstring; the
-    precision classes of ``harness.tolerance``); off, the chain is bitwise the unrounded one.
+    ``bf16_p``, ``bf16_partials``, ``fp8_q``, ``cache_drafts``: emulate a kernel's rounding (module
+    docstring; the precision classes of ``harness.tolerance``); off, the chain is bitwise the unrounded
+    one. ``online_tile``, ``online_segments``: the one-pass partition of the P rounding (module docstring),
+    an int ≥ 1 or None, and an int ≥ 1.
     ``_stages`` (prefix, draft, combine) replaces the launches; only mutants pass it. Without them
     a batch that ``batchable`` takes (one width, no tree mask, its padded
     scores small enough) runs the same launches over every request at once; any other, request by request.
@@ -291,13 +322,25 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
         splitkv_switch=splitkv_switch)
     sm_scale, k_scale, v_scale = float(sm_scale), float(k_scale), float(v_scale)  # numpy scalars: their values
     num_kv_splits, is_causal = int(num_kv_splits), bool(is_causal)
-    rnd = Roundings.of(k_buffer.dtype, bf16_p=bf16_p, bf16_partials=bf16_partials, fp8_q=fp8_q)
+    rnd = Roundings.of(k_buffer.dtype, bf16_p=bf16_p, bf16_partials=bf16_partials, fp8_q=fp8_q,
+                       cache_drafts=cache_drafts)
+    if online_tile is not None:
+        online_tile = check_int("online_tile", online_tile, low=1)
+        online_segments = check_int("online_segments", online_segments, low=1)
+    k, v = rnd.stored(k, k_scale), rnd.stored(v, v_scale)  # bf16, or the fp8-stored drafts in fp32
+    draft_scale, draft_v_scale = (sm_scale * k_scale, v_scale) if rnd.drafts is not None else (sm_scale, 1.0)
     prefix_fn, draft_fn, combine_fn = _stages or (prefix_split_partials, draft_partial, combine)
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    if online_tile is not None and _stages is None:
+        return finish(online_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, custom_mask, sm_scale=sm_scale,
+                                    k_scale=k_scale, v_scale=v_scale, draft_scale=draft_scale,
+                                    draft_v_scale=draft_v_scale, is_causal=is_causal, rnd=rnd, tile=online_tile,
+                                    segments=online_segments),
+                      q, o)
     if _stages is None and custom_mask is None and batchable(qo, kvp, H, Dv):  # the same chain, batch at once
         res = batched_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, scale=sm_scale,
                             k_scale=k_scale, v_scale=v_scale, num_kv_splits=num_kv_splits,
-                            is_causal=is_causal, rnd=rnd)
+                            is_causal=is_causal, rnd=rnd, draft_scale=draft_scale, draft_v_scale=draft_v_scale)
         return finish(res, q, o)
     trees = tree_masks(custom_mask, qo)
     res = torch.empty(T, H, Dv, dtype=torch.float32, device=q.device)
@@ -310,10 +353,67 @@ def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_in
         parts = rnd.prefix(prefix_fn(_rounded(qh, rnd.q_prefix), kp, vp, scale=sm_scale * k_scale, v_scale=v_scale,
                                      num_kv_splits=num_kv_splits, **_p_kw(rnd.p_prefix)))
         mask = draft_mask(t1 - t0, is_causal, trees[b], q.device)
-        parts.append(draft_fn(qh, _per_head(k[t0:t1].float(), H), _per_head(v[t0:t1].float(), H),
-                              scale=sm_scale, mask=mask, **_p_kw(rnd.p_draft)))
+        parts.append(_scaled_v(draft_fn(qh, _per_head(k[t0:t1].float(), H), _per_head(v[t0:t1].float(), H),
+                                        scale=draft_scale, mask=mask, **_p_kw(rnd.p_draft)), draft_v_scale))
         res[t0:t1] = combine_fn(parts).transpose(0, 1)  # (H, L, Dv) -> (L, H, Dv)
     return finish(res, q, o)
+
+
+def _scaled_v(part, v_scale: float):
+    """A (m, l, acc) partial with its values scaled by ``v_scale`` (1.0: the partial itself, bitwise)."""
+    if v_scale == 1.0:
+        return part
+    m, l, acc = part
+    return m, l, acc * v_scale
+
+
+def online_weights(x: torch.Tensor, tile: int, segments: int = 1):
+    """One pass over the keys in tiles of ``tile`` with a running maximum: x (H, L, N) fp32 scores (−inf
+    where masked) -> (m, p, rescale): m (H, L) the final maximum; p (H, L, N) = exp(x_j − m_t), m_t the
+    running maximum after key j's tile (what a kernel rounds before P·V); rescale (H, L, N) =
+    exp(m_t − m), the factor its accumulator later takes in fp32. A row with no key: m = −inf, p = 0.
+    ``segments``: the pass cut into that many segments of cdiv(N, segments·tile) tiles (a split-KV
+    one-pass kernel, vLLM's 3D unified attention), the running maximum restarting in each."""
+    H, L, N = x.shape
+    n_tiles = -(-N // tile)
+    per_seg = -(-N // (segments * tile))  # tiles per segment
+    xt = torch.nn.functional.pad(x, (0, n_tiles * tile - N), value=float("-inf")).view(H, L, n_tiles, tile)
+    tile_max = xt.amax(-1)  # (H, L, n_tiles)
+    m_t = torch.cat([tile_max[..., s: s + per_seg].cummax(-1).values for s in range(0, n_tiles, per_seg)], -1)
+    m = tile_max.amax(-1)
+    m_key = m_t.repeat_interleave(tile, -1)[..., :N]  # (H, L, N)
+    safe = torch.where(torch.isfinite(m_key), m_key, torch.zeros_like(m_key))
+    p = torch.exp(x - safe)  # (H, L, N) fp32, exp(-inf) = 0 where masked
+    rescale = torch.exp(safe - torch.where(torch.isfinite(m), m, torch.zeros_like(m))[..., None])
+    return m, p, rescale
+
+
+def online_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, custom_mask, *, sm_scale, k_scale, v_scale,
+                  draft_scale, draft_v_scale, is_causal, rnd: Roundings, tile: int, segments: int) -> torch.Tensor:
+    """The chain's per-request math as one pass over prefix + drafts in tiles ->
+    (T, H, Dv) fp32: the same scores, masks, scales and roundings as the split chain, P rounded relative
+    to the running maximum of its tile instead of its split's (``online_weights``)."""
+    T, H, _ = q.shape
+    res = torch.empty(T, H, v.shape[2], dtype=torch.float32, device=q.device)
+    trees = tree_masks(custom_mask, qo)
+    for b in range(len(qo) - 1):
+        t0, t1 = qo[b], qo[b + 1]
+        idx = kv_indices[kvp[b]: kvp[b + 1]].long()
+        n = idx.numel()
+        qh = q[t0:t1].float().transpose(0, 1)  # (H, L, D)
+        kp = _per_head(k_buffer[idx].float(), H)  # (H, n, D)
+        vp = _per_head(v_buffer[idx].float(), H) * v_scale  # (H, n, Dv)
+        kd = _per_head(k[t0:t1].float(), H)
+        vd = _per_head(v[t0:t1].float(), H) * draft_v_scale
+        xp = (_rounded(qh, rnd.q_prefix) @ kp.transpose(1, 2)) * (sm_scale * k_scale)  # (H, L, n)
+        xd = (qh @ kd.transpose(1, 2)) * draft_scale  # (H, L, L)
+        xd = xd.masked_fill(~draft_mask(t1 - t0, is_causal, trees[b], q.device), float("-inf"))
+        _, p, rescale = online_weights(torch.cat((xp, xd), -1), tile, segments)
+        pv = torch.cat((_rounded(p[..., :n], rnd.p_prefix), _rounded(p[..., n:], rnd.p_draft)), -1)
+        acc = (pv * rescale) @ torch.cat((vp, vd), 1)  # (H, L, N) @ (H, N, Dv)
+        l = (p * rescale).sum(-1)
+        res[t0:t1] = (acc / l[..., None]).transpose(0, 1)
+    return res
 
 
 def finish(res: torch.Tensor, q: torch.Tensor, o: torch.Tensor | None) -> dict:
@@ -352,7 +452,7 @@ def batchable(qo: list[int], kvp: list[int], H: int, Dv: int) -> bool:
 
 
 def batched_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, *, scale, k_scale, v_scale, num_kv_splits,
-                  is_causal, rnd: Roundings = Roundings()) -> torch.Tensor:
+                  is_causal, rnd: Roundings = Roundings(), draft_scale=None, draft_v_scale=1.0) -> torch.Tensor:
     """The chain over the whole batch -> (T, H, Dv) fp32: the same three launches as the loop, each
     over every request (``prefix_split_partials_batched``, ``draft_partial_batched``, ``combine``).
     Shape: q (T, H, D), k (T, Hkv, D), v (T, Hkv, Dv) bf16, T = B·L; qo, kvp host lists of B + 1."""
@@ -374,8 +474,9 @@ def batched_chain(q, k, v, k_buffer, v_buffer, qo, kvp, kv_indices, *, scale, k_
                                                      num_kv_splits=num_kv_splits, p_dtype=rnd.p_prefix))
     kd = k.float().view(B, L, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, D)
     vd = v.float().view(B, L, Hkv, -1).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, L, Dv)
-    parts.append(draft_partial_batched(qh, kd, vd, scale=scale, mask=draft_mask(L, is_causal, None, dev),
-                                       p_dtype=rnd.p_draft))
+    parts.append(_scaled_v(draft_partial_batched(qh, kd, vd, scale=scale if draft_scale is None else draft_scale,
+                                                 mask=draft_mask(L, is_causal, None, dev), p_dtype=rnd.p_draft),
+                           draft_v_scale))
     return combine(parts).transpose(1, 2).reshape(T, H, -1)  # (B, H, L, Dv) -> (T, H, Dv)
 
 
