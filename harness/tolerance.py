@@ -81,6 +81,11 @@ PRECISION_CLASSES: dict[str, Rounding] = {
                       "the KV's fp8 dtype: q and P rounded to e4m3",
                       emulation="verify_attention: q and the prefix P rounded to the KV fp8 dtype; bf16 KV "
                                 "unaffected (flag fp8_q)"),
+    "bf16-norm": Rounding("norm+RoPE kernels that keep the rounding of the unfused model's two steps (RMSNorm, then "
+                          "RoPE): the normalised row x·rsqrt(mean(x²) + eps)·w is rounded to bf16 and RoPE rotates "
+                          "those bf16 values (SGLang's DeepSeek-V4 JIT kernels, deepseek_v4/main_norm_rope.cuh and "
+                          "fused_norm_rope.cuh): the RoPE dims rounded twice",
+                          emulation="qk_norm_rope: the normalised row rounded to bf16 before RoPE (flag bf16_norm)"),
 }
 
 
