@@ -26,12 +26,12 @@ DEVICE = os.environ.get("VP_DEVICE", "auto" if SYSTEM_TORCH else "cpu")
 SGLANG = "sglang==0.5.23"
 
 
-def _install(session: nox.Session) -> None:
+def _install(session: nox.Session, extras: tuple[str, ...] = ()) -> None:
     if SYSTEM_TORCH:
         session.run("python", "-c", "import torch, triton; print('runner torch', torch.__version__, 'triton', triton.__version__)")
-        session.install("-e", ".")
+        session.install("-e", f".[{','.join(extras)}]" if extras else ".")
     else:
-        session.install("-c", "constraints/cpu.txt", "-e", ".[cpu]")
+        session.install("-c", "constraints/cpu.txt", "-e", f".[{','.join(('cpu', *extras))}]")
 
 
 def _jobs() -> str:
@@ -59,8 +59,8 @@ def warmup(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The harness's own tests (pytest-xdist: one worker per core, ``VP_WORKERS`` to change it). On a GPU
     machine they run on the GPU, every worker sharing it (docs/gpu-tests.md)."""
-    _install(session)
-    session.install("--no-deps", SGLANG)  # tests/test_sglang.py checks the adapters
+    _install(session, ("sglang-jit",))
+    session.install("--no-deps", SGLANG)  # tests/test_sglang*.py check the adapters
     workers = os.environ.get("VP_WORKERS", "auto")
     session.run("python", "-m", "pytest", "-n", workers, "-q", "--durations=15", *session.posargs,
                 env={"VP_DEVICE": DEVICE, "VP_REQUIRE_SGLANG": "1"})
@@ -68,15 +68,18 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def sglang(session: nox.Session) -> None:
-    """SGLang 0.5.23's own kernels (harness.adapters.sglang: split-KV and shared-KV verify attention, the
-    fused qk-norm-rope store) over the ci profile, against their known-failure ledger
-    (cases/ledgers/sglang.py): fails on any failure not in the ledger, and on a known failure that did not
-    happen. runs/sglang.csv. `-- --generated 20` for a quick slice."""
-    _install(session)
+    """SGLang 0.5.23's own kernels over the ci profile, against their known-failure ledger
+    (cases/ledgers/sglang.py): its Triton ones (harness.adapters.sglang: split-KV and shared-KV verify attention,
+    the fused qk-norm-rope store) and its JIT-compiled CUDA ones (harness.adapters.sglang_jit: the fp8 KV/Q
+    prepare, DeepSeek-V4's q and kv norm+RoPE; built first, timed, into VP_SGLANG_JIT_CACHE; refused in one line
+    where the machine lacks CUDA, nvcc or SM90). Fails on any failure not in the ledger, and on a known failure
+    that did not happen. runs/sglang.csv. `-- --generated 20` for a quick slice."""
+    _install(session, ("sglang-jit",))
     session.install("--no-deps", SGLANG)
+    session.run("python", "-m", "harness.adapters.sglang_jit", "--head-dims", "64,128,256,512")
     session.run("python", "-m", "harness", "run", "--device", DEVICE, "--profile", "ci", "--jobs", _jobs(),
-                "--impl", "harness.adapters.sglang:IMPLS", "--ledger", "sglang", "--csv", "runs/sglang.csv",
-                *session.posargs, env={"VP_DEVICE": DEVICE})
+                "--impl", "harness.adapters.sglang:IMPLS", "--impl", "harness.adapters.sglang_jit:IMPLS",
+                "--ledger", "sglang", "--csv", "runs/sglang.csv", *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
 @nox.session(venv_params=VENV_PARAMS)

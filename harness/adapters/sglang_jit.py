@@ -229,13 +229,14 @@ def fp8_gate(kv_buffer, loc, k_nope, k_rope, q_nope, q_rope) -> str:
     return ""
 
 
-def _fp8_kernel_args(inputs: dict) -> dict:
-    """The op's inputs as SGLang calls the kernel: physical rows (the pool's translation of out_cache_loc)."""
+def fp8_kernel_args(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache_loc, slot_map, **_ignored) -> dict:
+    """The op's inputs as SGLang's backend hands them to the kernel: the physical rows (the pool's translation
+    of out_cache_loc, its dtype kept), the rest as they are. ``_ignored``: the dispatch's flags (the gate)."""
     from reference.mla_fp8_prepare.chain import KVPool
 
-    phys = KVPool(inputs["kv_buffer"], inputs["slot_map"]).physical(inputs["out_cache_loc"]).contiguous()
-    return dict(kv_buffer=inputs["kv_buffer"], loc=phys, k_nope=inputs["k_nope"], k_rope=inputs["k_rope"],
-                q_nope=inputs["q_nope"], q_rope=inputs["q_rope"])
+    phys = KVPool(kv_buffer, slot_map).physical(out_cache_loc).contiguous()
+    return {"kv_buffer": kv_buffer, "loc": phys, "k_nope": k_nope, "k_rope": k_rope, "q_nope": q_nope,
+            "q_rope": q_rope}
 
 
 def _fp8_can_handle(kernels: Kernels):
@@ -250,7 +251,7 @@ def _fp8_can_handle(kernels: Kernels):
                     f"k scale)")
         if not inputs["save_kv_cache"]:
             return "save_kv_cache False: SGLang launches the kernel only when it saves the KV cache"
-        args = _fp8_kernel_args(inputs)
+        args = fp8_kernel_args(**inputs)
         if bool((args["loc"] < 0).any()):
             return ("padding slots (loc < 0): the kernel writes every token's row (its only skip is DCP ownership); "
                     "at loc -1 it would write before the pool")
@@ -264,15 +265,15 @@ def _fp8_can_handle(kernels: Kernels):
 
 
 def _fp8_adapter(kernels: Kernels):
-    def fn(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache_loc, slot_map, decode_kernel_loc, save_kv_cache,
-           fused_switch, kv_descale, fp8_policy):
-        """One launch on the physical rows; their writes recorded in the pool model (docs/plugins.md)."""
+    def fn(**inputs):
+        """One launch on the physical rows; the rows it was given recorded in the pool model (docs/plugins.md)."""
         from reference.mla_fp8_prepare.chain import KVPool
 
-        pool = KVPool(kv_buffer, slot_map)
-        phys = pool.physical(out_cache_loc).contiguous()
-        q8 = kernels.set_mla_kv_concat_q_fp8(kv_buffer, phys, k_nope, k_rope, q_nope, q_rope)
-        pool.record(phys)
+        a = fp8_kernel_args(**inputs)
+        q8 = kernels.set_mla_kv_concat_q_fp8(a["kv_buffer"], a["loc"], a["k_nope"], a["k_rope"], a["q_nope"],
+                                             a["q_rope"])
+        pool = KVPool(a["kv_buffer"])
+        pool.record(a["loc"])
         return {"q8": q8, "kv_writes": pool.writes}
     return fn
 
