@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -113,6 +114,8 @@ def _package_path(pkg: str, root: str) -> None:
         if name not in sys.modules:
             m = types.ModuleType(name)
             m.__path__ = ["/".join([root, *parts[1:i]])]
+            m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)  # find_spec(name) answers
+            m.__spec__.submodule_search_locations = m.__path__
             sys.modules[name] = m
 
 

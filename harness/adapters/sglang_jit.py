@@ -94,7 +94,7 @@ def nvcc() -> str:
 def _importable(name: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec(name) is not None
+    return name in sys.modules or importlib.util.find_spec(name) is not None
 
 
 def missing(kernel: str) -> str:
