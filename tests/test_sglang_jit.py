@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import shutil
 import sys
 
 import pytest
@@ -54,7 +55,7 @@ def test_missing_names_every_missing_piece(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     monkeypatch.setattr(jit, "_importable", lambda name: name not in ("tvm_ffi",))
     monkeypatch.setattr(jit, "nvcc", lambda: "")
-    monkeypatch.setattr(jit.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     fp8, qk = jit.missing("fp8"), jit.missing("qk")
     assert fp8.startswith("sm_80 is not SM90+") and "sm_80" not in qk, (fp8, qk)
     for piece in (jit.TVM_FFI, "no nvcc", "no ninja"):
@@ -70,7 +71,7 @@ def test_nothing_missing_is_an_empty_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(jit, "_importable", lambda name: True)
     monkeypatch.setattr(jit, "nvcc", lambda: "/usr/local/cuda/bin/nvcc")
-    monkeypatch.setattr(jit.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     assert jit.missing("fp8") == "" and jit.missing("qk") == ""
 
 
