@@ -50,6 +50,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -130,10 +131,13 @@ def load() -> dict[str, object]:
             raise SGLangUnavailable(f"{dist} not installed ({EXTRA})")
     os.environ["SGLANG_JIT_CACHE_DIR"] = cache_dir()
     found = nvcc()
-    if found and not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")) and os.path.islink(found):
-        # SGLang takes CUDA_HOME as nvcc's folder's parent, where it links libcudart; a symlinked nvcc
-        # (/usr/local/bin/nvcc) points it at the wrong folder
-        os.environ["CUDA_HOME"] = os.path.dirname(os.path.dirname(os.path.realpath(found)))
+    if found and not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
+        # SGLang takes CUDA_HOME as the parent of nvcc's folder and links libcudart from its lib64: an nvcc on PATH
+        # that is a link or a wrapper script (/usr/local/bin/nvcc) points it at a folder without one
+        homes = [os.path.dirname(os.path.dirname(p)) for p in (found, os.path.realpath(found))] + ["/usr/local/cuda"]
+        with_rt = [h for h in homes if any(Path(h, "lib64").glob("libcudart.so*"))]
+        if with_rt and with_rt[0] != homes[0]:
+            os.environ["CUDA_HOME"] = with_rt[0]
     stand_in(SHIMMED, [FP8_FILE.rsplit(".", 1)[0], NORM_ROPE_FILE.rsplit(".", 1)[0]])
     return {m.rsplit(".", 1)[1]: importlib.import_module(m) for m in (FP8_FILE, NORM_ROPE_FILE)}
 
@@ -172,10 +176,9 @@ def _first_call_timed(key: str, call: Callable):
 
 
 def _fp8_module() -> None:
-    from sglang.kernels.jit.utils import is_arch_support_pdl
-
-    _first_call_timed("set_mla_kv_concat_q_fp8", lambda: load()["set_mla_kv_concat_q"].set_mla_kv_concat_q_fp8_module(
-        is_arch_support_pdl()))
+    """Build (or load) the fp8 kernel's module as ``covered_fp8`` would, timed."""
+    fp8 = load()["set_mla_kv_concat_q"]  # first: the stand-ins, before any sglang import
+    _first_call_timed("set_mla_kv_concat_q_fp8", lambda: fp8.set_mla_kv_concat_q_fp8_module(fp8.is_arch_support_pdl()))
 
 
 def _sglang_entry(stem: str, entry: str, variant: Callable[..., str]):
@@ -362,6 +365,7 @@ def warm(head_dims=(512,)) -> dict[str, float]:
     lacks = missing("fp8") or missing("qk")
     if lacks:
         raise RuntimeError(lacks)
+    load()  # first: the stand-ins, before any sglang import
     from sglang.kernels.jit.utils import parallel_compile
 
     k = sglang()
@@ -375,7 +379,6 @@ def warm(head_dims=(512,)) -> dict[str, float]:
         return [lambda: k.fused_q_norm_rope(q, torch.empty_like(q), 1e-6, freqs, pos),
                 lambda: k.fused_norm_rope_inplace(kv, kv[0].clone(), 1e-6, freqs, pos)]
 
-    load()
     parallel_compile([_fp8_module, *(b for D in head_dims for b in norm_rope(D))])
     return dict(FIRST_CALLS)
 
