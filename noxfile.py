@@ -61,9 +61,9 @@ def _install(session: nox.Session):
         if SYSTEM_TORCH:
             session.run(str(py), "-c", "import torch, triton; print('runner torch', torch.__version__, 'triton', "
                                        "triton.__version__)", external=True)
-            session.run(*pip, "-e", ".", external=True)
+            session.run(*pip, "-e", ".[sglang-jit]", external=True)
         else:
-            session.run(*pip, "-c", "constraints/cpu.txt", "-e", ".[cpu]", external=True)
+            session.run(*pip, "-c", "constraints/cpu.txt", "-e", ".[cpu,sglang-jit]", external=True)
         session.run(*pip, "--no-deps", SGLANG, VLLM, external=True)  # the engine adapters' kernel files (tests,
         # nox -s sglang / vllm)
         stamp.write_text(_wanted())
@@ -112,14 +112,17 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def sglang(session: nox.Session) -> None:
-    """SGLang 0.5.23's own kernels (harness.adapters.sglang: split-KV and shared-KV verify attention, the
-    fused qk-norm-rope store) over the ci profile, against their known-failure ledger
-    (cases/ledgers/sglang.py): fails on any failure not in the ledger, and on a known failure that did not
-    happen. runs/sglang.csv. `-- --generated 20` for a quick slice."""
+    """SGLang 0.5.23's own kernels over the ci profile, against their known-failure ledger
+    (cases/ledgers/sglang.py): its Triton ones (harness.adapters.sglang: split-KV and shared-KV verify attention,
+    the fused qk-norm-rope store) and its JIT-compiled CUDA ones (harness.adapters.sglang_jit: the fp8 KV/Q
+    prepare, DeepSeek-V4's q and kv norm+RoPE; built first, timed, into VP_SGLANG_JIT_CACHE; refused in one line
+    where the machine lacks CUDA, nvcc or SM90). Fails on any failure not in the ledger, and on a known failure
+    that did not happen. runs/sglang.csv. `-- --generated 20` for a quick slice."""
     run = _install(session)
+    run("-m", "harness.adapters.sglang_jit", "--head-dims", "64,128,256,512")
     run("-m", "harness", "run", "--device", DEVICE, "--profile", "ci", "--jobs", _jobs(),
-        "--impl", "harness.adapters.sglang:IMPLS", "--ledger", "sglang", "--csv", "runs/sglang.csv",
-        *session.posargs, env={"VP_DEVICE": DEVICE})
+        "--impl", "harness.adapters.sglang:IMPLS", "--impl", "harness.adapters.sglang_jit:IMPLS",
+        "--ledger", "sglang", "--csv", "runs/sglang.csv", *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
 @nox.session(venv_backend="none")

@@ -88,6 +88,11 @@ PRECISION_CLASSES: dict[str, Rounding] = {
                                        "and fp8(sat(v / v_scale)) saturated to the dtype's finite range, then "
                                        "dequantized with the same scales (their scores x sm_scale·k_scale, values "
                                        "x v_scale); bf16 KV unaffected (flag cache_drafts)"),
+    "bf16-norm": Rounding("norm+RoPE kernels that keep the rounding of the unfused model's two steps (RMSNorm, then "
+                          "RoPE): the normalised row x·rsqrt(mean(x²) + eps)·w is rounded to bf16 and RoPE rotates "
+                          "those bf16 values (SGLang's DeepSeek-V4 JIT kernels, deepseek_v4/main_norm_rope.cuh and "
+                          "fused_norm_rope.cuh): the RoPE dims rounded twice",
+                          emulation="qk_norm_rope: the normalised row rounded to bf16 before RoPE (flag bf16_norm)"),
 }
 
 

@@ -82,8 +82,8 @@ def test_mutants_are_documented(registry):
 SCANNED = ("harness", "cases", "reports", "reference", "fused")  # + noxfile.py
 # files that name ops by design: the op list itself, and a vendor's adapter (a plugin implements named
 # ops, as an entry point does) with the ledger of its known failures
-OP_NAMING_FILES = {"harness/ops.py", "harness/adapters/sglang.py", "cases/ledgers/sglang.py", "harness/adapters/vllm.py",
-                   "cases/ledgers/vllm.py"}  # engine adapters map onto named ops
+OP_NAMING_FILES = {"harness/ops.py", "harness/adapters/sglang.py", "harness/adapters/sglang_jit.py",
+                   "cases/ledgers/sglang.py", "harness/adapters/vllm.py", "cases/ledgers/vllm.py"}  # engine adapters map onto named ops
 
 
 def _py_files():

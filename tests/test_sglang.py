@@ -41,7 +41,7 @@ def test_the_kernel_files_load_without_the_serving_stack():
     assert set(mods) == {"verify_splitkv", "verify_mla", "fused_qk_norm_rope_store"}
     assert all(m.__file__.endswith(f"sglang/kernels/ops/attention/{k}.py") for k, m in mods.items())
     if getattr(sys.modules["sglang"], "__file__", None) is None:  # our namespace, not a fully imported sglang
-        assert "sglang.lang" not in sys.modules and "sglang.srt.environ" not in sys.modules
+        assert "sglang.lang" not in sys.modules and "sglang.srt.server_args" not in sys.modules
         utils = sys.modules["sglang.srt.utils"]
         assert "stand-in" in utils.__doc__ and utils.is_hip() == (torch.version.hip is not None)
 

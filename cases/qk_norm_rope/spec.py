@@ -133,6 +133,11 @@ def _qk_spec() -> OpSpec:
         inputs=("q", "kv", "kv_norm_weight", "q_norm_weight", "eps", "rope_dim", "cos", "sin", "positions",
                 "rope_style", "ring", "loc", "swa_cache", "swa_page_size", "forward_mode", "q_out"),
         tolerances=TOLERANCES,
+        roundings={"bf16-norm": {"bf16_norm": True}},  # the normalised row in bf16 before RoPE (SGLang's JIT kernels)
+        # which bf16 value a normalised element next to a midpoint takes turns on a kernel's fp32 choices: the
+        # class's allowance is the worst of the chain taking each (an rsqrt 2 ulps off either way, as CUDA's
+        # rsqrtf may be; one product of each RoPE expression fused into an FMA)
+        rounding_variants=({}, {"rsqrt_ulps": 2}, {"rsqrt_ulps": -2}, {"rope_fma": "first"}, {"rope_fma": "second"}),
         role="prepare",  # the prepare step of the timeline families dsv4-mqa-ring/-mixed (cases.timelines)
         kill=KILL,
         gpu=GPU,

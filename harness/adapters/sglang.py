@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -59,6 +60,9 @@ SHIMMED = {  # module -> {name: the host-side helper it stands for}
 }
 
 
+STAND_IN = "__verify_parity_stand_in__"  # marks a module registered by stand_in
+
+
 class SGLangUnavailable(ImportError):
     """sglang is not installed (``pip install --no-deps sglang==0.5.23``)."""
 
@@ -66,19 +70,40 @@ class SGLangUnavailable(ImportError):
 @functools.cache
 def load() -> dict[str, types.ModuleType]:
     """The three kernel modules of the installed sglang, keyed by file stem."""
-    if "sglang" not in sys.modules:
-        spec = importlib.util.find_spec("sglang")
-        if spec is None or not spec.submodule_search_locations:
-            raise SGLangUnavailable(f"sglang is not installed: pip install --no-deps sglang=={VERSION}")
-        root = list(spec.submodule_search_locations)[0]
-        for mod, names in SHIMMED.items():
-            _package_path(mod.rsplit(".", 1)[0], root)
-            stub = types.ModuleType(mod, f"verify-parity stand-in for {mod} (harness.adapters.sglang.SHIMMED)")
-            stub.__dict__.update(names)
-            sys.modules[mod] = stub
-        for mod in (*_FILES, _LAYOUT):
-            _package_path(mod.rsplit(".", 1)[0], root)
+    stand_in(SHIMMED, [m.rsplit(".", 1)[0] for m in (*_FILES, _LAYOUT)])
     return {m.rsplit(".", 1)[1]: importlib.import_module(m) for m in _FILES}
+
+
+def real_sglang_imported() -> bool:
+    """A real ``sglang`` package (its ``__init__`` run) is imported in this process."""
+    return getattr(sys.modules.get("sglang"), "__file__", None) is not None
+
+
+def stand_in(helpers: dict[str, dict], packages=()) -> None:
+    """Register ``packages`` (and their parents) as packages whose ``__init__`` is not run, and each module
+    of ``helpers`` (module -> {name: the host-side helper it stands for}) as a stand-in holding those names;
+    a stand-in already registered (by another adapter of this family) gets the names it lacks. Nothing
+    when the real ``sglang`` is imported; SGLangUnavailable when it is not installed."""
+    if real_sglang_imported():
+        return
+    if "sglang" in sys.modules:  # registered by an earlier call
+        root = list(sys.modules["sglang"].__path__)
+    else:
+        spec = importlib.util.find_spec("sglang")
+        root = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not root:
+        raise SGLangUnavailable(f"sglang is not installed: pip install --no-deps sglang=={VERSION}")
+    for mod, names in helpers.items():
+        _package_path(mod.rsplit(".", 1)[0], root[0])
+        stub = sys.modules.get(mod)
+        if stub is None or not getattr(stub, STAND_IN, False):
+            stub = types.ModuleType(mod, f"verify-parity stand-in for {mod} (harness.adapters: SHIMMED)")
+            setattr(stub, STAND_IN, True)
+            sys.modules[mod] = stub
+        for name, fn in names.items():
+            stub.__dict__.setdefault(name, fn)
+    for pkg in packages:
+        _package_path(pkg, root[0])
 
 
 def _package_path(pkg: str, root: str) -> None:
@@ -89,6 +114,8 @@ def _package_path(pkg: str, root: str) -> None:
         if name not in sys.modules:
             m = types.ModuleType(name)
             m.__path__ = ["/".join([root, *parts[1:i]])]
+            m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)  # find_spec(name) answers
+            m.__spec__.submodule_search_locations = m.__path__
             sys.modules[name] = m
 
 

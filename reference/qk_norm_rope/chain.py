@@ -14,6 +14,11 @@ Math (fp32, one bf16 rounding at the end of each launch):
   RoPE on y[..., D-R:] with angle table (cos, sin)[position]:
     interleaved (GPT-J pairs (2i, 2i+1)) or neox (halves (i, i + R/2)):
     a' = a·cos − b·sin,  b' = b·cos + a·sin.
+  ``bf16_norm`` (the precision class ``bf16-norm``, harness.tolerance): y rounded to bf16 before RoPE
+  reads it, as a kernel keeping the unfused model's RMSNorm-then-RoPE rounding does. Which bf16 value a
+  y next to a rounding midpoint lands on then turns on a kernel's free fp32 choices, which the chain
+  can take too (the spec's ``rounding_variants``): ``rsqrt_ulps`` (an approximate rsqrt, e.g. CUDA's
+  rsqrtf, 2 ulps) and ``rope_fma`` (a compiler contracting one product of a·c − b·s into an FMA).
 
 ``qk_norm_rope_oracle`` computes the same function in fp64 through a different formulation
 (complex rotation), unrounded. The paged store has no fp64 counterpart: its contract is the
@@ -31,6 +36,7 @@ from reference.checks import (
     ShapeError,
     VerifyParityInputError,
     check_choice,
+    check_bool,
     check_contiguous,
     check_dtype,
     check_fp32_scale,
@@ -128,17 +134,35 @@ def validate(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, sin, p
     return T, H, D
 
 
-def rope_fp32(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, rope_style: str) -> torch.Tensor:
-    """y (T, ..., D) fp32; cos/sin (T, R/2) fp32, already gathered by position. RoPE on the last R dims."""
+def _fma(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """fp32 x·y + z with one rounding (x·y exact in fp64; the fp64 sum rounded to fp32: a double rounding at worst)."""
+    return (x.double() * y.double() + z.double()).float()
+
+
+def _rotated(a, b, c, s, fma: str):
+    """(a·c − b·s, b·c + a·s) in fp32: each product rounded (``fma`` ""), or one product of each fused into
+    the subtraction / addition ("first": a·c and a·s; "second": b·s and b·c), as a compiler contracting the
+    kernel's expressions may."""
+    if fma == "first":
+        return _fma(a, c, -(b * s)), _fma(a, s, b * c)
+    if fma == "second":
+        return _fma(-b, s, a * c), _fma(b, c, a * s)
+    return a * c - b * s, b * c + a * s
+
+
+def rope_fp32(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, rope_style: str,
+              fma: str = "") -> torch.Tensor:
+    """y (T, ..., D) fp32; cos/sin (T, R/2) fp32, already gathered by position. RoPE on the last R dims
+    (``fma``: ``_rotated``)."""
     c = cos.view(cos.shape[0], *([1] * (y.dim() - 2)), cos.shape[-1])  # (T, 1.., R/2); T may be 0
     s = sin.view_as(c)
     head, rot = y[..., : y.shape[-1] - rope_dim], y[..., y.shape[-1] - rope_dim:]
     if rope_style == "interleaved":
         a, b = rot[..., 0::2], rot[..., 1::2]  # (T, .., R/2) each
-        rot = torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)  # (T, .., R)
+        rot = torch.stack(_rotated(a, b, c, s, fma), dim=-1).flatten(-2)  # (T, .., R)
     else:
         a, b = rot.chunk(2, dim=-1)
-        rot = torch.cat((a * c - b * s, b * c + a * s), dim=-1)  # (T, .., R)
+        rot = torch.cat(_rotated(a, b, c, s, fma), dim=-1)  # (T, .., R)
     return torch.cat((head, rot), dim=-1)
 
 
@@ -149,10 +173,24 @@ def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> t
     return y if weight is None else y * weight.float()
 
 
+def _normed(x, weight, eps, bf16_norm: bool, rsqrt_ulps: int) -> torch.Tensor:
+    """RMSNorm in fp32 (the factor scaled by 1 + rsqrt_ulps·2^-23: a kernel's approximate rsqrt); with
+    ``bf16_norm`` rounded to x's dtype (and read back as fp32) before RoPE."""
+    if rsqrt_ulps:
+        xf = x.float()
+        y = xf * (torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * (1 + rsqrt_ulps * 2.0 ** -23))
+        y = y if weight is None else y * weight.float()
+    else:
+        y = rms_norm_fp32(x, weight, eps)
+    return y.to(x.dtype).float() if bf16_norm else y  # fp32 -> bf16 (RNE) -> fp32, exact
+
+
 @launch
-def q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out=None):
+def q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out=None, bf16_norm=False,
+                rsqrt_ulps=0, rope_fma=""):
     """Launch 1. q (T, H, D) bf16 -> (T, H, D) bf16 (written into ``q_out`` when given)."""
-    y = rope_fp32(rms_norm_fp32(q, q_norm_weight, eps), cos[positions], sin[positions], rope_dim, rope_style)
+    y = rope_fp32(_normed(q, q_norm_weight, eps, bf16_norm, rsqrt_ulps), cos[positions], sin[positions], rope_dim,
+                  rope_style, rope_fma)
     y = y.to(q.dtype)  # fp32 -> bf16, round to nearest even
     if q_out is None:
         return y
@@ -161,9 +199,11 @@ def q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style
 
 
 @launch
-def kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, rope_style):
+def kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, bf16_norm=False, rsqrt_ulps=0,
+                 rope_fma=""):
     """Launch 2. kv (T, D) bf16, possibly a strided slice -> new contiguous (T, D) bf16."""
-    y = rope_fp32(rms_norm_fp32(kv, kv_norm_weight, eps), cos[positions], sin[positions], rope_dim, rope_style)
+    y = rope_fp32(_normed(kv, kv_norm_weight, eps, bf16_norm, rsqrt_ulps), cos[positions], sin[positions], rope_dim,
+                  rope_style, rope_fma)
     return y.to(kv.dtype).contiguous()  # fp32 -> bf16
 
 
@@ -175,15 +215,22 @@ def ring_store(kv_out, ring, loc):
 
 
 def qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight=None, eps, rope_dim, cos, sin, positions,
-                 rope_style="interleaved", ring=None, loc=None, q_out=None, swa_cache=None, swa_page_size=None):
+                 rope_style="interleaved", ring=None, loc=None, q_out=None, swa_cache=None, swa_page_size=None,
+                 bf16_norm=False, rsqrt_ulps=0, rope_fma=""):
     """The reference chain. Returns (q_out (T, H, D), kv_out (T, D)); stores into ``ring`` (launch 3)
-    or ``swa_cache`` (launch 3') when given."""
+    or ``swa_cache`` (launch 3') when given. ``bf16_norm``: the normalised rows rounded to bf16 before
+    RoPE; ``rsqrt_ulps``, ``rope_fma``: a kernel's free fp32 choices (module docstring)."""
     validate(q=q, kv=kv, kv_norm_weight=kv_norm_weight, q_norm_weight=q_norm_weight, eps=eps, rope_dim=rope_dim,
              cos=cos, sin=sin, positions=positions, rope_style=rope_style, ring=ring, loc=loc, q_out=q_out,
              swa_cache=swa_cache, swa_page_size=swa_page_size)
     eps, rope_dim = float(eps), int(rope_dim)  # numpy scalars: their values
-    q_res = q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out)
-    kv_res = kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, rope_style)
+    bf16_norm = check_bool("bf16_norm", bf16_norm)
+    check_choice("rope_fma", rope_fma, ("", "first", "second"))
+    rsqrt_ulps = check_int("rsqrt_ulps", rsqrt_ulps, low=-64, high=64)
+    q_res = q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out, bf16_norm,
+                        rsqrt_ulps, rope_fma)
+    kv_res = kv_norm_rope(kv, kv_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, bf16_norm, rsqrt_ulps,
+                          rope_fma)
     if ring is not None:
         ring_store(kv_res, ring, loc)
     if swa_cache is not None:
