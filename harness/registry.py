@@ -149,9 +149,10 @@ class OpSpec:
     kill: KillPlan | None = None  # its rows in the kill matrix (None: none)
     gpu: GpuPlan | None = None  # its GPU-only checks (None: none)
     nightly: bool = True  # the nightly runs its parity step
-    # the op whose nightly parity step runs this one's cases too ("": a step of its own): light ops share one
-    # step, so the concurrent steps' processes stay within the host (harness.nightly.plan)
-    nightly_with: str = ""
+    # ops of one nightly group share one parity step, named after the group's first op in the plan ("": a
+    # step of its own): light ops share one, so the concurrent steps' processes stay within the host
+    # (harness.nightly.plan.parity_groups)
+    nightly_group: str = ""
     # nightly parity workers relative to the other ops (their cost per case: implementations, checks);
     # < 1 for an op cheaper per case (harness.nightly.plan.parity_jobs)
     parity_weight: float = 1

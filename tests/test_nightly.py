@@ -291,7 +291,7 @@ def test_correctness_steps_sleep_while_they_wait_for_the_gpu_and_the_benchmarks_
 
 
 def test_a_light_op_without_its_partner_gets_a_step_of_its_own():
-    """``OpSpec.nightly_with`` groups an op into its partner's step only when the partner runs too."""
+    """``OpSpec.nightly_group``: the chosen ops of a group share the step of the first of them."""
     assert nightly_plan.parity_groups(["spec_sampling"]) == {"spec_sampling": ["spec_sampling"]}
     assert nightly_plan.parity_groups(["verify_attention", "verify_tree_accept", "verify_accept"]) == {
         "verify_attention": ["verify_attention"], "verify_accept": ["verify_accept", "verify_tree_accept"]}

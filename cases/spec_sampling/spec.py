@@ -53,7 +53,7 @@ def _spec() -> OpSpec:
         kill=KILL,
         bench="",  # no GPU benchmark yet (docs/spec_sampling.md)
         distribution=DistributionPlan(applies=dist.applies, batches=dist.batches, verdict=dist.verdict),
-        nightly_with="verify_accept",  # a light acceptance op: its cases run in verify_accept's parity step
+        nightly_group="acceptance",  # a light acceptance op: one parity step for the group
         parity_weight=0.5,
         interpreter_generated=60,
     )

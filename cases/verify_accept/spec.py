@@ -80,6 +80,7 @@ def _spec() -> OpSpec:
         gpu=GPU,
         role="accept",  # the accept(n) step of every timeline: its n is what the backend rolls back to
         nightly=True,  # a parity op: the nightly runs its parity step
+        nightly_group="acceptance",  # the light acceptance ops share one parity step
         # per case it is cheap beside the float ops (integer outputs compared exactly: no rounded chains for
         # an allowance, no buffers to canary): half their workers, i.e. 1 of the 16-core host's parity
         # processes (harness.nightly.plan.parity_jobs), which keeps the concurrent steps within 2 x the cores

@@ -87,7 +87,7 @@ def _spec() -> OpSpec:
             "accept_index padded with -1",
         kill=KILL,
         gpu=GPU,
-        nightly_with="verify_accept",  # a light acceptance op: its cases run in verify_accept's parity step
+        nightly_group="acceptance",  # a light acceptance op: one parity step for the group
         parity_weight=0.5,  # integer outputs compared exactly, like verify_accept: cheap per case
         interpreter_generated=150,
     )

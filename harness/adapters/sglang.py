@@ -98,7 +98,7 @@ def stand_in(helpers: dict[str, dict], packages=()) -> None:
         stub = sys.modules.get(mod)
         if stub is None or not getattr(stub, STAND_IN, False):
             stub = types.ModuleType(mod, f"verify-parity stand-in for {mod} (harness.adapters: SHIMMED)")
-            setattr(stub, STAND_IN, True)
+            stub.__dict__[STAND_IN] = True  # a module made here: its names are filled in, nothing is rebound
             sys.modules[mod] = stub
         for name, fn in names.items():
             stub.__dict__.setdefault(name, fn)

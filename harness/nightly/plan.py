@@ -14,8 +14,8 @@ from harness.ops import builtin_specs
 
 # the ops the nightly checks (OpSpec.nightly), in harness.ops.BUILTIN order
 OPS = tuple(name for name, spec in builtin_specs().items() if spec.nightly)
-# op -> the op whose parity step runs its cases too (OpSpec.nightly_with)
-NIGHTLY_WITH = {name: spec.nightly_with for name, spec in builtin_specs().items() if spec.nightly_with}
+# op -> its nightly group (OpSpec.nightly_group): the ops of a group share one parity step
+NIGHTLY_GROUP = {name: spec.nightly_group for name, spec in builtin_specs().items() if spec.nightly_group}
 # parity workers of an op relative to the others (OpSpec.parity_weight: implementations per case)
 PARITY_WEIGHT = {name: spec.parity_weight for name, spec in builtin_specs().items() if spec.parity_weight != 1}
 # Phase 0 oversubscribes the host (H200 nightly of 2026-11-29: 26 processes on 16 cores). The gate's runs
@@ -195,13 +195,16 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
 
 
 def parity_groups(ops: list[str]) -> dict[str, list[str]]:
-    """The parity steps: step op -> the ops whose cases it runs (itself, then those that name it in
-    ``OpSpec.nightly_with``, when they are among ``ops``; one whose partner is not chosen gets a step
-    of its own)."""
-    groups = {op: [op] for op in ops if NIGHTLY_WITH.get(op) not in ops}
+    """The parity steps: step op -> the ops whose cases it runs, in ``ops`` order: an op of no group alone;
+    the chosen ops of one group (``OpSpec.nightly_group``) together, in the step of the first of them."""
+    groups: dict[str, list[str]] = {}
+    first: dict[str, str] = {}
     for op in ops:
-        if op not in groups:
-            groups[NIGHTLY_WITH[op]].append(op)
+        g = NIGHTLY_GROUP.get(op)
+        if g is None:
+            groups[op] = [op]
+        else:
+            groups.setdefault(first.setdefault(g, op), []).append(op)
     return groups
 
 
