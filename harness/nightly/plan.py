@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.ops import builtin_specs
+from harness.ops import BUILTIN, builtin_specs
 
 # the ops the nightly checks (OpSpec.nightly), in harness.ops.BUILTIN order
 OPS = tuple(name for name, spec in builtin_specs().items() if spec.nightly)
@@ -195,11 +195,12 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
 
 
 def parity_groups(ops: list[str]) -> dict[str, list[str]]:
-    """The parity steps: step op -> the ops whose cases it runs, in ``ops`` order: an op of no group alone;
-    the chosen ops of one group (``OpSpec.nightly_group``) together, in the step of the first of them."""
+    """The parity steps: step op -> the ops whose cases it runs, in ``harness.ops.BUILTIN`` order: an op of
+    no group alone; the chosen ops of one group (``OpSpec.nightly_group``) together, in the step of the
+    first of them."""
     groups: dict[str, list[str]] = {}
     first: dict[str, str] = {}
-    for op in ops:
+    for op in sorted(ops, key=lambda o: BUILTIN.index(o) if o in BUILTIN else len(BUILTIN)):
         g = NIGHTLY_GROUP.get(op)
         if g is None:
             groups[op] = [op]
