@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.cli.setup import load_registry, load_specs, plugin_specs, select_impls, setup
+from harness.registry import nan_policy_of
 from harness.usage import UsageError
 
 
@@ -29,6 +30,7 @@ def cmd_list(args) -> int:
                 continue
             pol = f" fp8_policy={impl.fp8_policy}" if impl.fp8_policy else ""
             pol += f" precision={impl.precision}"
+            pol += f" nan_policy={nan_policy_of(spec, impl)}" if spec.nan_policies else ""
             pol += f" may_write={','.join(impl.may_write)}" if impl.may_write else ""
             src = f"  [{impl.source}]" if impl.source else ""
             print(f"  - {impl.name:36s} {impl.kind:9s}{pol}  {impl.doc}{src}")

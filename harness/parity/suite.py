@@ -20,7 +20,7 @@ from harness.parity import runners
 from harness.parity import stages
 from harness.devices import Device
 from harness.ledger import verdicts as ledger_verdicts
-from harness.registry import Impl, OpSpec, Registry
+from harness.registry import Impl, OpSpec, Registry, nan_policy_of
 from reports.rows import FAILING, ParityRow, Provenance, git_sha, parity_row
 
 
@@ -80,7 +80,8 @@ def repro_line(p: Planned, impl: Impl, dev: Device) -> str:
 def _where(p: Planned, impl: Impl, dev: Device, seconds: float, prov: Provenance) -> dict:
     """The columns of every row of one (implementation, case) run but the check's own (``parity_row``)."""
     return dict(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display, fp8_policy=impl.fp8_policy,
-                precision=impl.precision, repro=repro_line(p, impl, dev), seconds=seconds, **prov.__dict__)
+                precision=impl.precision, nan_policy=nan_policy_of(p.spec, impl), repro=repro_line(p, impl, dev),
+                seconds=seconds, **prov.__dict__)
 
 
 def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov: Provenance,
