@@ -38,7 +38,7 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
         prec = frame.groupby(keys[:3])["precision"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))
         out.insert(4 if "fp8_policy" in out else 3, "precision", out.set_index(keys[:3]).index.map(prec).fillna(""))
     if "nan_policy" in frame and (frame["nan_policy"].fillna("") != "").any():  # the NaN handling it is held to
-        nan = frame.groupby(keys[:3])["nan_policy"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x and x})))
+        nan = frame.groupby(keys[:3])["nan_policy"].agg(lambda p: ",".join(sorted({x for x in p if isinstance(x, str) and x})))
         out.insert(list(out.columns).index("kind") + 1 + ("fp8_policy" in out) + ("precision" in out), "nan_policy",
                    out.set_index(keys[:3]).index.map(nan).fillna(""))
     return out

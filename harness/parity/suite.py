@@ -94,7 +94,8 @@ def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov:
     if res.refused:
         return [parity_row(compare.Record("can_handle", False, detail=res.refused), status="refused", **where)]
     known, silent = ledger_verdicts(ledger, p.spec.name, impl.name, p.case,
-                                    [r.check for r in res.records if not r.passed])
+                                    [r.check for r in res.records if not r.passed],
+                                    inputs=lambda: built_inputs(p, dev))
     rows = [parity_row(r, status="pass" if r.passed else "known" if r.check in known else "fail",
                        known=known.get(r.check, ""), **where)
             for r in res.records]
@@ -105,6 +106,22 @@ def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov:
                         status="fail", known=e.id, **where)
              for e in silent]
     return rows
+
+
+_BUILT: dict = {}  # the last case's inputs (rows_for asks once per implementation of a case)
+
+
+def built_inputs(p: Planned, dev: Device) -> dict:
+    """The keyword arguments planned case ``p`` gives an implementation (``OpSpec.build_inputs``, the same
+    seeded draws as the run's), on the host: what a ``harness.ledger.KnownFailureOnInputs`` reads."""
+    import torch
+
+    key = (p.spec.name, p.full_id, dev)
+    if key not in _BUILT:
+        _BUILT.clear()
+        _BUILT[key] = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                       for k, v in p.spec.build_inputs(p.case, dev).items()}
+    return _BUILT[key]
 
 
 _WORKER: tuple | None = None
