@@ -320,7 +320,8 @@ def numeric_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor, re
 
 def exact(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Record:
     """Byte-identical contract (fp8 bytes, cache rows, indices). Compared on ``got``'s device; the
-    host gets the count and the first ``WORST_K`` differing elements' bytes."""
+    host gets the count and the first ``WORST_K`` differing elements: their bytes for a float dtype,
+    their values for an integer or bool one (``(0, 2): 17 != 42``)."""
     return resolve_one(exact_check(check, got, want))
 
 
@@ -338,7 +339,11 @@ def exact_check(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Che
     if n:
         elem_bad = bad.reshape(*got.shape, -1).any(-1) if got.dim() else bad.any().reshape(())
         idxs = torch.nonzero(elem_bad)[:WORST_K].tolist()
-        worst = "; ".join(f"{tuple(i)}: {gb[tuple(i)].tolist()} != {wb[tuple(i)].tolist()}" for i in idxs)
+        if got.dtype.is_floating_point or got.dtype.is_complex:  # bytes: NaN payloads, -0 and fp8 codes show
+            worst = "; ".join(f"{tuple(i)}: {gb[tuple(i)].tolist()} != {wb[tuple(i)].tolist()}" for i in idxs)
+        else:  # integers (token ids, lengths, indices) and bools: their values
+            g, w = at_home(got), on_device_of(want, gb)
+            worst = "; ".join(f"{tuple(i)}: {g[tuple(i)].item()} != {w[tuple(i)].item()}" for i in idxs)
     return Record(check, n == 0, mismatch_frac=n / max(1, gb.numel()), worst=worst,
                   detail="" if n == 0 else f"{n} bytes differ")
 

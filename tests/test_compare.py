@@ -286,3 +286,17 @@ def test_where_a_check_computes(monkeypatch):
     assert compare.home(small) == meta  # the default: the tensor's own device
     with pytest.raises(ValueError, match="VP_COMPARE_ON: expected device, cpu or auto"):
         compare.home(small, "gpu")
+
+
+def test_exact_prints_integer_values_and_float_bytes():
+    """An ``exact:`` failure on an integer output (token ids, lengths) names the values, as a user reads
+    them (``-1``, not ``[255, 255, 255, 255]``); a float output keeps its bytes (fp8 codes, NaN payloads)."""
+    want = torch.tensor([[5, 151935], [7, -1]], dtype=torch.int32)
+    got = torch.tensor([[5, 151935], [-1, 42]], dtype=torch.int32)
+    r = compare.exact("exact:output_ids", got, want)
+    assert not r.passed and r.worst == "(1, 0): -1 != 7; (1, 1): 42 != -1", r.worst
+    r = compare.exact("exact:accept_length", torch.tensor(3, dtype=torch.int64), torch.tensor(2, dtype=torch.int64))
+    assert r.worst == "(): 3 != 2", r.worst
+    assert compare.exact("x", torch.tensor([True, False]), torch.tensor([True, True])).worst == "(1,): False != True"
+    f = compare.exact("exact:q8", torch.tensor([1.0], dtype=torch.bfloat16), torch.tensor([2.0], dtype=torch.bfloat16))
+    assert f.worst == "(0,): [128, 63] != [0, 64]", f.worst
