@@ -48,8 +48,9 @@ def generated_count(spec: OpSpec, profile: Profile, *, interpreted: bool, genera
 
 
 def plan_cases(spec: OpSpec, profile: Profile, *, seed: int = 0, generated: int | None = None,
-               interpreted: bool = False) -> list[Planned]:
-    cat = spec.catalog(big=profile.big)
+               interpreted: bool = False, named: bool = True) -> list[Planned]:
+    """The op's named catalog (none with ``named=False``), then its generated cases for ``seed``."""
+    cat = spec.catalog(big=profile.big) if named else []
     n = generated_count(spec, profile, interpreted=interpreted, generated=generated)
     gen = base.draw(spec.strategy(), n, rng_seed=seed) if n else []
     return [Planned(spec, c) for c in cat + gen]
@@ -291,20 +292,20 @@ def lost_rows(p: Planned, impl: Impl, dev: Device, u: Unfinished, prov: Provenan
 
 def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,
         shard_spec: str | None = None, generated: int | None = None, progress: bool = True,
-        case_filter: str | None = None, jobs: int = 1, plugin_specs: tuple[str, ...] = (),
+        case_filter: str | None = None, generated_only: bool = False, jobs: int = 1, plugin_specs: tuple[str, ...] = (),
         ledger: tuple = (), case_timeout_s: float | None = None, stack_dir=None, isolate: bool = False,
         stage_table: stages.Table | None = None) -> list[ParityRow]:
     """Every planned (case, implementation) run's rows, in plan order. Cases complete in any order
     (one slow or hung case holds back nothing); a case past ``case_timeout_s`` (default:
     ``default_case_timeout``) gets ``timeout`` rows, its stack in ``stack_dir``. Ctrl-C or SIGTERM
     keeps every row that completed. ``stage_table`` collects the stages' wall time
-    (``harness.parity.stages``)."""
+    (``harness.parity.stages``). ``generated_only``: no case of the named catalogs, the generated ones only."""
     prov = provenance(dev, profile, seed)
     work = []
     for op in ops:
         spec = reg.ops[op]
-        planned = shard(plan_cases(spec, profile, seed=seed, generated=generated, interpreted=dev.interpreted),
-                        shard_spec)
+        planned = shard(plan_cases(spec, profile, seed=seed, generated=generated, interpreted=dev.interpreted,
+                                   named=not generated_only), shard_spec)
         if case_filter:
             planned = [p for p in planned if case_filter in p.display or case_filter in p.full_id]
         work += [(p, i) for p in planned for i in impls if i.op == op]
