@@ -320,7 +320,8 @@ def numeric_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor, re
 
 def exact(check: str, got: torch.Tensor | None, want: torch.Tensor) -> Record:
     """Byte-identical contract (fp8 bytes, cache rows, indices). Compared on ``got``'s device; the
-    host gets the count and the first ``WORST_K`` differing elements' bytes."""
+    host gets the count and the first ``WORST_K`` differing elements: their bytes for a float dtype,
+    their values for an integer or bool one (``(0, 2): 17 != 42``)."""
     return resolve_one(exact_check(check, got, want))
 
 

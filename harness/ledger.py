@@ -9,12 +9,20 @@ the checks that fail, the cause and where it lives upstream. In a parity run (``
     failing row ``ledger:<entry id>``: the bug looks fixed — narrow or remove the entry (a waiver must
     not outlive its bug).
 Ledgers live in ``cases/ledgers/<name>.py`` (``LEDGER``); ``--ledger NAME`` or ``--ledger module:attr``.
+
+Two entry types (docs/plugins.md, "Known-failure ledgers"):
+  * ``KnownFailure``: the pattern is a predicate over the case dataclass (``when(case)``);
+  * ``KnownFailureOnInputs``: a failure that depends on the case's data (a NaN row, a value that
+    cancels), listed exactly: ``when(case)`` narrows by the case first, then
+    ``when_inputs(case, inputs)`` decides on the inputs as built for the run (the same seeded
+    draws the implementation got, copied to the host). A case the data does not hit is not
+    covered: it must pass, and a case it hits must fail as the entry says.
 """
 from __future__ import annotations
 
 import fnmatch
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +45,34 @@ class KnownFailure:
         if not self.impls or not self.checks:
             raise ValueError(f"known failure {self.id}: impls and checks must not be empty")
 
-    def covers(self, op: str, impl: str, case) -> bool:
+    def covers(self, op: str, impl: str, case, inputs: Callable[[], Mapping] | None = None) -> bool:
+        """Whether the entry covers ``impl`` of ``op`` on ``case``; ``inputs``: a zero-argument callable
+        returning the case's built inputs (read only by ``KnownFailureOnInputs``)."""
         return op == self.op and impl in self.impls and bool(self.when(case))
 
     def explains(self, check: str) -> bool:
         return any(fnmatch.fnmatchcase(check, p) for p in self.checks)
+
+
+@dataclass(frozen=True)
+class KnownFailureOnInputs(KnownFailure):
+    """A known failure whose pattern needs the case's data: ``when(case)`` first (cheap; True for every
+    case the data may hit), then ``when_inputs(case, inputs)`` over the keyword arguments the
+    implementation was called with (``OpSpec.build_inputs`` of the case, copied to the host; read
+    them, never write them). ``pattern`` says both in words."""
+    when_inputs: Callable[[Any, Mapping], bool]
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not callable(self.when_inputs):
+            raise ValueError(f"known failure {self.id}: when_inputs must be callable (case, inputs) -> bool")
+
+    def covers(self, op: str, impl: str, case, inputs: Callable[[], Mapping] | None = None) -> bool:
+        if not super().covers(op, impl, case):
+            return False
+        if inputs is None:
+            raise ValueError(f"known failure {self.id}: its condition reads the case's inputs; none given")
+        return bool(self.when_inputs(case, inputs()))
 
 
 def load(spec: str) -> tuple[KnownFailure, ...]:
@@ -61,9 +92,11 @@ def load(spec: str) -> tuple[KnownFailure, ...]:
     return entries
 
 
-def verdicts(ledger, op: str, impl: str, case, failing: list[str]) -> tuple[dict[str, str], list[KnownFailure]]:
-    """(check -> id of the entry explaining it, entries covering the case that explain none of ``failing``)."""
-    covering = [e for e in ledger if e.covers(op, impl, case)]
+def verdicts(ledger, op: str, impl: str, case, failing: list[str], inputs: Callable[[], Mapping] | None = None
+             ) -> tuple[dict[str, str], list[KnownFailure]]:
+    """(check -> id of the entry explaining it, entries covering the case that explain none of ``failing``).
+    ``inputs``: a zero-argument callable returning the case's built inputs, for ``KnownFailureOnInputs``."""
+    covering = [e for e in ledger if e.covers(op, impl, case, inputs)]
     known = {}
     for check in failing:
         for e in covering:

@@ -36,7 +36,7 @@ from harness import tolerance
 # the plugin API is imported from here (docs/plugins.md)
 __all__ = ["ENTRY_POINT_GROUP", "ENTRY_POINT_SOURCE", "KINDS", "ROLES", "DistributionPlan", "Effect", "GpuPlan", "Impl",
            "KillPlan", "OpSpec", "OutputSpec", "Registry", "always", "can_handle_takes_inputs", "cwd_on_path",
-           "parse_spec"]
+           "nan_policy_of", "parse_spec"]
 
 
 # ----------------------------------------------------------------------------- an op
@@ -142,6 +142,10 @@ class OpSpec:
     # stored in the fp8 cache before attention: the kernel attends to the stored drafts). The class's
     # records compare the output and its emulated chain with that oracle instead of the op's own
     rounding_oracle_inputs: Mapping[str, Callable[[dict], dict]] = field(default_factory=dict)
+    # NaN handling an implementation may declare (``Impl.nan_policy``) -> keyword arguments that make
+    # ``reference`` and ``oracle`` honour it; the first is the default, what an undeclared one is held to
+    # ({}: the op has one NaN rule, no choice)
+    nan_policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # --- what the shared machinery needs about the op (it loops over the registry, naming no op)
     # output or written buffer name -> its tolerance, replacing the dtype's floor (harness.tolerance)
     tolerances: Mapping[str, tolerance.Tolerance] = field(default_factory=dict)
@@ -172,6 +176,12 @@ class OpSpec:
         if output in self.tolerances:
             return self.tolerances[output]
         return tolerance.floor(self.name, output, dtype)
+
+
+def nan_policy_of(spec: OpSpec, impl) -> str:
+    """The NaN policy ``impl`` is held to: its declared ``nan_policy``, else the op's default (the first
+    of ``spec.nan_policies``); "" for an op without NaN policies."""
+    return impl.nan_policy or next(iter(spec.nan_policies), "")
 
 
 # ----------------------------------------------------------------------------- an implementation
@@ -214,6 +224,9 @@ class Impl:
     # with a copy of the exact inputs fn will get (a vendor's own check on the real tensors)
     can_handle: Callable[..., bool | str] = always
     fp8_policy: str = ""  # declared fp8 overflow policy, shown in reports
+    # declared NaN handling, one of its op's ``OpSpec.nan_policies`` ("": the op's default); the reference
+    # and oracle it is held to honour it (``nan_policy_of``), and reports show it
+    nan_policy: str = ""
     doc: str = ""
     catches: tuple[str, ...] = field(default=())  # mutants: checks expected to flag it
     # the roundings its design makes on purpose, "+"-joined (harness.tolerance.PRECISION_CLASSES);
@@ -303,6 +316,9 @@ class Registry:
             raise ValueError(f"{impl.key}: precision {impl.precision!r} names rounding(s) {undefined} that op "
                              f"{impl.op!r} does not emulate (its OpSpec.roundings: "
                              f"{sorted(spec.roundings) or 'none'}); without an emulated chain there is no allowance")
+        if impl.nan_policy and impl.nan_policy not in spec.nan_policies:
+            raise ValueError(f"{impl.key}: nan_policy {impl.nan_policy!r} is not one op {impl.op!r} can check "
+                             f"(its OpSpec.nan_policies: {list(spec.nan_policies) or 'none'})")
         if not impl.name or any(c in impl.name for c in ",[]"):
             raise ValueError(f"{impl.key}: name must be non-empty, without ',', '[' or ']' "
                              f"(--impl module:attr[name,...] selects by it)")

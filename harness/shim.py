@@ -20,10 +20,23 @@ returns NaN on fp8 overflow, torch 2.13 saturates). It also upcasts bf16/fp16 op
 reads a one-element tensor as a Python int the way 3.9 does: 3.6 keeps a scalar loaded
 through a pointer as a 1-element array and its ``__index__`` calls ``int()`` on it, which
 numpy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"), so every
-``range()`` over loaded bounds (the verify_attention prefix loops) raised. Nothing else is
-changed: bf16 *arithmetic* inside a kernel is still wrong under the interpreter, which is why
-kernels upcast to fp32 right after loading. The GPU run is the judge: ``tests/test_shim.py`` checks on a GPU that compiled
-conversions agree byte for byte with this shim.
+``range()`` over loaded bounds (the verify_attention prefix loops) raised.
+
+Vendor kernels (vLLM's, issue 35) meet two more defects, fixed here too:
+
+* bf16 arithmetic inside a kernel: the interpreter hands the uint16 bit patterns to numpy, so
+  ``tl.sum(q[None, :] * k, 1)`` on bf16 multiplies and adds bit patterns (and ``<`` orders them
+  as unsigned integers). The shim decodes, computes in fp32 and rounds to bf16 per operation, as
+  compiled Triton does; reductions and scans of bf16 and fp16 round after every addition
+  (``_install_half_arithmetic``). An atomic on bf16 is refused (``InterpreterConstructError``).
+* ``and`` / ``or`` / ``not`` on tensors: the interpreter runs them as Python, which asks whether a
+  whole block is true (``a >= 0 and a < n`` returns ``a < n``); compiled Triton makes them
+  elementwise. The shim's source rewrite makes them elementwise (``_install_boolean_operators``).
+
+Kernels that upcast to fp32 right after loading (ours) compute the same with or without these.
+The GPU run is the judge: ``tests/test_shim.py`` checks on a GPU that compiled
+conversions agree byte for byte with this shim, and that the vendor-style mini kernels give the
+same right answers there.
 
 ``install()`` is idempotent and is called only by ``harness.devices``; ``SHIM_ID`` goes into
 every row's provenance.
@@ -33,7 +46,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-SHIM_ID = "vp-interp-shim/2 (bf16 RNE, fp8 RNE+satfinite, bf16 dot upcast, rtz bf16/fp16, rtz fp8 refused)"
+SHIM_ID = ("vp-interp-shim/3 (bf16 RNE, fp8 RNE+satfinite, bf16 dot upcast, rtz bf16/fp16, rtz fp8 refused, "
+           "bf16 arithmetic in fp32, half reductions rounded per add, elementwise and/or/not)")
 
 _installed = False
 
@@ -152,6 +166,8 @@ def install() -> None:
 
     it._patch_lang_tensor = patch_lang_tensor
     _install_nested_call_fast_path(it, tl)
+    _install_half_arithmetic(it, tl)
+    _install_boolean_operators(it, tl)
     _installed = True
 
 
@@ -189,3 +205,246 @@ def _install_nested_call_fast_path(it, tl) -> None:
 
 def installed() -> bool:
     return _installed
+
+
+class InterpreterConstructError(NotImplementedError):
+    """A kernel uses a construct whose compiled result the interpreter cannot reproduce and the shim
+    does not fix: the launch is refused on the CPU (one line naming the construct and the kernel)
+    rather than let a wrong CPU answer pass or fail a check."""
+
+
+_LAUNCHED: list[str] = []  # the kernel each active interpreter launch runs (innermost last)
+
+
+def _refuse(construct: str) -> None:
+    kernel = _LAUNCHED[-1] if _LAUNCHED else "?"
+    raise InterpreterConstructError(f"kernel {kernel}: {construct} is refused on the CPU: the Triton interpreter "
+                                    f"computes it differently from compiled Triton (harness.shim); run it on a GPU")
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """Exact decode of bf16 bit patterns (the interpreter's uint16 storage) to fp32."""
+    return (np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _f32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """fp32 -> bf16 bit patterns, nearest even (``convert``, the shim's one definition)."""
+    t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    return _from_torch(convert(t, torch.bfloat16)).reshape(np.shape(values))
+
+
+def _round_half(values: np.ndarray, dtype) -> np.ndarray:
+    """Round fp32 values to ``dtype`` (bf16 or fp16) and return them as fp32 again."""
+    if str(dtype) == "bf16":
+        return _bf16_to_f32(_f32_to_bf16(values))
+    return np.asarray(values, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+
+def _decode_half(data: np.ndarray, dtype) -> np.ndarray:
+    return _bf16_to_f32(data) if str(dtype) == "bf16" else np.asarray(data).astype(np.float32)
+
+
+def _encode_half(values: np.ndarray, dtype) -> np.ndarray:
+    return _f32_to_bf16(values) if str(dtype) == "bf16" else np.asarray(values, dtype=np.float32).astype(np.float16)
+
+
+def pairwise_half_sum(values: np.ndarray, axis: int, dtype) -> np.ndarray:
+    """Sum fp32 ``values`` (each already a ``dtype`` value) along ``axis`` as a reduction in ``dtype``
+    does on the GPU: every addition rounds to ``dtype``, in a tree (neighbours first, then pairs of
+    pairs, as lanes combine). The GPU's order depends on the layout, so this agrees with a compiled
+    sum to within its rounding, not bit for bit. Returns fp32 values of ``dtype``."""
+    x = np.moveaxis(np.asarray(values, dtype=np.float32), axis, -1)
+    if x.shape[-1] == 0:
+        return np.zeros(x.shape[:-1], dtype=np.float32)
+    while x.shape[-1] > 1:
+        if x.shape[-1] % 2:  # an odd one out waits for the next level (adding 0 would be exact anyway)
+            x = np.concatenate([x, np.zeros(x.shape[:-1] + (1,), dtype=np.float32)], axis=-1)
+        x = _round_half(x[..., 0::2] + x[..., 1::2], dtype)
+    return x[..., 0]
+
+
+def _install_half_arithmetic(it, tl) -> None:
+    """bf16 arithmetic inside a kernel, and bf16/fp16 reductions, computed as compiled Triton does.
+
+    The interpreter keeps bf16 as uint16 bit patterns and hands them to numpy as integers: ``q * k``
+    on bf16 multiplies the bit patterns, ``tl.sum`` adds them, ``tl.max`` and comparisons order them
+    as unsigned integers (negative values above positive ones), ``tl.exp`` exponentiates them.
+    Compiled Triton computes each bf16 operation in fp32 and rounds the result to bf16 (nearest
+    even); for +, -, *, / and sqrt the fp32 result rounded to bf16 is the correctly rounded bf16
+    result (fp32 has more than 2·8+2 bits), so this is exact per operation. An fma rounds from fp64.
+    fp16 elementwise arithmetic is numpy's own half type, rounded per operation as on the GPU; only
+    its sum and cumulative sum accumulated in fp32 (more accurate than the GPU): both half types now
+    round every addition of a reduction or scan (``pairwise_half_sum``). Atomics on bf16 are refused
+    (``InterpreterConstructError``)."""
+    B = it.InterpreterBuilder
+    bf16 = tl.bfloat16
+
+    def is_bf16(h) -> bool:
+        return getattr(h, "dtype", None) == bf16
+
+    def up(h):
+        return it.TensorHandle(_bf16_to_f32(h.data), tl.float32) if is_bf16(h) else h
+
+    def round_back(out, dtype):
+        data = out.data
+        if data.dtype == np.float32:  # arithmetic; comparisons stay boolean
+            data = _f32_to_bf16(data)
+        return it.TensorHandle(data, dtype)
+
+    orig_binary, orig_unary, orig_clamp = B.binary_op, B.unary_op, B.create_clampf
+    orig_rsqrt, orig_erf = B.create_rsqrt, B.create_erf
+
+    def binary_op(self, lhs, rhs, op):
+        if not (is_bf16(lhs) or is_bf16(rhs)):
+            return orig_binary(self, lhs, rhs, op)
+        return round_back(orig_binary(self, up(lhs), up(rhs), op), lhs.dtype)
+
+    def unary(orig):
+        def call(self, arg, *rest):
+            if not is_bf16(arg):
+                return orig(self, arg, *rest)
+            return round_back(orig(self, up(arg), *rest), arg.dtype)
+        return call
+
+    def clampf(self, arg, lo, hi, propagate_nans):
+        if not is_bf16(arg):
+            return orig_clamp(self, arg, lo, hi, propagate_nans)
+        return round_back(orig_clamp(self, up(arg), up(lo), up(hi), propagate_nans), arg.dtype)
+
+    def fma(self, x, y, z, _orig=B.create_fma):
+        if not any(is_bf16(h) for h in (x, y, z)):
+            return _orig(self, x, y, z)
+        exact = np.add(np.multiply(up(x).data, up(y).data, dtype=np.float64), up(z).data, dtype=np.float64)
+        return it.TensorHandle(_f32_to_bf16(exact.astype(np.float32)), z.dtype)
+
+    def atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope, _orig=B.create_atomic_rmw):
+        if is_bf16(val):
+            _refuse("an atomic read-modify-write on bf16")
+        return _orig(self, rmwOp, ptr, val, mask, sem, scope)
+
+    B.binary_op, B.unary_op, B.create_clampf, B.create_fma = binary_op, unary(orig_unary), clampf, fma
+    B.create_rsqrt, B.create_erf, B.create_atomic_rmw = unary(orig_rsqrt), unary(orig_erf), atomic_rmw
+
+    def half(t) -> bool:
+        return t.dtype in (bf16, tl.float16)
+
+    R, S = it.ReduceOps, it.ScanOps
+    orig_sum, orig_min_max, orig_cumsum, orig_cumprod = R.sum, R.min_max, S.cumsum, S.cumprod
+
+    def reduce_sum(self, input):
+        if not half(input):
+            return orig_sum(self, input)
+        x, axis = _decode_half(input.handle.data, input.dtype), self.axis
+        if axis is None:
+            x, axis = x.reshape(-1), 0
+        total = pairwise_half_sum(x, axis, input.dtype)
+        if self.keep_dims:
+            total = np.expand_dims(total, axis) if self.axis is not None else total.reshape((1,) * input.handle.data.ndim)
+        elif self.axis is None:
+            return self.to_tensor(_encode_half(total, input.dtype).item(), input.dtype)
+        return self.to_tensor(_encode_half(total, input.dtype), input.dtype)
+
+    def min_max(self, input, val_reduce_op, idx_reduce_op=None):
+        input = input[0] if isinstance(input, tuple) else input
+        if input.dtype != bf16:
+            return orig_min_max(self, input, val_reduce_op, idx_reduce_op)
+        x, kw = _bf16_to_f32(input.handle.data), {"axis": self.axis, "keepdims": self.keep_dims}
+        val = self.to_tensor(_f32_to_bf16(np.asarray(val_reduce_op(x, **kw))), bf16) if val_reduce_op else None
+        idx = self.to_tensor(idx_reduce_op(x, **kw), tl.int32) if idx_reduce_op else None
+        return (val, idx) if val is not None and idx is not None else (val if val is not None else idx)
+
+    def scan(orig, step):
+        def call(self, input):
+            if not half(input):
+                return orig(self, input)
+            x = np.moveaxis(_decode_half(input.handle.data, input.dtype), self.axis, -1).copy()
+            for i in range(1, x.shape[-1]):  # a scan combines in order, rounding every step
+                x[..., i] = _round_half(step(x[..., i - 1], x[..., i]), input.dtype)
+            out = _encode_half(np.moveaxis(x, -1, self.axis), input.dtype)
+            return [self.to_tensor(np.ascontiguousarray(out), input.dtype)]
+        return call
+
+    R.sum, R.min_max = reduce_sum, min_max
+    S.cumsum, S.cumprod = scan(orig_cumsum, np.add), scan(orig_cumprod, np.multiply)
+
+    orig_grid_call = it.GridExecutor.__call__
+
+    def grid_call(self, *args, **kwargs):
+        _LAUNCHED.append(getattr(self.fn, "__name__", "?"))
+        try:
+            return orig_grid_call(self, *args, **kwargs)
+        finally:
+            _LAUNCHED.pop()
+
+    it.GridExecutor.__call__ = grid_call
+
+
+BOOL_OP = "_vp_shim_bool_op"  # the names the rewritten kernels call (put into the interpreter's globals)
+NOT_OP = "_vp_shim_not"
+
+
+def bool_op(is_and: bool, *operands):
+    """``a and b`` / ``a or b`` as compiled Triton's code generator evaluates it: operands in order;
+    a Python value (a constexpr) short-circuits as in Python, a tensor never does; the tensors are
+    combined elementwise (``logical_and`` / ``logical_or``) and a result made only of Python values is
+    Python's. Each operand comes as a function, so a short-circuit skips the rest. Tensors that are
+    not booleans are compared with 0 first (compiled Triton refuses them)."""
+    import triton.language as tl
+
+    tensors, value = [], None
+    for operand in operands:
+        value = operand()
+        if isinstance(value, tl.tensor):
+            tensors.append(value if value.dtype == tl.int1 else value != 0)
+        elif bool(value) is not is_and:
+            return value
+    if not tensors:
+        return value
+    result = tensors[-1]
+    for t in reversed(tensors[:-1]):
+        result = t.logical_and(result) if is_and else t.logical_or(result)
+    return result
+
+
+def not_op(value):
+    """``not x``: elementwise for a tensor (compiled Triton's ``__not__``), Python's for a Python value."""
+    import triton.language as tl
+
+    if isinstance(value, tl.tensor):
+        return (value if value.dtype == tl.int1 else value != 0).__not__()
+    return not value
+
+
+def _install_boolean_operators(it, tl) -> None:
+    """``and``, ``or`` and ``not`` on tensors, as compiled Triton computes them.
+
+    The interpreter runs a kernel as Python, so ``a >= 0 and a < n`` asks Python whether the block
+    ``a >= 0`` is true; the interpreter answers True for any tensor of more than one element and the
+    expression returns ``a < n`` (``or`` returns ``a >= 0``; ``not mask`` returns False). Compiled
+    Triton's code generator makes each an elementwise logical operation (vLLM's
+    ``load_qq_bias_tile`` masks this way). The shim extends the interpreter's source rewrite (it
+    already rewrites chained comparisons) to call ``bool_op`` / ``not_op`` instead."""
+    import ast
+
+    def thunk(expr):
+        empty = ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[])
+        return ast.Lambda(args=empty, body=expr)
+
+    class Rewrite(type(it.FunctionRewriter.ast_transformer)):
+        def visit_BoolOp(self, node):
+            node = self.generic_visit(node)
+            if any(isinstance(n, ast.NamedExpr) for v in node.values for n in ast.walk(v)):
+                return node  # an assignment expression must bind in the kernel's scope: left to Python
+            call = ast.Call(func=ast.Name(id=BOOL_OP, ctx=ast.Load()),
+                            args=[ast.Constant(value=isinstance(node.op, ast.And)), *map(thunk, node.values)], keywords=[])
+            return ast.copy_location(call, node)
+
+        def visit_UnaryOp(self, node):
+            node = self.generic_visit(node)
+            if not isinstance(node.op, ast.Not):
+                return node
+            return ast.copy_location(ast.Call(func=ast.Name(id=NOT_OP, ctx=ast.Load()), args=[node.operand], keywords=[]), node)
+
+    setattr(it, BOOL_OP, bool_op)  # _compile_and_exec copies the interpreter's globals into the kernel's
+    setattr(it, NOT_OP, not_op)
+    it.FunctionRewriter.ast_transformer = Rewrite()

@@ -27,7 +27,7 @@ def _str_columns(row_type: type) -> list[str]:
 
 # Columns added after CSVs were first written, with the value every older row meant: a previous
 # nightly's CSV (the baseline of the next) still reads.
-ADDED_COLUMNS = {"precision": "exact-fp32", "known": ""}
+ADDED_COLUMNS = {"precision": "exact-fp32", "known": "", "nan_policy": ""}
 # ... of one row type only (TimelineRow has a ``mode`` of its own, which must never be filled in):
 # PerfRow's mode, every row eager before graph-replayed rows were written
 ADDED_BY_TYPE = {PerfRow: {"mode": "eager"}}

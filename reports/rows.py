@@ -64,6 +64,7 @@ class ParityRow:
     seconds: float
     fp8_policy: str
     precision: str  # the implementation's declared precision class (harness.tolerance)
+    nan_policy: str  # the NaN handling it is held to (harness.registry.nan_policy_of; "": the op has no choice)
     known: str  # the ledger entry that explains this row ("" when none)
     repro: str
 
@@ -71,7 +72,7 @@ class ParityRow:
 def parity_row(record, *, status: str, known: str = "", **where) -> ParityRow:
     """The row of one check's record (a ``harness.compare.Record``): its check, measures, worst and
     detail copied as they are, with its ``status`` and ``known`` (the ledger entry that explains it);
-    ``where``: the other columns (op, impl, kind, case, seconds, fp8_policy, precision, repro and the
+    ``where``: the other columns (op, impl, kind, case, seconds, fp8_policy, precision, nan_policy, repro and the
     provenance's). Every ``ParityRow`` of a run is made here (``harness.parity.suite``)."""
     return ParityRow(check=record.check, status=status, err=record.err, ref_err=record.ref_err,
                      allowed=record.allowed, max_abs=record.max_abs, max_rel=record.max_rel,

@@ -15,7 +15,7 @@ MAX_REPRO_LINES = 40
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (op, impl): cases, cases passing every check, failing (``timeout`` among them: cases that
     gave no result in their time limit), known, refused; worst err/allowed; the implementation's
-    fp8_policy and precision class as its rows state them."""
+    fp8_policy, precision class and NaN policy (when some implementation has one) as its rows state them."""
     if frame.empty:
         return frame
     keys = ["op", "impl", "kind", "case"]
@@ -37,6 +37,10 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
     if "precision" in frame:  # each implementation's declared precision class (harness.tolerance), beside it
         prec = frame.groupby(keys[:3])["precision"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))
         out.insert(4 if "fp8_policy" in out else 3, "precision", out.set_index(keys[:3]).index.map(prec).fillna(""))
+    if "nan_policy" in frame and (frame["nan_policy"].fillna("") != "").any():  # the NaN handling it is held to
+        nan = frame.groupby(keys[:3])["nan_policy"].agg(lambda p: ",".join(sorted({x for x in p if isinstance(x, str) and x})))
+        out.insert(list(out.columns).index("kind") + 1 + ("fp8_policy" in out) + ("precision" in out), "nan_policy",
+                   out.set_index(keys[:3]).index.map(nan).fillna(""))
     return out
 
 

@@ -355,3 +355,24 @@ def test_repro_of_a_partial_case_id_prints_the_case_it_runs():
     reg = default_registry(with_mutants=False, with_plugins=False)
     full = first.split()[1]
     assert base.display_id("qk_norm_rope", parse_case_id(reg, full)[1]) == full
+
+
+def test_generated_only_runs_no_catalog_case(tmp_path):
+    """``--generated-only``: the generated cases of the seed, none of the named catalog (whose names the
+    rows would show); the same generated ids as a run with the catalog."""
+    from cases.verify_accept import catalog
+
+    args = ("run", "--op", "verify_accept", "--impl", "reference", "--generated", "2", "--quiet")
+    r = _run(*args, "--generated-only", "--csv", str(tmp_path / "gen.csv"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    gen = set(pd.read_csv(tmp_path / "gen.csv")["case"])
+    names = {f"verify_accept/{c.name}" for c in catalog.catalog()}
+    assert len(gen) == 2 and not gen & names, gen
+    from cases.profiles import current
+    from harness.ops import default_registry
+    from harness.parity.suite import plan_cases
+
+    planned = plan_cases(default_registry(with_plugins=False).ops["verify_accept"], current(), generated=2)
+    assert [p.display for p in planned[-2:]] == sorted(gen, key=[p.display for p in planned].index)  # the same draws
+    r = _run(*args, "--generated-only", "--case", "nan-rows", "--csv", str(tmp_path / "none.csv"))
+    assert r.returncode == 2 and "--case nan-rows" in r.stderr and "--generated-only" in r.stderr, r.stderr

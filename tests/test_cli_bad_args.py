@@ -87,7 +87,7 @@ def assert_refused(argv, env=None, needles=()):
 def _parity_rows(status=("pass", "pass")) -> pd.DataFrame:
     rows = [ParityRow(op="qk_norm_rope", impl="fused", kind="fused", case=f"case-{i}", check="numeric:q_out", status=s,
                       err=0.1, ref_err=0.1, allowed=1.0, max_abs=0.0, max_rel=0.0, mismatch_frac=0.0, nan_inf_mismatch=0,
-                      worst="", detail="", seconds=0.01, fp8_policy="", precision="exact-fp32", known="",
+                      worst="", detail="", seconds=0.01, fp8_policy="", precision="exact-fp32", nan_policy="", known="",
                       repro=f"python -m harness repro 'qk_norm_rope/case-{i}' --impl fused", **PROV)
             for i, s in enumerate(status)]
     return pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=columns(ParityRow))

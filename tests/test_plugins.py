@@ -475,3 +475,30 @@ def test_the_tutorial_runs_as_written(tmp_path):
     frame = pd.read_csv(tmp_path / "neox.csv")
     assert r.returncode == 0 and len(frame) and (frame["status"] == "refused").all(), r.stdout
     assert (frame["detail"] == "neox RoPE: this kernel rotates interleaved pairs only").all()
+
+
+def test_the_tutorials_counts_agree_with_a_run(tmp_path):
+    """Step 4's summary line and step 7's counts, as docs/plugins.md prints them, are those of the
+    catalog runs of steps 3 and 7 (they once said 9 refused in step 4 and 2 in step 7)."""
+    import re
+
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    tutorial = doc.split("## Ten-minute tutorial", 1)[1]
+    module = tutorial.split("```python\n", 1)[1].split("```", 1)[0]
+    fixed = tutorial.split("**7. Fix it**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    table = tutorial.split("**4. Read the summary**", 1)[1].split("```\n", 1)[1].split("```", 1)[0].splitlines()
+    step4 = dict(zip(reversed(table[0].split()), reversed(table[1].split())))  # right-aligned: fp8_policy is blank
+    step7 = re.search(r"Rerun step 3: `passed (\d+), failed (\d+), refused (\d+)`", tutorial)
+    assert step7, "step 7 states its counts"
+    base = ["run", "--op", "qk_norm_rope", "--impl", "my_kernel:MINE", "--device", "cpu", "--generated", "0", "--quiet"]
+    got = {}
+    for step, source in (("3", module), ("7", module.split("MINE = Impl(")[0] + fixed)):
+        (tmp_path / "my_kernel.py").write_text(source)
+        _cli([*base, "--csv", tmp_path / f"step{step}.csv"], tmp_path)
+        from reports.summary import summary
+
+        row = summary(pd.read_csv(tmp_path / f"step{step}.csv")).iloc[0]
+        got[step] = {k: int(row[k]) for k in ("cases", "passed", "failed", "refused")}
+    assert {k: int(step4[k]) for k in got["3"]} == got["3"], (step4, got["3"])
+    passed, failed, refused = map(int, step7.groups())
+    assert (passed, failed, refused) == (got["7"]["passed"], got["7"]["failed"], got["7"]["refused"]), got["7"]

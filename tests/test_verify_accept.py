@@ -475,3 +475,97 @@ def test_capture_safe_switches_off_the_value_checks_only(spec, device):
             ref.validate(**dict(kw, target_logits=kw["target_logits"].float()))
     with pytest.raises(checks.RangeError):
         ref.validate(**bad)
+
+
+# ----------------------------------------------------------------------------- NaN policies (issue 35)
+
+# (row, index under ``ignore``): NaN taken as -inf; a row with no number above -inf gives 0
+IGNORE_FACTS = [
+    ([1.0, NAN, 3.0, NAN], 2),
+    ([INF, NAN, INF], 0),
+    ([NAN, 5.0], 1),
+    ([NAN, NAN, NAN], 0),  # all NaN: as all -inf, the lowest index
+    ([-INF, NAN, -INF], 0),
+    ([NAN, -INF, -3.0], 2),
+    ([1.0, 3.0, 3.0, 2.0], 1),  # no NaN: as ``max``
+]
+
+
+@pytest.mark.parametrize("neg_nan", [False, True])
+def test_ignore_rule_on_hand_checked_rows(device, neg_nan):
+    """The chain and the NumPy oracle under ``nan_policy="ignore"``, on rows checked by hand."""
+    width = max(len(r) for r, _ in IGNORE_FACTS)
+    rows = [r + [-INF] * (width - len(r)) for r, _ in IGNORE_FACTS]
+    want = [i for _, i in IGNORE_FACTS]
+    kw = _fact_inputs(device, rows, neg_nan)
+    assert ref.row_argmax(kw["target_logits"].cpu(), "ignore")[::2].tolist() == want
+    assert ref.verify_accept(**kw, nan_policy="ignore")["output_ids"][:, 0].cpu().tolist() == want
+    assert [int(v) for v in ref.verify_accept_oracle(**kw, nan_policy="ignore")["output_ids"][:, 0]] == want
+    with pytest.raises(checks.ChoiceError, match="nan_policy"):
+        ref.verify_accept(**kw, nan_policy="min")
+
+
+NAN_CASES = ["nan-rows", "nan-every-row-all-accepted", "nan-and-ties", "strided-rows-padding-nan"]
+
+
+def _chain_ignoring_nan(**kw):
+    return ref.verify_accept(**kw, nan_policy="ignore")
+
+
+def _impl(name, fn, nan_policy):
+    from harness.registry import Impl
+
+    return Impl(OP, name, "external", fn, nan_policy=nan_policy)
+
+
+@pytest.mark.parametrize("name", NAN_CASES)
+def test_each_nan_policy_is_checked_exactly(spec, device, name):
+    """An implementation is held to the reference of the NaN policy it declares: the chain computing
+    ``ignore`` passes when it declares ``ignore`` and fails (``exact:output_ids``) when it declares
+    ``max`` or nothing; the fused kernel (``max``) fails when it declares ``ignore``."""
+    case = CATALOG[name]
+    assert_passes(spec, _impl("chain-ignore", _chain_ignoring_nan, "ignore"), case, device)
+    assert "exact:output_ids" in failed_checks(spec, _impl("chain-ignore-declared-max", _chain_ignoring_nan, "max"),
+                                               case, device)
+    assert "exact:output_ids" in failed_checks(spec, _impl("chain-ignore-undeclared", _chain_ignoring_nan, ""),
+                                               case, device)
+    assert "exact:output_ids" in failed_checks(spec, _impl("fused-declared-ignore", fused.verify_accept, "ignore"),
+                                               case, device)
+
+
+def test_nan_policies_agree_without_nan(spec, device):
+    """Where no row holds a NaN the two policies are one rule: a declared ``ignore`` changes nothing."""
+    assert_passes(spec, _impl("fused-declared-ignore", fused.verify_accept, "ignore"), CATALOG["ties-planted"], device)
+
+
+def test_an_undeclarable_nan_policy_is_refused_at_registration(registry):
+    from harness.registry import Registry
+
+    reg = Registry()
+    reg.add_op(registry.ops[OP])
+    with pytest.raises(ValueError, match="nan_policy 'min' is not one op 'verify_accept' can check"):
+        reg.add(_impl("x", fused.verify_accept, "min"))
+    reg.add_op(registry.ops["qk_norm_rope"])
+    from harness.registry import Impl
+
+    with pytest.raises(ValueError, match="its OpSpec.nan_policies: none"):
+        reg.add(Impl("qk_norm_rope", "x", "external", fused.verify_accept, nan_policy="ignore"))
+
+
+def test_report_shows_each_implementations_nan_policy(spec, device):
+    """The policy an implementation is held to is a column of its rows and of the run's summary."""
+    from cases.profiles import current
+    from harness.parity import suite
+    from reports.rows import to_frame
+    from reports.summary import summary
+
+    p = suite.plan_cases(spec, current("ci"), generated=0)
+    p = [x for x in p if x.case.name == "nan-rows"]
+    impls = [_impl("chain-ignore", _chain_ignoring_nan, "ignore"), _impl("plain", fused.verify_accept, "")]
+    prov = suite.provenance(device, current("ci"), 0)
+    rows = [r for impl in impls for r in suite.rows_for(p[0], impl, device, runners.run_case(spec, impl, p[0].case, device,
+                                                                                             determinism=False,
+                                                                                             poisoned=False), prov)]
+    s = summary(to_frame(rows)).set_index("impl")
+    assert s.loc["chain-ignore", "nan_policy"] == "ignore" and s.loc["plain", "nan_policy"] == "max"
+    assert s.loc["chain-ignore", "failed"] == 0 and s.loc["plain", "failed"] == 0

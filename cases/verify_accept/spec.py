@@ -69,13 +69,19 @@ def _compiled(*, target_logits, draft_tokens, qo_indptr):
 
 
 def _spec() -> OpSpec:
+    from reference.verify_accept import chain as r
+
     return stem_spec(
         OP, case_type="VerifyAcceptCase", reference="verify_accept",
         outputs=(OutputSpec("output_ids", "exact"), OutputSpec("accept_length", "exact")),
         effects=_no_effects,
         inputs=("target_logits", "draft_tokens", "qo_indptr"),
         doc="greedy (top-1) chain acceptance after the target forward: vocab argmax (lowest index among "
-            "equal maxima, NaN the maximum), accept length, bonus token, ids padded with -1",
+            "equal maxima; NaN the maximum, or -inf for an implementation declaring nan_policy='ignore'), accept "
+            "length, bonus token, ids padded with -1",
+        # the argmax's NaN rule an implementation declares (Impl.nan_policy): "max" as torch.argmax (the
+        # default), "ignore" as vLLM's greedy sampler (NaN taken as -inf); reference/verify_accept/chain.py
+        nan_policies={p: {"nan_policy": p} for p in r.NAN_POLICIES},
         kill=KILL,
         gpu=GPU,
         role="accept",  # the accept(n) step of every timeline: its n is what the backend rolls back to

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from harness.cli.setup import load_registry, load_specs, plugin_specs, select_impls, setup
+from harness.registry import nan_policy_of
 from harness.usage import UsageError
 
 INTERRUPTED = 130  # exit status of a run cut short by Ctrl-C or SIGTERM (128 + SIGINT, as a shell reports it)
@@ -34,6 +35,7 @@ def cmd_list(args) -> int:
                 continue
             pol = f" fp8_policy={impl.fp8_policy}" if impl.fp8_policy else ""
             pol += f" precision={impl.precision}"
+            pol += f" nan_policy={nan_policy_of(spec, impl)}" if spec.nan_policies else ""
             pol += f" may_write={','.join(impl.may_write)}" if impl.may_write else ""
             src = f"  [{impl.source}]" if impl.source else ""
             print(f"  - {impl.name:36s} {impl.kind:9s}{pol}  {impl.doc}{src}")
@@ -67,7 +69,8 @@ def cmd_run(args) -> int:
         arg, _, msg = str(exc).partition(": ")
         raise UsageError(arg, msg) from None
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit still leaves a CSV
-    if args.expect_fail and not args.broad and not (args.op or args.case or args.impl or args.generated):
+    if args.expect_fail and not args.broad and not (args.op or args.case or args.impl or args.generated
+                                                    or args.generated_only):
         from harness.gpu import mutants as gpu
         from harness.mutants import kills
 
@@ -95,14 +98,16 @@ def cmd_run(args) -> int:
     tally = suite.Tally()
     try:
         rows = suite.run(reg, dev=dev, profile=prof, ops=ops, impls=impls, seed=args.seed, shard_spec=args.shard,
-                         generated=args.generated, progress=not args.quiet, case_filter=args.case, jobs=args.jobs,
+                         generated=args.generated, progress=not args.quiet, case_filter=args.case,
+                         generated_only=args.generated_only, jobs=args.jobs,
                          plugin_specs=plugin_specs(args), ledger=known, case_timeout_s=args.case_timeout_s,
                          stack_dir=Path(args.csv).parent / "stacks", isolate=bool(args.case_timeout_s),
                          stage_table=table, tally=tally)
     except suite.NothingSelected as exc:  # a selection that matches nothing is a mistake: the last results stay
-        given = [(flag, v) for flag, v in (("--case", args.case), ("--impl", args.impl), ("--kind", args.kind),
-                                           ("--op", args.op)) if v]
-        said = [f"{flag} {','.join(v) if isinstance(v, list) else v}" for flag, v in given] or ["--op (every op)"]
+        given = [(flag, v) for flag, v in (("--case", args.case), ("--generated-only", args.generated_only),
+                                           ("--impl", args.impl), ("--kind", args.kind), ("--op", args.op)) if v]
+        said = [flag if v is True else f"{flag} {','.join(v) if isinstance(v, list) else v}" for flag, v in given] \
+            or ["--op (every op)"]
         raise UsageError(said[0], f"{exc}" + (f" with {' '.join(said[1:])}" if said[1:] else "") +
                          f"; nothing written ({args.csv} left as it was)") from None
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rows are in: a late time limit must not cut the CSV/summary

@@ -67,6 +67,8 @@ def _run_or_mutants(p, expect_fail: bool) -> None:
     p.add_argument("--shard", type=usage.shard, default=None, metavar="I/N",
                    help="i/n (1 <= i <= n): run the i-th of n deterministic slices")
     p.add_argument("--case", default=None, help="only cases whose id contains this text")
+    p.add_argument("--generated-only", action="store_true",
+                   help="only the generated (hypothesis-drawn) cases, none of the named catalog")
     p.add_argument("--jobs", type=usage.positive_int, default=None, help=JOBS_HELP)
     p.add_argument("--csv", type=usage.output_file, default=f"runs/{name}.csv",
                    help="parity rows" + (" (of the op mutants, also in the kill matrix)" if expect_fail else ""))

@@ -37,7 +37,7 @@ import torch
 from harness import compare, poison, tolerance
 from harness.parity import distribution, stages
 from harness.devices import Device, synchronize
-from harness.registry import Impl, OpSpec, can_handle_takes_inputs
+from harness.registry import Impl, OpSpec, can_handle_takes_inputs, nan_policy_of
 from harness.parity.records import Allowance, CaseContext, FirstRun, untouched_inputs, writable_buffers
 
 
@@ -102,25 +102,43 @@ class CaseSetup:
             self.ref_after = _cpu(ref_inputs)  # the reference's writes, for the effect checks
         with stages.timed("oracle"):
             self.oracle = spec.oracle(**_cpu(self.pristine))
-        self._emulated: dict[str, Allowance] = {}
+        self._emulated: dict[tuple[str, str], Allowance] = {}
+        self._policies: dict[str, tuple[dict, dict, dict]] = {next(iter(spec.nan_policies), ""): (
+            self.ref_out, self.ref_after, self.oracle)}
 
     def fresh(self) -> dict:
         return copy.deepcopy(self.pristine)
 
     def context(self, impl: Impl) -> CaseContext:
-        """The case as ``impl``'s records read it, its precision class's allowance made (``allowance``) if not yet."""
-        return CaseContext(self.spec, impl, self.case, self.dev, self.pristine, self.ref_out, self.ref_after,
-                           self.oracle, self.allowance(impl.precision))
+        """The case as ``impl``'s records read it: the reference and oracle of its NaN policy
+        (``policy``), its precision class's allowance made (``allowance``) if not yet."""
+        ref_out, ref_after, oracle = self.policy(nan_policy_of(self.spec, impl))
+        return CaseContext(self.spec, impl, self.case, self.dev, self.pristine, ref_out, ref_after,
+                           oracle, self.allowance(impl.precision, nan_policy_of(self.spec, impl)))
 
-    def allowance(self, precision: str) -> Allowance | None:
+    def policy(self, nan_policy: str) -> tuple[dict, dict, dict]:
+        """(reference outputs, reference inputs after its call, oracle) honouring ``nan_policy`` (one of
+        ``OpSpec.nan_policies``; the default's are the ones built first), each made once per case."""
+        if nan_policy not in self._policies:
+            kw = self.spec.nan_policies[nan_policy]
+            with stages.timed("reference"):
+                ref_inputs = self.fresh()
+                out, _ = _call(functools.partial(self.spec.reference, **kw), ref_inputs, self.dev)
+                out = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+            with stages.timed("oracle"):
+                oracle = self.spec.oracle(**_cpu(self.pristine), **kw)
+            self._policies[nan_policy] = (out, _cpu(ref_inputs), oracle)
+        return self._policies[nan_policy]
+
+    def allowance(self, precision: str, nan_policy: str = "") -> Allowance | None:
         """The chain a ``precision`` implementation's numeric allowance comes from: None for the
-        exact class (``ref_out``), else the reference run once per class, on fresh inputs, with
-        exactly the class's roundings emulated (``OpSpec.roundings``; ``harness.tolerance``)."""
+        exact class (``ref_out``), else the reference run once per class (and NaN policy), on fresh
+        inputs, with exactly the class's roundings emulated (``OpSpec.roundings``; ``harness.tolerance``)."""
         key = tolerance.canonical_precision(precision)
         if key == tolerance.EXACT:
             return None
-        if key not in self._emulated:
-            flags: dict = {}
+        if (key, nan_policy) not in self._emulated:
+            flags: dict = dict(self.spec.nan_policies.get(nan_policy, {}))
             for name in key.split("+"):
                 if name not in self.spec.roundings:  # Registry.add refuses these; an Impl run unregistered may not
                     raise ValueError(f"precision {precision!r}: op {self.spec.name!r} does not emulate {name!r}")
@@ -137,10 +155,10 @@ class CaseSetup:
                     inputs = self.fresh()
                     for name in moved:
                         inputs = self.spec.rounding_oracle_inputs[name](inputs)
-                    oracle = self.spec.oracle(**_cpu(inputs))
+                    oracle = self.spec.oracle(**_cpu(inputs), **self.spec.nan_policies.get(nan_policy, {}))
                     label += f"; oracle over the inputs as {'+'.join(moved)} stores them"
-            self._emulated[key] = Allowance(tuple(outs), label, oracle)
-        return self._emulated[key]
+            self._emulated[key, nan_policy] = Allowance(tuple(outs), label, oracle)
+        return self._emulated[key, nan_policy]
 
 
 # Kinds the poisoned-allocator run skips. ``compiled`` (torch.compile of the reference chain):

@@ -20,7 +20,7 @@ from harness.parity import runners
 from harness.parity import stages
 from harness.devices import Device
 from harness.ledger import verdicts as ledger_verdicts
-from harness.registry import Impl, OpSpec, Registry
+from harness.registry import Impl, OpSpec, Registry, nan_policy_of
 from reports.rows import FAILING, ParityRow, Provenance, git_sha, parity_row
 
 
@@ -61,8 +61,9 @@ def generated_count(spec: OpSpec, profile: Profile, *, interpreted: bool, genera
 
 
 def plan_cases(spec: OpSpec, profile: Profile, *, seed: int = 0, generated: int | None = None,
-               interpreted: bool = False) -> list[Planned]:
-    cat = spec.catalog(big=profile.big)
+               interpreted: bool = False, named: bool = True) -> list[Planned]:
+    """The op's named catalog (none with ``named=False``), then its generated cases for ``seed``."""
+    cat = spec.catalog(big=profile.big) if named else []
     n = generated_count(spec, profile, interpreted=interpreted, generated=generated)
     gen = base.draw(spec.strategy(), n, rng_seed=seed) if n else []
     return [Planned(spec, c) for c in cat + gen]
@@ -93,7 +94,8 @@ def repro_line(p: Planned, impl: Impl, dev: Device) -> str:
 def _where(p: Planned, impl: Impl, dev: Device, seconds: float, prov: Provenance) -> dict:
     """The columns of every row of one (implementation, case) run but the check's own (``parity_row``)."""
     return dict(op=p.spec.name, impl=impl.name, kind=impl.kind, case=p.display, fp8_policy=impl.fp8_policy,
-                precision=impl.precision, repro=repro_line(p, impl, dev), seconds=seconds, **prov.__dict__)
+                precision=impl.precision, nan_policy=nan_policy_of(p.spec, impl), repro=repro_line(p, impl, dev),
+                seconds=seconds, **prov.__dict__)
 
 
 def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov: Provenance,
@@ -106,7 +108,8 @@ def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov:
     if res.refused:
         return [parity_row(compare.Record("can_handle", False, detail=res.refused), status="refused", **where)]
     known, silent = ledger_verdicts(ledger, p.spec.name, impl.name, p.case,
-                                    [r.check for r in res.records if not r.passed])
+                                    [r.check for r in res.records if not r.passed],
+                                    inputs=lambda: built_inputs(p, dev))
     rows = [parity_row(r, status="pass" if r.passed else "known" if r.check in known else "fail",
                        known=known.get(r.check, ""), **where)
             for r in res.records]
@@ -117,6 +120,22 @@ def rows_for(p: Planned, impl: Impl, dev: Device, res: runners.CaseResult, prov:
                         status="fail", known=e.id, **where)
              for e in silent]
     return rows
+
+
+_BUILT: dict = {}  # the last case's inputs (rows_for asks once per implementation of a case)
+
+
+def built_inputs(p: Planned, dev: Device) -> dict:
+    """The keyword arguments planned case ``p`` gives an implementation (``OpSpec.build_inputs``, the same
+    seeded draws as the run's), on the host: what a ``harness.ledger.KnownFailureOnInputs`` reads."""
+    import torch
+
+    key = (p.spec.name, p.full_id, dev)
+    if key not in _BUILT:
+        _BUILT.clear()
+        _BUILT[key] = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                       for k, v in p.spec.build_inputs(p.case, dev).items()}
+    return _BUILT[key]
 
 
 _WORKER: tuple | None = None
@@ -286,7 +305,7 @@ def lost_rows(p: Planned, impl: Impl, dev: Device, u: Unfinished, prov: Provenan
 
 def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: list[Impl], seed: int = 0,
         shard_spec: str | None = None, generated: int | None = None, progress: bool = True,
-        case_filter: str | None = None, jobs: int = 1, plugin_specs: tuple[str, ...] = (),
+        case_filter: str | None = None, generated_only: bool = False, jobs: int = 1, plugin_specs: tuple[str, ...] = (),
         ledger: tuple = (), case_timeout_s: float | None = None, stack_dir=None, isolate: bool = False,
         stage_table: stages.Table | None = None, tally: Tally | None = None) -> list[ParityRow]:
     """Every planned (case, implementation) run's rows, in plan order. Cases complete in any order
@@ -294,15 +313,16 @@ def run(reg: Registry, *, dev: Device, profile: Profile, ops: list[str], impls: 
     ``default_case_timeout``) gets ``timeout`` rows, its stack in ``stack_dir``. Ctrl-C or SIGTERM
     keeps every row that completed (``tally`` says how many and that the run was cut short).
     ``stage_table`` collects the stages' wall time (``harness.parity.stages``). A selection (ops,
-    implementations, ``case_filter``) that matches no (implementation, case) pair before the shard is
-    taken raises ``NothingSelected`` before any case runs; an empty shard of a non-empty selection
-    is no error."""
+    implementations, ``case_filter``, ``generated_only``) that matches no (implementation, case) pair before
+    the shard is taken raises ``NothingSelected`` before any case runs; an empty shard of a non-empty
+    selection is no error. ``generated_only``: no case of the named catalogs, the generated ones only."""
     prov = provenance(dev, profile, seed)
     tally = Tally() if tally is None else tally
     work, selected = [], 0
     for op in ops:
         spec = reg.ops[op]
-        planned = plan_cases(spec, profile, seed=seed, generated=generated, interpreted=dev.interpreted)
+        planned = plan_cases(spec, profile, seed=seed, generated=generated, interpreted=dev.interpreted,
+                             named=not generated_only)
         if case_filter:
             kept = [p for p in planned if case_filter in p.display or case_filter in p.full_id]
             # the slice first, then the filter: a shard holds the same cases with and without --case

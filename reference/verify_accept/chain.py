@@ -25,6 +25,12 @@ any payload) is greater than every number, +inf included, so a row with a NaN gi
 NaN's index; a row of all −inf gives 0. NumPy's argmax follows the same rule (first occurrence,
 NaN propagates); the oracle below uses it, independently of torch.
 
+That is NaN policy ``max``, the default. An implementation may declare the other legitimate
+design, ``ignore`` (``Impl.nan_policy``; vLLM's greedy sampler maps NaN to −inf on purpose): NaN
+is taken as −inf, so the row's largest number wins (lowest index among equal maxima), and a row
+with no number above −inf — all NaN, or NaN and −inf only — gives 0, the lowest index among its
+equal (−inf) maxima, as a row of all −inf does. ``nan_policy`` selects it in the chain and the oracle.
+
 Contract: exact. ``output_ids`` and ``accept_length`` are integers; an implementation must
 produce exactly the chain's, with no tolerance.
 """
@@ -35,6 +41,7 @@ import torch
 
 from reference.checks import (
     INDEX_DTYPES,
+    ChoiceError,
     RangeError,
     ShapeError,
     VerifyParityInputError,
@@ -48,6 +55,7 @@ from reference.checks import (
 from reference.launches import launch
 
 LOGIT_DTYPES = (torch.bfloat16,)
+NAN_POLICIES = ("max", "ignore")  # the argmax rule's NaN handling: the first is the default (module docstring)
 OUT_DTYPE = torch.int32  # token ids and lengths: a vocabulary of 160K fits, and so do -1 and L
 PAD_ID = -1
 
@@ -114,9 +122,18 @@ def validate(*, target_logits, draft_tokens, qo_indptr, check_values: bool = Tru
 
 # ----------------------------------------------------------------------------- the chain
 
+def check_nan_policy(nan_policy) -> str:
+    if nan_policy not in NAN_POLICIES:
+        raise ChoiceError("nan_policy", f"must be one of {NAN_POLICIES}, got {nan_policy!r}")
+    return nan_policy
+
+
 @launch
-def row_argmax(target_logits: torch.Tensor) -> torch.Tensor:
-    """Launch 1. (N, V) bf16 -> (N,) int64: the lowest index of each row's maximum (NaN is the maximum)."""
+def row_argmax(target_logits: torch.Tensor, nan_policy: str = "max") -> torch.Tensor:
+    """Launch 1. (N, V) bf16 -> (N,) int64: the lowest index of each row's maximum (``max``: NaN is
+    the maximum; ``ignore``: NaN is −inf)."""
+    if check_nan_policy(nan_policy) == "ignore":
+        target_logits = target_logits.masked_fill(torch.isnan(target_logits), float("-inf"))
     return torch.argmax(target_logits, dim=-1)
 
 
@@ -167,12 +184,13 @@ def output_ids(drafts: torch.Tensor, bonus: torch.Tensor, accept_length: torch.T
     return torch.where(real[:, None], out, torch.full_like(out, PAD_ID)).to(OUT_DTYPE)
 
 
-def verify_accept(*, target_logits, draft_tokens, qo_indptr):
+def verify_accept(*, target_logits, draft_tokens, qo_indptr, nan_policy: str = "max"):
     """The six-launch reference chain. Returns {"output_ids": (B, L + 1) int32,
-    "accept_length": (B,) int32}."""
+    "accept_length": (B,) int32}. ``nan_policy``: the argmax's NaN rule (``NAN_POLICIES``)."""
+    check_nan_policy(nan_policy)
     B, L, V = validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr)
     rows, real = request_rows(qo_indptr, L)
-    target = gather_targets(row_argmax(target_logits), rows, real)
+    target = gather_targets(row_argmax(target_logits, nan_policy), rows, real)
     drafts = draft_tokens.view(B, L)
     n = accept_lengths(match(target, drafts), real)
     return {"output_ids": output_ids(drafts, bonus_tokens(target, n), n, real), "accept_length": n}
@@ -180,14 +198,16 @@ def verify_accept(*, target_logits, draft_tokens, qo_indptr):
 
 # ----------------------------------------------------------------------------- the independent oracle
 
-def verify_accept_oracle(*, target_logits, draft_tokens, qo_indptr, **_unused):
+def verify_accept_oracle(*, target_logits, draft_tokens, qo_indptr, nan_policy: str = "max", **_unused):
     """The same contract from NumPy and a Python loop over requests (no torch reduction): NumPy's
-    argmax in fp32 (first occurrence of the maximum, NaN propagates), then the acceptance walk
-    written out. Returns the chain's outputs, as CPU tensors."""
+    argmax in fp32 (first occurrence of the maximum, NaN propagates; ``ignore``: NaN replaced by
+    −inf first), then the acceptance walk written out. Returns the chain's outputs, as CPU tensors."""
     qo = qo_indptr.cpu().tolist()
     B = len(qo) - 1
     L = draft_tokens.numel() // B
     logits = target_logits.cpu().float().numpy()
+    if check_nan_policy(nan_policy) == "ignore":
+        logits = np.where(np.isnan(logits), np.float32(-np.inf), logits)
     drafts = draft_tokens.cpu().tolist()
     out = np.full((B, L + 1), PAD_ID, dtype=np.int32)
     n = np.zeros(B, dtype=np.int32)
