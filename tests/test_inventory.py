@@ -311,6 +311,8 @@ def house_violations(mods: dict[str, Path], readers: dict[str, Path] | None = No
 PATCH_TOOLS = {
     "harness.bench.before": "imports an earlier tree's fused module in place of ours (the --before comparison)",
     "harness.bench.wrapper_checks": "stubs the validators to time a wrapper without them (an ablation)",
+    "harness.shim": "patches Triton's interpreter (a third-party module) so a kernel computes on the CPU as compiled "
+                    "Triton does",
 }
 
 
