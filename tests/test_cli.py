@@ -218,7 +218,7 @@ def test_subprocess_env_keeps_the_callers_pythonpath(monkeypatch):
     assert subprocess_env()["PYTHONPATH"] == str(ROOT)
 
 
-def test_mutants_kill_matrix_writes_the_op_mutants_parity_rows_to_csv(tmp_path):
+def test_mutants_kill_matrix_writes_the_op_mutants_parity_rows_to_csv(tmp_path, device):
     """``mutants --csv`` in the default kill-matrix mode: the op mutants' parity rows (what ``nox -s report``
     reads as runs/mutants*.csv), besides the matrix itself. One mutant, in-process (the matrix narrowed by
     ``killmatrix.build(only=...)``): its parity rows fail, and the report's kill matrix reads it KILLED."""
@@ -235,7 +235,8 @@ def test_mutants_kill_matrix_writes_the_op_mutants_parity_rows_to_csv(tmp_path):
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
         with mock.patch.object(killmatrix, "build", functools.partial(killmatrix.build, only=subject)):
-            rc = cli.main(["mutants", "--device", "cpu", "--csv", str(csv), "--kill-matrix", str(km), "--quiet"])
+            # the session's device: --device cpu in-process on a GPU runner would turn the interpreter on here
+            rc = cli.main(["mutants", "--device", device.kind, "--csv", str(csv), "--kill-matrix", str(km), "--quiet"])
     finally:
         signal.signal(signal.SIGTERM, sigterm)
     assert rc == 0

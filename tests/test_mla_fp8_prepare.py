@@ -405,3 +405,16 @@ def test_mutants_hide_where_the_catalog_would_miss_them(spec, registry, device, 
     """Why the catalog carries translated pools, unresolved write locations, nan-policy
     overflow and non-unit descales: without them these bugs pass."""
     assert_passes(spec, registry.impls[f"{OP}/{mutant}"], CATALOG[case_name], device)
+
+
+def test_a_format_the_gpu_cannot_compile_is_a_typed_refusal(device, monkeypatch):
+    """On sm90 Triton has no e4m3fnuz conversion: the wrapper refuses with UnsupportedError naming kv_buffer
+    (before: Triton's compile error, untyped; the fuzzer's dtype-fp8-foreign-format on an H200)."""
+    from reference import checks
+
+    kw = cases.build_inputs(CATALOG["k3-verify-b1-l3-h8"], device)
+    args = {k: kw[k] for k in ("q_nope", "q_rope", "k_nope", "k_rope")}
+    monkeypatch.setattr(fused, "kernel_arch", lambda: "sm90")
+    with pytest.raises(checks.UnsupportedError, match="e4m3fnuz does not compile for sm90") as e:
+        fused.mla_fp8_prepare(**args, kv_buffer=kw["kv_buffer"].view(torch.float8_e4m3fnuz), loc=kw["out_cache_loc"])
+    assert e.value.arg == "kv_buffer"

@@ -892,3 +892,17 @@ def test_compiled_launch_1_graph_does_not_grow_with_the_splits():
     # one split's graph either way (a symbolic size or so apart); compiled whole, each split adds ~23 nodes
     # (65 for 2 splits, 387 for 16 on torch 2.13)
     assert sizes[2] and sizes[16] and max(sizes[16]) < 1.5 * max(sizes[2]), sizes
+
+
+def test_a_kernel_refusal_is_typed_and_names_the_argument(device, monkeypatch):
+    """A legal input a kernel does not cover (e4m3fnuz KV on sm90, the fuzzer's dtype-fp8-foreign-format on an
+    H200) is an UnsupportedError naming k_buffer, never a bare ValueError."""
+    from fused.verify_attention import wrapper as f
+    from reference import checks
+
+    kw = cases.build_inputs(next(c for c in cases.catalog() if c.kv_dtype == "e4m3fn" and c.layout == "gqa"), device)
+    kw["k_buffer"], kw["v_buffer"] = (kw[b].float().to(torch.float8_e4m3fnuz) for b in ("k_buffer", "v_buffer"))
+    monkeypatch.setattr(f, "arch", lambda: "sm90")
+    with pytest.raises(checks.UnsupportedError, match="unsupported on sm90") as e:
+        f.verify_split_kv(**kw)
+    assert e.value.arg == "k_buffer"

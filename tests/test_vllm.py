@@ -192,7 +192,8 @@ def _one_pass_plant(*, rescale_acc: bool, p_dtype: torch.dtype):
         qo, kvp = inp["qo_indptr"].tolist(), inp["kv_indptr"].tolist()
         q, k, v = inp["q"], inp["k"], inp["v"]
         H = q.shape[1]
-        o = torch.empty(q.shape[0], H, v.shape[2])
+        o = torch.empty(q.shape[0], H, v.shape[2], device=q.device)  # on the case's device (the H200 run: a
+        # CPU tensor here made every record an error)
         for b in range(len(qo) - 1):
             idx = inp["kv_indices"][kvp[b]: kvp[b + 1]].long()
             t0, t1 = qo[b], qo[b + 1]
@@ -202,7 +203,7 @@ def _one_pass_plant(*, rescale_acc: bool, p_dtype: torch.dtype):
             vh = vv.transpose(0, 1).repeat_interleave(H // k.shape[1], 0)
             x = (q[t0:t1].float().transpose(0, 1) @ kh.transpose(1, 2)) * inp["sm_scale"]  # (H, L, N)
             n = idx.numel()
-            x[..., n:] = x[..., n:].masked_fill(~torch.ones(t1 - t0, t1 - t0, dtype=torch.bool).tril(), float("-inf"))
+            x[..., n:] = x[..., n:].masked_fill(~torch.ones(t1 - t0, t1 - t0, dtype=torch.bool, device=q.device).tril(), float("-inf"))
             _, p, s = r.online_weights(x, 16)
             acc = (p.to(p_dtype).float() * (s if rescale_acc else 1.0)) @ vh
             o[t0:t1] = (acc / (p * s).sum(-1, keepdim=True)).transpose(0, 1)

@@ -248,4 +248,6 @@ def test_idle_workers_are_told_to_exit_together(tmp_path):
     spans.sort()
     # told together, the exits overlap; told and waited for in turn, each begins after the one before ended
     assert any(b2 < e1 for (_, e1), (b2, _) in zip(spans, spans[1:])), spans
-    assert max(b for b, _ in spans) - min(b for b, _ in spans) < EXIT_S, spans
+    # told together, all begin within one exit of the first even on a loaded host (3.2 s seen on the H200
+    # host under 16 xdist workers); told in turn, the third begins two whole exits after the first
+    assert max(b for b, _ in spans) - min(b for b, _ in spans) < 2 * EXIT_S - 0.5, spans

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from fused import gates
+from harness.devices import kernel_arch
 from reference.mla_fp8_prepare import chain as ref
 from reference.checks import UnsupportedError, check_bool, check_inner_contiguous, values_checked
 
@@ -192,6 +193,13 @@ def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descal
     if fp8_policy != KERNEL_FP8_POLICY:
         raise UnsupportedError("fp8_policy", f"the fused kernel implements {KERNEL_FP8_POLICY!r} only, "
                                            f"got {fp8_policy!r}; the dispatch sends it to the chain")
+    target = kernel_arch()
+    if target != "interpreter":  # on a GPU the kernel compiles for the formats its arch converts (FP8_TARGETS)
+        fmt, arch_key = ref.FP8_FORMAT_OF[kv_buffer.dtype], target if target.startswith("gfx") else "sm90"
+        if arch_key not in FP8_TARGETS[fmt]:
+            runs = [f for f, targets in FP8_TARGETS.items() if arch_key in targets]
+            raise UnsupportedError("kv_buffer", f"{fmt} does not compile for {target} (Triton has no such fp8 "
+                                                f"conversion there; the kernel runs {', '.join(runs)})")
     q8 = torch.empty((T, H, Dn + R), dtype=kv_buffer.dtype, device=kv_buffer.device)
     launch(q8=q8, kv_buffer=kv_buffer, q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, loc=loc,
            k_mul=k_mul_tensor(kv_descale, kv_buffer.device))

@@ -169,8 +169,10 @@ def launch(kind, *, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indice
     if check:
         shape = shape_of(q=q, k_buffer=k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr)
         verdict = shape_can_handle(kind, block_h=block_h, **shape)
-        if verdict is not True:
-            raise ValueError(f"{kind} kernel cannot run this input: {verdict}")
+        if verdict is not True:  # legal input this kernel does not cover: a typed refusal naming the argument
+            arg = ("k_buffer" if verdict.startswith("kv dtype") else "qo_indptr" if verdict.startswith("ragged")
+                   else "v" if "v_head_dim" in verdict or "rope part" in verdict else "q")
+            raise UnsupportedError(arg, f"{kind} kernel cannot run this input: {verdict}")
     L = T // B
     # the default divides BLOCK_H, which can_handle checked (unless check=False)
     cbh = combine_block_h or combine_block_h_for(L, block_h)
