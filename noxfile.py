@@ -107,13 +107,14 @@ def compile(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def report(session: nox.Session) -> None:
-    """runs/report/{report.html, junit.xml, merged.csv, diff.csv} from the CSVs in runs/: parity*.csv
-    (shards merged), and mutants*.csv, perf*.csv, gate*.csv, kill_matrix*.csv, timelines*.csv[.gz]
-    when present. `-- --baseline OLD.csv` diffs against a previous run and fails on any REGRESS."""
+    """runs/report/{report.html, junit.xml, merged.parquet, diff.csv} from the results in runs/: parity*.csv
+    and parity*.parquet (shards merged), and mutants*.csv, perf*.csv, gate*.csv, kill_matrix*.csv,
+    timelines*.csv[.gz] when present. `-- --baseline OLD/merged.parquet` (or a CSV) diffs against a previous
+    run and fails on any REGRESS."""
     _install(session)
-    parity = sorted(glob.glob("runs/parity*.csv"))
+    parity = sorted(glob.glob("runs/parity*.csv") + glob.glob("runs/parity*.parquet"))
     if not parity:
-        session.error("no runs/parity*.csv: run `nox -s parity` (or its shards) first")
+        session.error("no runs/parity*.csv or runs/parity*.parquet: run `nox -s parity` (or its shards) first")
     args = [a for p in parity for a in ("--csv", p)]
     for flag, pattern in (("--mutants", "runs/mutants*.csv"), ("--perf", "runs/perf*.csv"), ("--gate", "runs/gate*.csv"),
                           ("--kill-matrix", "runs/kill_matrix*.csv"), ("--timelines", "runs/timelines*.csv*")):
@@ -153,8 +154,8 @@ def bench(session: nox.Session) -> None:
 @nox.session(venv_params=VENV_PARAMS)
 def nightly(session: nox.Session) -> None:
     """The whole nightly in one run (GPU runners): parity per op, timelines per family, GPU-only checks
-    and the gate concurrently, then benchmarks alone, then runs/nightly/report (HTML, JUnit, merged CSV).
-    `-- --budget-s 600`, `-- --baseline OLD/merged.csv`; on a CPU machine `-- --profile dev`."""
+    and the gate concurrently, then benchmarks alone, then runs/nightly/report (HTML, JUnit, merged.parquet).
+    `-- --budget-s 600`, `-- --baseline OLD/merged.parquet`; on a CPU machine `-- --profile dev`."""
     _install(session)
     session.run("python", "-m", "harness", "nightly", "--device", DEVICE, "--out", "runs/nightly", *session.posargs,
                 env={"VP_DEVICE": DEVICE})

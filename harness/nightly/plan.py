@@ -136,7 +136,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                           WARMUP_SHARE * budget_s, phase=-1))
     steps += [Step(f"parity:{op}", py + ["run", "--op", op, "--device", device, "--profile", profile, "--quiet",
                                        "--jobs", str(parity_jobs(workers["parity"], PARITY_WEIGHT.get(op, 1), cores)),
-                                       "--csv", str(out / f"parity-{op}.csv.gz"),
+                                       "--csv", str(out / f"parity-{op}.parquet"),
                                        "--junit", str(out / f"parity-{op}.xml"), "--stage-times"]
                    + kinds + gen + watchdog, par, nice=BACKGROUND_NICE)
               for op in ops or OPS]
@@ -148,7 +148,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                                 # inductor's compiles, not the processes, bound this step
                                 "--jobs", str(min(len(ops or OPS), max(1, cores // 5))),
                                 "--kind", "compiled", "--generated", "0", "--csv",
-                                str(out / "parity-compiled.csv.gz"), "--junit",
+                                str(out / "parity-compiled.parquet"), "--junit",
                                 str(out / "parity-compiled.xml"), "--stage-times",
                                 # inductor compiles each catalog case (35-54 s a case, measured): a longer limit
                                 "--case-timeout-s", f"{max(limit, 300):g}"]
@@ -165,7 +165,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                                                     "--family", fam, *twins, "--quiet", "--jobs",
                                                     str(parity_jobs(workers["timelines"], tl.FAMILIES[fam].nightly_weight,
                                                                     cores)),
-                                                    "--csv", str(out / f"timelines-{fam}.csv.gz")] + tl_gen + watchdog,
+                                                    "--csv", str(out / f"timelines-{fam}.parquet")] + tl_gen + watchdog,
                           par,
                           nice=BACKGROUND_NICE))
     steps.append(Step("gpu", py + ["gpu", "--out", str(out / "gpu")], par))
