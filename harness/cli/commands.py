@@ -116,7 +116,10 @@ def cmd_run(args) -> int:
         return kills.print_kills(frame)
     from reports import summary
 
-    return summary.print_report(frame)
+    rc = summary.print_report(frame)
+    for line in suite.coverage(rows, reg, ops=ops, profile=prof, dev=dev, generated=args.generated):
+        print(line)
+    return rc
 
 
 def _check_path(reg, family: str, prepare: str, attn: str, flag: str = "--path") -> None:
