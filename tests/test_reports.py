@@ -181,7 +181,7 @@ def test_results_round_trip_through_parquet_dictionary_encoded_and_csv_gz(runs, 
 
     from reports.rows import write_frame
 
-    d, _, mutant = runs
+    d = runs[0]
     want = frames.read([d / "mutant.csv"])
     for name in ("m.parquet", "m.csv.gz"):
         write_frame(want, tmp_path / name)

@@ -125,6 +125,6 @@ def test_tests_marked_slow_run_in_the_nightly():
     assert 'TESTS_ENV = "VP_TESTS"' in nox and '["-m", "not slow"]' in nox
     steps = re.split(r"\n\s*- (?=name:|uses:)", (WORKFLOWS / "gpu-run.yml").read_text())
     tests = [s for s in steps if "nox -s tests" in s]
-    assert tests and all(re.search(r"^\s*VP_TESTS: all\b", s, re.M) for s in tests), tests
+    assert tests and all(re.search(r"^\s*VP_TESTS: all\b", s, re.MULTILINE) for s in tests), tests
     ci = [s for s in re.split(r"\n\s*- (?=name:|uses:)", (WORKFLOWS / "ci.yml").read_text()) if "nox -s tests" in s]
     assert ci and not any("VP_TESTS" in s for s in ci), "pull requests' CI leaves the slow tests to the nightly"

@@ -70,10 +70,10 @@ def coverage(rows: list, reg: Registry, *, ops: list[str], profile: Profile, dev
     n_gen = sum(generated_count(reg.ops[op], profile, interpreted=dev.interpreted, generated=generated) for op in ops)
     where = f"{dev.kind} ({'Triton interpreter' if dev.interpreted else dev.name})"
     n_ops = len({op for op, _ in cases})
-    out = [f"covered: {n_ops} op{'s' * (n_ops != 1)}, {len(impls)} implementation{'s' * (len(impls) != 1)} "
-           f"({', '.join(kinds)}), "
-           f"{len(cases):,} cases of a plan of {n_cat:,} catalog + {n_gen:,} generated, {len(rows):,} checks; "
-           f"profile {profile.name} on {where}"]
+    out = [(f"covered: {n_ops} op{'s' * (n_ops != 1)}, {len(impls)} implementation{'s' * (len(impls) != 1)} "
+            f"({', '.join(kinds)}), "
+            f"{len(cases):,} cases of a plan of {n_cat:,} catalog + {n_gen:,} generated, {len(rows):,} checks; "
+            f"profile {profile.name} on {where}")]
     for p in sorted(PROFILES.values(), key=lambda p: p.generated):
         if p.generated <= profile.generated and p.big <= profile.big:
             continue
