@@ -100,13 +100,20 @@ def warmup(session: nox.Session) -> None:
     run("-m", "harness", "warmup", "--device", DEVICE, *session.posargs, env={"VP_DEVICE": DEVICE})
 
 
+# ``VP_TESTS=all`` runs the tests marked ``slow`` too (the nightly's test step, gpu-run.yml, does); without it
+# ``nox -s tests`` deselects them (docs/reports.md: which they are, and what else covers them in CI)
+TESTS_ENV = "VP_TESTS"
+
+
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The harness's own tests (pytest-xdist: one worker per core, ``VP_WORKERS`` to change it). On a GPU
-    machine they run on the GPU, every worker sharing it (docs/gpu-tests.md)."""
+    machine they run on the GPU, every worker sharing it (docs/gpu-tests.md). Tests marked ``slow`` run only
+    with ``VP_TESTS=all`` (the nightly)."""
     run = _install(session)
     workers = os.environ.get("VP_WORKERS", "auto")
-    run("-m", "pytest", "-n", workers, "-q", "--durations=15", *session.posargs,
+    marks = [] if os.environ.get(TESTS_ENV) == "all" else ["-m", "not slow"]
+    run("-m", "pytest", "-n", workers, "-q", "--durations=15", *marks, *session.posargs,
         env={"VP_DEVICE": DEVICE, "VP_REQUIRE_SGLANG": "1", "VP_REQUIRE_VLLM": "1"})
 
 
@@ -165,13 +172,14 @@ def compile(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def report(session: nox.Session) -> None:
-    """runs/report/{report.html, junit.xml, merged.csv, diff.csv} from the CSVs in runs/: parity*.csv
-    (shards merged), and mutants*.csv, perf*.csv, gate*.csv, kill_matrix*.csv, timelines*.csv[.gz]
-    when present. `-- --baseline OLD.csv` diffs against a previous run and fails on any REGRESS."""
+    """runs/report/{report.html, junit.xml, merged.parquet, diff.csv} from the results in runs/: parity*.csv
+    and parity*.parquet (shards merged), and mutants*.csv, perf*.csv, gate*.csv, kill_matrix*.csv,
+    timelines*.csv[.gz] when present. `-- --baseline OLD/merged.parquet` (or a CSV) diffs against a previous
+    run and fails on any REGRESS."""
     run = _install(session)
-    parity = sorted(glob.glob("runs/parity*.csv"))
+    parity = sorted(glob.glob("runs/parity*.csv") + glob.glob("runs/parity*.parquet"))
     if not parity:
-        session.error("no runs/parity*.csv: run `nox -s parity` (or its shards) first")
+        session.error("no runs/parity*.csv or runs/parity*.parquet: run `nox -s parity` (or its shards) first")
     args = [a for p in parity for a in ("--csv", p)]
     for flag, pattern in (("--mutants", "runs/mutants*.csv"), ("--perf", "runs/perf*.csv"), ("--gate", "runs/gate*.csv"),
                           ("--kill-matrix", "runs/kill_matrix*.csv"), ("--timelines", "runs/timelines*.csv*")):

@@ -1,4 +1,5 @@
-"""``python -m harness report``: merge shard CSVs, write merged.csv, junit.xml, diff.csv, report.html."""
+"""``python -m harness report``: merge shard results files (CSV or Parquet), write merged.parquet (every parity
+row, ``reports.rows.to_parquet``), junit.xml, diff.csv, report.html."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from reports.rows import GateRow, ParityRow, PerfRow, TimelineRow, failing, writ
 
 # harness.mutants.killmatrix.KillRow's columns that the report shows
 KILL_MATRIX_COLUMNS = ["subject", "kind", "parity", "timeline", "gate", "first_failure", "seconds"]
+MERGED = "merged.parquet"  # every parity row of the run (the next run's --baseline); a CSV of a nightly was 704 MB
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ def build(csvs: list, out: str | Path, *, mutants: list = (), perf: list = (), g
     inputs.extend(("--kill-matrix", str(p), len(f)) for p, f in zip(killmatrix, kms))
     km = pd.concat(kms, ignore_index=True) if kms else None
     out.mkdir(parents=True, exist_ok=True)
-    write_frame(frame, out / "merged.csv")
+    write_frame(frame, out / MERGED)
     junit.write(frame, out / "junit.xml", timelines=tl)
     d = None
     if baseline:

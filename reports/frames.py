@@ -1,9 +1,11 @@
-"""CSV files -> one frame per row type: shards merged, columns checked against the dataclass.
+"""Results files -> one frame per row type: shards merged, columns checked against the dataclass.
 
-A file the report cannot trust is refused with ``CSVError`` naming it (and the row): unreadable,
-not CSV text (binary, a gzip stream cut short), no rows (a header only: an empty shard), a row
-cut short (a truncated file), columns of another row type, or a verdict the harness never
-writes (``reports.rows.VERDICTS``).
+A results file is CSV (``.csv``, ``.csv.gz``) or Parquet (``reports.rows.to_parquet``: the merged
+results of a report, a nightly's per-op rows), told apart by its first bytes, whatever its name. A
+file the report cannot trust is refused with ``CSVError`` naming it (and the row): unreadable, not
+CSV text nor Parquet (binary, a gzip stream or a Parquet file cut short), no rows (a header only: an
+empty shard), a row cut short (a truncated file), columns of another row type, or a verdict the
+harness never writes (``reports.rows.VERDICTS``).
 """
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import zlib
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
 from reference.checks import VerifyParityInputError
 from reports.rows import VERDICTS, ParityRow, PerfRow
 
 
 class CSVError(VerifyParityInputError):
-    """A CSV the report cannot trust; ``arg`` is the file."""
+    """A results file (CSV or Parquet) the report cannot trust; ``arg`` is the file."""
 
 
 def _str_columns(row_type: type) -> list[str]:
@@ -32,21 +35,39 @@ ADDED_COLUMNS = {"precision": "exact-fp32", "known": "", "nan_policy": ""}
 # PerfRow's mode, every row eager before graph-replayed rows were written
 ADDED_BY_TYPE = {PerfRow: {"mode": "eager"}}
 
-_UNREADABLE = (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError)
+_UNREADABLE = (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError,
+               pa.ArrowException)
+PARQUET_MAGIC = b"PAR1"  # a Parquet file's first (and last) four bytes
+
+
+def is_parquet_file(path: str | Path) -> bool:
+    """``path`` holds Parquet (its first bytes), whatever its name; False for anything else or an unreadable file."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
+    except OSError:
+        return False
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """A CSV or Parquet file as it is, in one call (``is_parquet_file`` decides which); raises what the
+    reader raises."""
+    return pd.read_parquet(path, engine="pyarrow") if is_parquet_file(path) else pd.read_csv(path)
 
 
 def read_one(path: str | Path, columns: list[str], what: str, *, complete: str = "seed") -> pd.DataFrame:
-    """One CSV with at least one row and every one of ``columns`` (``what``: the row type, for the
-    error); ``complete`` names a column every row fills (provenance's ``seed``, the last column of
+    """One CSV or Parquet file with at least one row and every one of ``columns`` (``what``: the row type,
+    for the error); ``complete`` names a column every row fills (provenance's ``seed``, the last column of
     every row type): a row without it was cut short."""
     try:
-        f = pd.read_csv(path)
+        f = read_table(path)
     except _UNREADABLE as exc:
-        raise CSVError(str(path), f"cannot read it as a {what} CSV: {type(exc).__name__}: "
+        kind = "Parquet file" if is_parquet_file(path) else "CSV"
+        raise CSVError(str(path), f"cannot read it as a {what} {kind}: {type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
     missing = [c for c in columns if c not in f.columns]
     if missing:
-        raise CSVError(str(path), f"not a {what} CSV, missing columns {missing}")
+        raise CSVError(str(path), f"not a {what} results file, missing columns {missing}")
     if f.empty:
         raise CSVError(str(path), "no rows (a header only: an empty shard, or a run that ran nothing)")
     cut = f[complete].isna()
@@ -65,7 +86,7 @@ def _check_verdicts(path, f: pd.DataFrame, row_type: type) -> None:
 
 
 def read(paths: list[str | Path], row_type: type = ParityRow, *, counts: list | None = None) -> pd.DataFrame:
-    """Concatenate CSVs of one row type (e.g. the shards of one run). Columns in dataclass order;
+    """Concatenate results files (CSV or Parquet) of one row type (e.g. the shards of one run). Columns in dataclass order;
     a file missing a column raises (but for ``ADDED_COLUMNS`` and the row type's ``ADDED_BY_TYPE``,
     filled with their old meaning), as does any file the module docstring lists; rows repeated exactly (a shard passed twice) are
     dropped. ``counts``, when given, gets (path, rows) per file."""

@@ -56,12 +56,17 @@ def _records(frame: pd.DataFrame | None) -> list[dict]:
     return [] if frame is None else frame.to_dict("records")
 
 
+def base_check(checks: pd.Series) -> pd.Series:
+    """Each check's name without its rerun suffix (``numeric:o@poisoned`` -> ``numeric:o``), worked out once per
+    distinct name (a nightly has a million rows and a few hundred names)."""
+    return checks.map({c: str(c).split("@")[0] for c in checks.unique()})
+
+
 def per_op_checks(frame: pd.DataFrame, op: str) -> pd.DataFrame:
     """impl × check: "failing/total" rows, else "ok total" or "refused total" (poisoned-output
     reruns folded into their check)."""
-    f = frame[frame["op"] == op].assign(check=lambda d: d["check"].str.split("@").str[0],
-                                         failed=lambda d: failing(d["status"]),
-                                         refused=lambda d: d["status"] == "refused")
+    f = frame[frame["op"] == op]
+    f = f.assign(check=base_check(f["check"]), failed=failing(f["status"]), refused=f["status"] == "refused")
     g = f.groupby(["impl", "check"]).agg(failed=("failed", "sum"), refused=("refused", "sum"),
                                          total=("failed", "size")).reset_index()
     g["cell"] = [f"{a}/{n}" if a else f"refused {n}" if r == n else f"ok {n}"
@@ -71,7 +76,7 @@ def per_op_checks(frame: pd.DataFrame, op: str) -> pd.DataFrame:
 
 def kill_matrix(mutants: pd.DataFrame) -> pd.DataFrame:
     """mutant × check: number of cases in which the check flagged the mutant; killed = any."""
-    f = mutants.assign(check=mutants["check"].str.split("@").str[0])
+    f = mutants.assign(check=base_check(mutants["check"]))
     bad = f[failing(f["status"])]
     m = bad.groupby(["op", "impl", "check"])["case"].nunique().unstack("check")
     m = m.reindex(pd.MultiIndex.from_frame(f[["op", "impl"]].drop_duplicates())).fillna(0).astype(int)
@@ -112,7 +117,7 @@ def render(frame: pd.DataFrame, *, mutants: pd.DataFrame | None = None, perf: pd
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["fmt"] = _fmt
     env.filters["short"] = _short
-    ops = list(dict.fromkeys(frame["op"]))
+    ops = list(frame["op"].unique())  # in order of first appearance
     prov = {c: sorted({str(v) for v in frame[c].unique()}) for c in PROVENANCE if c in frame.columns}
     if "shim" in prov:  # rows of compiled runs carry no shim id ("" once frames.read has read them): say so
         prov["shim"] = sorted({v or "off (compiled Triton)" for v in prov["shim"]})

@@ -36,7 +36,7 @@ def tokens(repro: str) -> float:
 def points(frame: pd.DataFrame, op: str) -> pd.DataFrame:
     f = frame[(frame["op"] == op) & (frame["allowed"] > 0)]
     f = f.assign(ratio=(f["err"] / f["allowed"]).clip(lower=1e-6), fail=failing(f["status"]),
-                 x=[tokens(r) for r in f["repro"]])
+                 x=f["repro"].map({r: tokens(r) for r in f["repro"].unique()}).astype(float))  # once per (impl, case)
     f = f[np.isfinite(f["ratio"]) & np.isfinite(f["x"])]
     p = f.groupby(["impl", "case"], sort=False).agg(x=("x", "first"), ratio=("ratio", "max"), fail=("fail", "any"))
     p = p.reset_index()
@@ -76,10 +76,10 @@ def svg(frame: pd.DataFrame, op: str) -> str:
                f'transform="rotate(-90 12 {PAD_T + ph / 2})">err / allowed</text>')
     for k, (impl, g) in enumerate(p.groupby("impl", sort=True)):
         c = COLORS[k % len(COLORS)]
-        for _, r in g.iterrows():
-            x, y = sx(r["x"]), sy(r["ratio"])
-            tip = f"<title>{escape(str(impl))} {escape(str(r['case']))}: {r['ratio']:.3g}</title>"
-            if r["fail"]:
+        for case, px, ratio, fail in zip(g["case"], g["x"], g["ratio"], g["fail"]):
+            x, y = sx(px), sy(ratio)
+            tip = f"<title>{escape(str(impl))} {escape(str(case))}: {ratio:.3g}</title>"
+            if fail:
                 out.append(f'<path class="fail" d="M{x-4:.1f},{y-4:.1f}L{x+4:.1f},{y+4:.1f}M{x-4:.1f},{y+4:.1f}'
                            f'L{x+4:.1f},{y-4:.1f}" stroke="{c}" stroke-width="2">{tip}</path>')
             else:

@@ -119,15 +119,40 @@ def replacing(path: str | Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+PARQUET_SUFFIX = ".parquet"
+# Free-text columns: one value per row more often than not, so a dictionary of them saves nothing (Parquet
+# still tries one per page); every other text column (provenance, ids, statuses, repro) is stored dictionary-
+# encoded: a few thousand distinct values over a million rows.
+FREE_TEXT = ("worst", "detail")
+
+
+def is_parquet(path: str | Path) -> bool:
+    """``path`` names a Parquet file (by its suffix, ``PARQUET_SUFFIX``); anything else is CSV (``.gz`` too)."""
+    return str(path).endswith(PARQUET_SUFFIX)
+
+
+def to_parquet(frame: pd.DataFrame, path: str | Path) -> None:
+    """``frame`` as Parquet (zstd): its text columns but ``FREE_TEXT`` as pandas categoricals, so that
+    Parquet keeps them dictionary-encoded (and ``pd.read_parquet`` gives them back as categoricals)."""
+    text = [c for c in frame.columns if c not in FREE_TEXT and not pd.api.types.is_numeric_dtype(frame[c])
+            and not isinstance(frame[c].dtype, pd.CategoricalDtype)]
+    frame.astype({c: "category" for c in text}).to_parquet(path, engine="pyarrow", compression="zstd", index=False)
+
+
 def write_frame(frame: pd.DataFrame, path: str | Path) -> Path:
-    """``frame`` as CSV at ``path``, all or nothing (``replacing``)."""
+    """``frame`` at ``path``, all or nothing (``replacing``): Parquet when the name ends in ``.parquet``
+    (``to_parquet``), else CSV (gzip-compressed when it ends in ``.gz``)."""
     with replacing(path) as tmp:
-        frame.to_csv(tmp, index=False)
+        if is_parquet(path):
+            to_parquet(frame, tmp)
+        else:
+            frame.to_csv(tmp, index=False, compression="gzip" if str(path).endswith(".gz") else None)
     return Path(path)
 
 
 def write_csv(rows: list, path: str | Path, row_type: type = ParityRow) -> Path:
-    """Rows of ``row_type`` as CSV at ``path`` (``write_frame``: the previous file is replaced whole or kept)."""
+    """Rows of ``row_type`` at ``path``: CSV, or Parquet for a ``.parquet`` name (``write_frame``: the previous file
+    is replaced whole or kept)."""
     return write_frame(to_frame(rows, row_type), path)
 
 

@@ -31,16 +31,18 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
         worst_err_over_allowed=("ratio", "max"), seconds=("seconds", "sum"))
     out["passed"] -= out["refused"] + out["known"]
     out = out.reset_index()
+    def stated(col):  # per (op, impl, kind): the distinct values of ``col`` its rows state, joined
+        d = frame[keys[:3] + [col]].drop_duplicates()
+        return d.groupby(keys[:3])[col].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))
+
     if "fp8_policy" in frame:  # each implementation's fp8 overflow policy, as its rows state it
-        pol = frame.groupby(keys[:3])["fp8_policy"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))
-        out.insert(3, "fp8_policy", out.set_index(keys[:3]).index.map(pol).fillna(""))
+        out.insert(3, "fp8_policy", out.set_index(keys[:3]).index.map(stated("fp8_policy")).fillna(""))
     if "precision" in frame:  # each implementation's declared precision class (harness.tolerance), beside it
-        prec = frame.groupby(keys[:3])["precision"].agg(lambda p: ",".join(sorted({str(x) for x in p if x == x})))
-        out.insert(4 if "fp8_policy" in out else 3, "precision", out.set_index(keys[:3]).index.map(prec).fillna(""))
+        out.insert(4 if "fp8_policy" in out else 3, "precision",
+                   out.set_index(keys[:3]).index.map(stated("precision")).fillna(""))
     if "nan_policy" in frame and (frame["nan_policy"].fillna("") != "").any():  # the NaN handling it is held to
-        nan = frame.groupby(keys[:3])["nan_policy"].agg(lambda p: ",".join(sorted({x for x in p if isinstance(x, str) and x})))
         out.insert(list(out.columns).index("kind") + 1 + ("fp8_policy" in out) + ("precision" in out), "nan_policy",
-                   out.set_index(keys[:3]).index.map(nan).fillna(""))
+                   out.set_index(keys[:3]).index.map(stated("nan_policy")).fillna(""))
     return out
 
 

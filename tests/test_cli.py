@@ -114,6 +114,11 @@ def test_run_writes_csv_with_provenance_and_prints_summary(tmp_path):
         assert df["shim"].isna().all() and df["device"].str.startswith(dev.kind).all()
     for col in ("git_sha", "torch", "triton", "profile", "seed", "repro"):
         assert df[col].notna().all(), col
+    # the run ends saying what it covered and what the larger profiles and the nightly add
+    cov = next(line for line in r.stdout.splitlines() if line.startswith("covered: "))
+    assert f" {df['case'].nunique()} cases of a plan of " in cov and f" {len(df):,} checks;" in cov, cov
+    assert cov.startswith("covered: 1 op, 1 implementation (fused), "), cov
+    assert "--profile nightly adds " in r.stdout and "python -m harness nightly" in r.stdout, r.stdout
 
 
 def test_mutant_run_prints_repro_and_fails_when_one_survives(tmp_path):

@@ -108,26 +108,35 @@ def test_plan_runs_compiled_on_the_catalog_only_and_sizes_workers_by_cores(tmp_p
 
 
 def test_report_step_takes_every_csv_the_steps_wrote(tmp_path):
-    for name in ("parity-qk_norm_rope.csv.gz", "parity-compiled.csv.gz", "timelines-k3-mla-fp8.csv.gz",
-                 "timelines-qwen35-gqa.csv.gz", "gate-k3-mla-fp8.csv"):
+    """The steps write parity and timeline rows as Parquet (a nightly's were 704 MB as CSV), the gate CSV."""
+    for name in ("parity-qk_norm_rope.parquet", "parity-compiled.parquet", "timelines-k3-mla-fp8.parquet",
+                 "timelines-qwen35-gqa.parquet", "gate-k3-mla-fp8.csv"):
         (tmp_path / name).write_text("")
     argv = nightly_steps.report_step(tmp_path, None).argv
     pairs = {(argv[i], argv[i + 1].rsplit("/", 1)[-1]) for i in range(len(argv) - 1) if argv[i].startswith("--")}
-    assert {("--csv", "parity-qk_norm_rope.csv.gz"), ("--csv", "parity-compiled.csv.gz"),
-            ("--timelines", "timelines-k3-mla-fp8.csv.gz"), ("--timelines", "timelines-qwen35-gqa.csv.gz"),
+    assert {("--csv", "parity-qk_norm_rope.parquet"), ("--csv", "parity-compiled.parquet"),
+            ("--timelines", "timelines-k3-mla-fp8.parquet"), ("--timelines", "timelines-qwen35-gqa.parquet"),
             ("--gate", "gate-k3-mla-fp8.csv")} <= pairs
+    steps = nightly_plan.plan(tmp_path, profile="dev", device="cpu", budget_s=600, jobs=None, layouts=None,
+                              families=None, bench=False, gate=False, cores=2)
+    wrote = {s.argv[s.argv.index("--csv") + 1].rsplit("/", 1)[-1] for s in steps if "--csv" in s.argv}
+    assert {"parity-qk_norm_rope.parquet", "timelines-k3-mla-fp8.parquet"} <= wrote, wrote
 
 
 def test_report_step_leaves_out_a_header_only_csv(tmp_path):
-    """A step stopped before its first row writes a header-only CSV, which ``report`` refuses; the
+    """A step stopped before its first row writes a results file without rows, which ``report`` refuses; the
     nightly report must still be built from the others. Planted: passing every file fails."""
     import pandas as pd
 
-    pd.DataFrame({"op": ["qk_norm_rope"], "status": ["pass"]}).to_csv(tmp_path / "parity-qk_norm_rope.csv.gz", index=False)
-    pd.DataFrame(columns=["op", "status"]).to_csv(tmp_path / "parity-verify_attention.csv.gz", index=False)
+    from reports.rows import write_frame
+
+    write_frame(pd.DataFrame({"op": ["qk_norm_rope"], "status": ["pass"]}), tmp_path / "parity-qk_norm_rope.parquet")
+    write_frame(pd.DataFrame(columns=["op", "status"]), tmp_path / "parity-verify_attention.parquet")
+    pd.DataFrame(columns=["step", "status"]).to_csv(tmp_path / "gate-qwen35-gqa.csv", index=False)
     argv = nightly_steps.report_step(tmp_path, None).argv
     names = [a.rsplit("/", 1)[-1] for a in argv]
-    assert "parity-qk_norm_rope.csv.gz" in names and "parity-verify_attention.csv.gz" not in names
+    assert "parity-qk_norm_rope.parquet" in names and "parity-verify_attention.parquet" not in names
+    assert "gate-qwen35-gqa.csv" not in names
 
 
 def test_plan_keeps_parity_and_timeline_counts_apart(tmp_path):

@@ -420,3 +420,27 @@ def test_atomic_add_on_bf16_is_refused_naming_the_kernel(device):
     o, x = torch.zeros(1, dtype=torch.bfloat16), torch.ones(1, dtype=torch.bfloat16)
     with pytest.raises(Exception, match="kernel bf16_atomic_kernel: an atomic read-modify-write on bf16 is refused on the CPU"):
         bf16_atomic_kernel[(1,)](o, x)
+
+
+def test_type_caches_answer_as_the_interpreter_does(device):
+    """``shim._install_type_caches`` (speed only): the remembered numpy dtype of a Triton type and the checked
+    block shape are the interpreter's own answers, per type and per shape, and a refused shape is refused
+    again (never remembered as valid)."""
+    if not device.interpreted:
+        pytest.skip("the shim is installed under the Triton interpreter only")
+    from triton.language import core
+    from triton.runtime import interpreter as it
+
+    want = [(tl.float32, np.float32), (tl.bfloat16, np.uint16), (tl.float8e4nv, np.uint8), (tl.int64, np.int64),
+            (tl.int1, np.bool_), (tl.pointer_type(tl.bfloat16), np.uint64)]
+    for _ in range(2):  # first computed, then remembered: the same answers
+        for tt, np_dtype in want:
+            assert it._get_np_dtype(tt) == np.dtype(np_dtype), tt
+            if not isinstance(tt, tl.pointer_type):  # a block of them: its element's (a block of pointers: uint64)
+                assert it._get_np_dtype(tl.block_type(tt, [16, 32])) == np.dtype(np_dtype), tt
+        assert it._get_np_dtype(tl.block_type(tl.pointer_type(tl.float32), [8])) == np.dtype(np.uint64)
+        assert core.validate_block_shape([16, 32]) == 512 and core.validate_block_shape((1,)) == 1
+        with pytest.raises(ValueError, match="power of 2"):
+            core.validate_block_shape([16, 3])
+        with pytest.raises(TypeError, match="Shape element 0"):
+            core.validate_block_shape([2.0])

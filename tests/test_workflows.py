@@ -132,3 +132,15 @@ def test_every_nox_session_shares_one_environment():
         assert "venv_backend='none'" in deco, f"{f.name}: {deco} makes a virtualenv of its own"
         calls = {ast.unparse(n.func) for n in ast.walk(f) if isinstance(n, ast.Call)}
         assert "_install" in calls and "session.install" not in calls, f"{f.name} installs apart from .venv"
+
+
+def test_tests_marked_slow_run_in_the_nightly():
+    """``nox -s tests`` deselects ``@pytest.mark.slow`` unless ``VP_TESTS=all``; the nightly's test step sets it,
+    so a test moved behind the marker still runs every night, never nowhere."""
+    nox = (ROOT / "noxfile.py").read_text()
+    assert 'TESTS_ENV = "VP_TESTS"' in nox and '["-m", "not slow"]' in nox
+    steps = re.split(r"\n\s*- (?=name:|uses:)", (WORKFLOWS / "gpu-run.yml").read_text())
+    tests = [s for s in steps if "nox -s tests" in s]
+    assert tests and all(re.search(r"^\s*VP_TESTS: all\b", s, re.MULTILINE) for s in tests), tests
+    ci = [s for s in re.split(r"\n\s*- (?=name:|uses:)", (WORKFLOWS / "ci.yml").read_text()) if "nox -s tests" in s]
+    assert ci and not any("VP_TESTS" in s for s in ci), "pull requests' CI leaves the slow tests to the nightly"

@@ -134,6 +134,8 @@ def cmd_run(args) -> int:
         from reports import summary
 
         rc = summary.print_report(frame)
+        for line in suite.coverage(rows, reg, ops=ops, profile=prof, dev=dev, generated=args.generated):
+            print(line)
     if tally.interrupted:  # a run cut short never reads as a complete one, however its rows went
         print(f"interrupted: {tally.done} of {tally.total} runs done; {path} holds their rows", file=sys.stderr)
         return INTERRUPTED
@@ -230,14 +232,14 @@ def cmd_compile(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from reports.build import build
+    from reports.build import MERGED, build
 
     b = build(args.csv, args.out, mutants=args.mutants or [], perf=args.perf or [], gate=args.gate or [],
               baseline=args.baseline, baseline_perf=args.baseline_perf, threshold=args.slower,
               killmatrix=args.kill_matrix or [], timelines=args.timelines or [])
     for flag, path, n in b.inputs:
         print(f"read {flag} {path}: {n} rows")
-    print(f"report: {b.rows} rows ({b.failed_rows} failing) -> {b.out}/report.html, junit.xml, merged.csv, diff.csv")
+    print(f"report: {b.rows} rows ({b.failed_rows} failing) -> {b.out}/report.html, junit.xml, {MERGED}, diff.csv")
     if args.timelines:
         print(f"timelines: {b.timeline_runs} runs ({b.failed_timeline_runs} failing)")
     if args.baseline:

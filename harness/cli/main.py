@@ -29,7 +29,7 @@ EXAMPLES = """examples (one per command):
   PROG bench --out runs                      GPU benchmarks: ours vs the chain vs torch.compile vs peers
   PROG warmup --profile nightly              GPU: a plan's kernel variants compiled up front, in parallel
   PROG nightly --out runs/nightly            all of it under a time budget, then the report
-  PROG report --csv runs/parity.csv --out runs/report    HTML, JUnit, merged and baseline-diff CSVs
+  PROG report --csv runs/parity.csv --out runs/report    HTML, JUnit, merged rows (Parquet), baseline-diff CSV
   PROG gate                                  end-to-end gate on micro-models (accuracy, agreement)
   PROG serve --layout qwen35-gqa             the micro-engine as an OpenAI-compatible server
 """
@@ -71,7 +71,8 @@ def _run_or_mutants(p, expect_fail: bool) -> None:
                    help="only the generated (hypothesis-drawn) cases, none of the named catalog")
     p.add_argument("--jobs", type=usage.positive_int, default=None, help=JOBS_HELP)
     p.add_argument("--csv", type=usage.output_file, default=f"runs/{name}.csv",
-                   help="parity rows" + (" (of the op mutants, also in the kill matrix)" if expect_fail else ""))
+                   help="parity rows, CSV (a name ending in .parquet: Parquet)"
+                   + (" (of the op mutants, also in the kill matrix)" if expect_fail else ""))
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--junit", type=usage.output_file, default=None, help="also write JUnit XML here")
     p.add_argument("--ledger", action="append",
@@ -151,7 +152,8 @@ def _repro(p) -> None:
 
 def _report(p) -> None:
     src = usage.input_file
-    p.add_argument("--csv", action="append", type=src, required=True, help="parity CSV (repeatable: shards are merged)")
+    p.add_argument("--csv", action="append", type=src, required=True,
+                   help="parity CSV or Parquet file (repeatable: shards are merged)")
     p.add_argument("--mutants", action="append", type=src, help="mutants-run CSV for the kill matrix (repeatable)")
     p.add_argument("--perf", action="append", type=src, help="benchmark CSV of reports.rows.PerfRow (repeatable)")
     p.add_argument("--gate", action="append", type=src, help="gate CSV of reports.rows.GateRow (repeatable)")
@@ -159,7 +161,8 @@ def _report(p) -> None:
                    help="targeted kill-matrix CSV of `harness mutants` (repeatable)")
     p.add_argument("--timelines", action="append", type=src,
                    help="timelines CSV of reports.rows.TimelineRow (repeatable: shards and families are merged)")
-    p.add_argument("--baseline", type=src, default=None, help="a previous run's parity CSV; exit 1 on any REGRESS")
+    p.add_argument("--baseline", type=src, default=None,
+                   help="a previous run's parity rows (its report's merged.parquet, or a CSV); exit 1 on any REGRESS")
     p.add_argument("--baseline-perf", type=src, default=None, help="a previous run's perf CSV (SLOWER rows)")
     p.add_argument("--slower", type=usage.finite_float(0.0), default=0.10,
                    help="perf slowdown threshold: SLOWER when p20 > baseline p80 * (1 + this) (0.10 = 10%%)")
@@ -230,7 +233,7 @@ COMMANDS = {
     "warmup": ("compile every Triton variant a parity plan launches, up front, in parallel "
                "(python -m harness warmup --help)", None),
     "repro": ("re-run one case and print every check", _repro),
-    "report": ("merge run CSVs into report.html, junit.xml, merged.csv, diff.csv", _report),
+    "report": ("merge run CSVs (or Parquet files) into report.html, junit.xml, merged.parquet, diff.csv", _report),
     "gate": ("end-to-end gate: accuracy, agreement, acceptance, McNemar vs the reference path", _gate),
     "serve": ("the micro-engine as an OpenAI-compatible HTTP server on loopback", _serve),
 }

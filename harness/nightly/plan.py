@@ -141,7 +141,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
         steps.append(Step(f"parity:{op}", py + ["run", *(a for o in group for a in ("--op", o)), "--device", device,
                                                 "--profile", profile, "--quiet",
                                                 "--jobs", str(parity_jobs(workers["parity"], weight, cores)),
-                                                "--csv", str(out / f"parity-{op}.csv.gz"),
+                                                "--csv", str(out / f"parity-{op}.parquet"),
                                                 "--junit", str(out / f"parity-{op}.xml"), "--stage-times"]
                           + kinds + gen + watchdog, par, nice=BACKGROUND_NICE))
     if device != "cpu":  # torch.compile's Triton backend needs a GPU; on the CPU `compiled` refuses anyway
@@ -152,7 +152,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                                 # inductor's compiles, not the processes, bound this step
                                 "--jobs", str(min(len(ops or OPS), max(1, cores // 5))),
                                 "--kind", "compiled", "--generated", "0", "--csv",
-                                str(out / "parity-compiled.csv.gz"), "--junit",
+                                str(out / "parity-compiled.parquet"), "--junit",
                                 str(out / "parity-compiled.xml"), "--stage-times",
                                 # inductor compiles each catalog case (35-54 s a case, measured): a longer limit
                                 "--case-timeout-s", f"{max(limit, 300):g}"]
@@ -169,7 +169,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                                                     "--family", fam, *twins, "--quiet", "--jobs",
                                                     str(parity_jobs(workers["timelines"], tl.FAMILIES[fam].nightly_weight,
                                                                     cores)),
-                                                    "--csv", str(out / f"timelines-{fam}.csv.gz")] + tl_gen + watchdog,
+                                                    "--csv", str(out / f"timelines-{fam}.parquet")] + tl_gen + watchdog,
                           par,
                           nice=BACKGROUND_NICE))
     steps.append(Step("gpu", py + ["gpu", "--out", str(out / "gpu")], par))

@@ -11,7 +11,7 @@ command. The correctness steps run concurrently (one GPU is shared; the CPU core
 launches), each under a time limit derived from ``--budget-s``: a step that runs out is stopped
 with SIGTERM, keeps the rows it has and counts as failed. The benchmarks run afterwards, alone,
 so that their timings are not taken beside other work. The report merges every CSV the steps
-wrote (parity shards, timelines, gate, perf) into ``OUT/report``.
+wrote (parity per op and timelines as Parquet, gate, perf) into ``OUT/report``.
 
 Every parity and timeline case runs under a per-case limit (``--case-timeout-s``): a stalled case
 is a failing ``timeout`` row with its worker's stack, never a slow step.
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-gate", action="store_true")
     ap.add_argument("--baseline", type=usage.input_file, default=None,
-                    help="a previous nightly's merged parity CSV for the report's diff")
+                    help="a previous nightly's merged parity rows (its report/merged.parquet, or a CSV) for "
+                         "the report's diff")
     args = ap.parse_args(argv)
     from harness import devices
 

@@ -14,20 +14,23 @@ from harness.nightly.plan import Step
 
 
 def _header_only(path: Path) -> bool:
-    """A CSV with a header and no rows: what a step stopped before its first row writes. ``report``
+    """A results file with columns and no rows: what a step stopped before its first row writes. ``report``
     refuses such a file; the step's own status already fails it, so the report leaves it out rather
     than be lost. Anything else (rows, or a file that does not parse) goes to ``report`` to judge."""
     import pandas as pd
+    import pyarrow.parquet as pq
+
+    from reports.frames import is_parquet_file
 
     try:
-        return pd.read_csv(path, nrows=1).empty
+        return pq.ParquetFile(path).metadata.num_rows == 0 if is_parquet_file(path) else pd.read_csv(path, nrows=1).empty
     except Exception:  # noqa: BLE001 - unreadable: report names what is wrong with it
         return False
 
 
 def report_step(out: Path, baseline: str | None) -> Step:
     args = [sys.executable, "-m", "harness", "report", "--out", str(out / "report")]
-    for flag, pattern in (("--csv", "parity-*.csv.gz"), ("--gate", "gate-*.csv"), ("--timelines", "timelines-*.csv.gz")):
+    for flag, pattern in (("--csv", "parity-*.parquet"), ("--gate", "gate-*.csv"), ("--timelines", "timelines-*.parquet")):
         for p in sorted(out.glob(pattern)):
             if _header_only(p):
                 print(f"nightly: report leaves out {p.name}: no rows (its step's status says why)", flush=True)

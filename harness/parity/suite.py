@@ -69,6 +69,45 @@ def plan_cases(spec: OpSpec, profile: Profile, *, seed: int = 0, generated: int 
     return [Planned(spec, c) for c in cat + gen]
 
 
+def coverage(rows: list, reg: Registry, *, ops: list[str], profile: Profile, dev: Device,
+             generated: int | None = None) -> list[str]:
+    """What a run's rows covered, and what the larger profiles and the nightly add (the lines ``run``
+    ends with): ops, implementations, cases (catalog + generated) and checks that ran; per larger
+    profile (``cases.profiles.PROFILES``, by generated count) the cases it would add to these ops on
+    this device (generated, and GPU-sized catalog entries), and what runs only in the nightly."""
+    from cases.profiles import PROFILES
+
+    cases = {(r.op, r.case) for r in rows}
+    impls = sorted({(r.op, r.impl) for r in rows})
+    kinds = sorted({r.kind for r in rows})
+    n_cat = sum(len(reg.ops[op].catalog(big=profile.big)) for op in ops)
+    n_gen = sum(generated_count(reg.ops[op], profile, interpreted=dev.interpreted, generated=generated) for op in ops)
+    where = f"{dev.kind} ({'Triton interpreter' if dev.interpreted else dev.name})"
+    n_ops = len({op for op, _ in cases})
+    out = [(f"covered: {n_ops} op{'s' * (n_ops != 1)}, {len(impls)} implementation{'s' * (len(impls) != 1)} "
+            f"({', '.join(kinds)}), "
+            f"{len(cases):,} cases of a plan of {n_cat:,} catalog + {n_gen:,} generated, {len(rows):,} checks; "
+            f"profile {profile.name} on {where}")]
+    for p in sorted(PROFILES.values(), key=lambda p: p.generated):
+        if p.generated <= profile.generated and p.big <= profile.big:
+            continue
+        gen = sum(max(0, generated_count(reg.ops[op], p, interpreted=dev.interpreted) -
+                      generated_count(reg.ops[op], profile, interpreted=dev.interpreted, generated=generated))
+                  for op in ops)
+        big = sum(len(reg.ops[op].catalog(big=True)) - len(reg.ops[op].catalog(big=False))
+                  for op in ops) if p.big and not profile.big else 0
+        on_gpu = sum(len(reg.ops[op].catalog(big=p.big)) + generated_count(reg.ops[op], p, interpreted=False)
+                     for op in ops)
+        out.append(f"--profile {p.name} adds {gen:,} generated cases" + (f" and {big} GPU-sized catalog cases"
+                                                                          if big else "")
+                   + (f" here (on a GPU, uncapped: {on_gpu:,} cases in all)" if dev.interpreted else ""))
+    out.append("the nightly (python -m harness nightly, on a GPU) adds "
+               + ("torch.compile of every chain (--kind compiled), " if dev.interpreted else "")
+               + "the store-timing timelines, GPU-only checks, the end-to-end gate and benchmarks; "
+                 "python -m harness mutants shows that every check bites")
+    return out
+
+
 def shard(items: list, spec: str | None) -> list:
     """``i/n``: the deterministic i-th of n slices (round robin), 1-based."""
     if not spec:
