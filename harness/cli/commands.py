@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from harness.cli.setup import load_registry, load_specs, plugin_specs, select_impls, setup
-from harness.registry import nan_policy_of
 from harness.usage import UsageError
 
 INTERRUPTED = 130  # exit status of a run cut short by Ctrl-C or SIGTERM (128 + SIGINT, as a shell reports it)
@@ -22,6 +21,7 @@ def cmd_list(args) -> int:
     if unknown:
         raise UsageError("--impl", f"unknown implementation(s) {', '.join(sorted(unknown))}; known: "
                                    f"{', '.join(sorted({i.name for i in reg.impls.values()}))}")
+    from harness import registry  # here, not at the top: --help imports no torch
     from harness.parity.suite import generated_count
 
     for name, spec in sorted(reg.ops.items()):
@@ -35,7 +35,7 @@ def cmd_list(args) -> int:
                 continue
             pol = f" fp8_policy={impl.fp8_policy}" if impl.fp8_policy else ""
             pol += f" precision={impl.precision}"
-            pol += f" nan_policy={nan_policy_of(spec, impl)}" if spec.nan_policies else ""
+            pol += f" nan_policy={registry.nan_policy_of(spec, impl)}" if spec.nan_policies else ""
             pol += f" may_write={','.join(impl.may_write)}" if impl.may_write else ""
             src = f"  [{impl.source}]" if impl.source else ""
             print(f"  - {impl.name:36s} {impl.kind:9s}{pol}  {impl.doc}{src}")
