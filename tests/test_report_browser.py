@@ -123,7 +123,7 @@ def _rows(n: int, status: str, *, op: str, check: str, tag: str) -> list[dict]:
             op=op, impl="fused", kind="fused", case=case, check=check, status=status, err=2.0 if status == "fail" else 0.1,
             ref_err=0.1, allowed=1.0, max_abs=0.0, max_rel=0.0, mismatch_frac=0.0, nan_inf_mismatch=0,
             worst="(0, 1, 2): 0.1234567 / 0.1234 / 0.1235; " * 3, detail="err 2 > allowed 1 " * 4, seconds=0.01,
-            fp8_policy="", precision="exact-fp32", known="",
+            fp8_policy="", precision="exact-fp32", nan_policy="", known="",
             repro=f"python -m harness repro '{case}' --impl fused --device cuda", **prov)))
     return out
 
