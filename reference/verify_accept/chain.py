@@ -62,6 +62,18 @@ PAD_ID = -1
 
 # ----------------------------------------------------------------------------- validation
 
+def validate_logits(target_logits) -> int:
+    """The target logits of an acceptance op: (N, V) bf16, V >= 1, a unit innermost stride (any row
+    stride: an LM head's output sliced to the vocabulary). Returns V."""
+    check_rank("target_logits", target_logits, 2)
+    check_dtype("target_logits", target_logits, LOGIT_DTYPES)
+    check_inner_contiguous("target_logits", target_logits)
+    V = target_logits.shape[1]
+    if V == 0:
+        raise ShapeError("target_logits", f"empty vocabulary: shape {tuple(target_logits.shape)}")
+    return V
+
+
 def validate_tensors(*, target_logits, draft_tokens, qo_indptr) -> tuple[int, int, int]:
     """Ranks, dtypes, layouts, devices and the shapes that tie the three together; reads no
     values (no device sync). Returns (B, L, V).
@@ -70,12 +82,7 @@ def validate_tensors(*, target_logits, draft_tokens, qo_indptr) -> tuple[int, in
     head's output sliced to the vocabulary); draft_tokens (B·L,) int32/int64 contiguous, L >= 1;
     qo_indptr (B + 1,) int32/int64 contiguous, B >= 1.
     """
-    check_rank("target_logits", target_logits, 2)
-    check_dtype("target_logits", target_logits, LOGIT_DTYPES)
-    check_inner_contiguous("target_logits", target_logits)
-    V = target_logits.shape[1]
-    if V == 0:
-        raise ShapeError("target_logits", f"empty vocabulary: shape {tuple(target_logits.shape)}")
+    V = validate_logits(target_logits)
     check_index("qo_indptr", qo_indptr, (None,), INDEX_DTYPES)
     B = qo_indptr.shape[0] - 1
     if B < 1:

@@ -58,16 +58,14 @@ from reference.checks import (
     INDEX_DTYPES,
     RangeError,
     ShapeError,
-    check_dtype,
     check_index,
-    check_inner_contiguous,
     check_int,
     check_rank,
     check_same_device,
     values_read,
 )
 from reference.launches import launch
-from reference.verify_accept.chain import LOGIT_DTYPES
+from reference.verify_accept.chain import validate_logits
 
 OUT_DTYPE = torch.int32  # rows, tokens and counts (a vocabulary of 160K fits, and so does -1)
 PAD_ID = -1  # accept_index past the path; predicts off it
@@ -86,12 +84,7 @@ def validate_tensors(*, target_logits, candidates, retrive_index, retrive_next_t
     candidates, retrive_index, retrive_next_token, retrive_next_sibling (B, N) int32/int64
     contiguous, B >= 1, 1 <= N <= MAX_NODES; num_speculative_tokens an int >= 1.
     """
-    check_rank("target_logits", target_logits, 2)
-    check_dtype("target_logits", target_logits, LOGIT_DTYPES)
-    check_inner_contiguous("target_logits", target_logits)
-    V = target_logits.shape[1]
-    if V == 0:
-        raise ShapeError("target_logits", f"empty vocabulary: shape {tuple(target_logits.shape)}")
+    V = validate_logits(target_logits)
     check_rank("candidates", candidates, 2)
     check_index("candidates", candidates, (None, None), INDEX_DTYPES)
     B, N = candidates.shape
