@@ -111,11 +111,20 @@ def test_greedy_rejection_sample_is_exact(registry, device, name):
 
 
 @needs_vllm
-def test_greedy_refuses_nan_naming_vllms_policy(registry, device):
+@pytest.mark.parametrize("name", ["nan-rows"])
+def test_greedy_declares_vllms_nan_policy_and_is_exact_under_it(registry, device, name):
+    """vLLM ignores NaN (NaN policy 'ignore'): declared, it passes the NaN cases exactly; held to the op's
+    default ('max', NaN as the maximum) the same kernel fails them (the policy is what makes it pass)."""
+    import dataclasses
+
     impl = next(i for i in vllm.IMPLS() if i.name == "vllm-rejection-greedy")
-    case = {c.name: c for c in registry.ops["verify_accept"].catalog()}["nan-rows"]
-    res = runners.run_case(registry.ops["verify_accept"], impl, case, device)
-    assert "NaN policy 'ignore'" in res.refused
+    assert impl.nan_policy == "ignore"
+    case = {c.name: c for c in registry.ops["verify_accept"].catalog()}[name]
+    res = runners.run_case(registry.ops["verify_accept"], impl, case, device, poisoned_alloc=False)
+    assert not res.refused and all(x.passed for x in res.records), [x for x in res.records if not x.passed]
+    held_to_max = dataclasses.replace(impl, nan_policy="max")
+    res = runners.run_case(registry.ops["verify_accept"], held_to_max, case, device, poisoned_alloc=False)
+    assert any(x.check.startswith("exact:") and not x.passed for x in res.records)
 
 
 def _unified():

@@ -227,13 +227,6 @@ def installed_version() -> str:
 
 # ----------------------------------------------------------------------------- greedy acceptance
 
-def _accept_can_handle(case, device, inputs) -> bool | str:
-    x = inputs["target_logits"]
-    if bool(torch.isnan(x).any()):
-        return ("NaN logits: vLLM's greedy verify ignores NaN (its argmax across vocabulary blocks maps a NaN "
-                "maximum to -inf: NaN policy 'ignore'); the op's chain takes NaN as the maximum")
-    return True
-
 
 def _rejection_greedy(*, target_logits, draft_tokens, qo_indptr):
     """vLLM's batch holds its scheduled requests only: a padding request (0 rows) is left out of the
@@ -650,7 +643,9 @@ def IMPLS() -> list[Impl]:
     load()
     doc = f"vLLM {installed_version() or '?'} (checked against {VERSION}) "
     return [
-        Impl("verify_accept", "vllm-rejection-greedy", "external", _rejection_greedy, can_handle=_accept_can_handle,
+        # vLLM's greedy verify ignores NaN on purpose (its argmax across vocabulary blocks maps a NaN maximum to
+        # -inf): NaN policy 'ignore', checked exactly against the chain under that policy
+        Impl("verify_accept", "vllm-rejection-greedy", "external", _rejection_greedy, nan_policy="ignore",
              doc=doc + "rejection_sample at temperature 0 (greedy verify of the GPU model runner)"),
         Impl("verify_attention", "vllm-unified", "external", _unified, can_handle=_unified_can_handle,
              precision="bf16-p+cache-drafts",
