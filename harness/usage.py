@@ -30,7 +30,13 @@ class UsageError(ValueError):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors are one line (``--help`` still prints the usage); subparsers inherit it."""
+    """argparse whose errors are one line (``--help`` still prints the usage) and that takes no abbreviated
+    option (argparse's default would read ``timelines --case 5`` as ``--case-timeout-s 5``: a silently
+    accepted mistake); subparsers inherit both."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {one_line(message)}\n")

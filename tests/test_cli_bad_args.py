@@ -382,3 +382,16 @@ def test_help_shows_every_command_with_an_example():
     commands = out.split("{", 1)[1].split("}", 1)[0].split(",")
     examples = out.split("examples (one per command):", 1)[1]
     assert len(commands) == 13 and all(f"harness {c} " in examples for c in commands), (commands, examples)
+
+
+@pytest.mark.parametrize("argv", [["timelines", "--case", "5"], ["run", "--gen", "3"], ["list", "--dev", "cpu"]])
+def test_an_abbreviated_option_is_refused(argv, capsys):
+    """argparse reads a prefix of a long option as the option (``timelines --case 5`` set --case-timeout-s to 5
+    before): every parser of the CLI refuses it, one line, exit 2."""
+    from harness.cli import main as cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "error:" in err and "\n" not in err, err

@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     from harness import usage
     from harness.gpu import compile as compile_check
 
-    ap = argparse.ArgumentParser(prog="python -m harness warmup", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = usage.ArgumentParser(prog="python -m harness warmup", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
     ap.add_argument("--target", default=None, choices=sorted(compile_check.TARGETS),
                     help="dry run: compile for this target from a machine without it (inputs on the CPU)")
