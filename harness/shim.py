@@ -22,7 +22,7 @@ through a pointer as a 1-element array and its ``__index__`` calls ``int()`` on 
 numpy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"), so every
 ``range()`` over loaded bounds (the verify_attention prefix loops) raised.
 
-Vendor kernels (vLLM's, issue 35) meet two more defects, fixed here too:
+Vendor kernels (vLLM's) meet two more defects, fixed here too:
 
 * bf16 arithmetic inside a kernel: the interpreter hands the uint16 bit patterns to numpy, so
   ``tl.sum(q[None, :] * k, 1)`` on bf16 multiplies and adds bit patterns (and ``<`` orders them

@@ -2,7 +2,7 @@
 repro that fails without the harness, kept as data so that ``nox -s vllm`` fails on anything else.
 
 Empty: on the CPU (2 cores, triton 3.9, the ci catalog) no adapter fails. The one candidate, the one-head
-MLA decode path's bf16 products (issue 35 finding 5, docs/vllm.md), fails on some cases only, depending on
+MLA decode path's bf16 products (docs/vllm.md, the one-head MLA finding), fails on some cases only, depending on
 the data (q's scale, the sum's cancellation): a case-only condition cannot list it exactly, and it awaits
 the H200 run of ``.gpu/vllm.sh`` and a ledger entry whose condition sees the inputs.
 """

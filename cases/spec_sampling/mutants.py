@@ -1,5 +1,5 @@
 """Mutants of spec_sampling: the sampler bugs that keep a plausible acceptance rate and still skew
-the emitted distribution (issue 37). Each is the reference chain with one launch replaced, so
+the emitted distribution. Each is the reference chain with one launch replaced, so
 it runs with given uniforms (``exact:``) and with its own (``distribution:``); ``catches`` names
 the checks that flag it, ``tests/test_spec_sampling.py`` the catalog cases.
 """

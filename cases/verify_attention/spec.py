@@ -181,7 +181,7 @@ def _spec() -> OpSpec:
         roundings={"bf16-p": {"bf16_p": True}, "bf16-partials": {"bf16_partials": True}, "fp8-q": {"fp8_q": True},
                    "cache-drafts": {"cache_drafts": True}},
         # a kernel that stores the drafts in the fp8 cache before attention attends to the stored drafts:
-        # its oracle (and its chain's) is exact attention over them, not over the bf16 drafts (issue 35)
+        # its oracle (and its chain's) is exact attention over them, not over the bf16 drafts
         rounding_oracle_inputs={"cache-drafts": _drafts_as_stored},
         # P is rounded relative to a maximum: its split's in the chain, its tile's running one in a kernel,
         # so which weights round (p = 1 is exact) depends on the partition. With the case's 8 splits of
@@ -192,7 +192,7 @@ def _spec() -> OpSpec:
         # online tile-32 emulation errs 75.8, the chain with 1 / 2 splits 34.5 / 76.8): the allowance is
         # the largest over the case's partition, one split and two. Those still fell short of a kernel
         # with one online softmax over prefix + drafts (vLLM's unified attention: 0.925 of the allowance on
-        # 'prefix-one', issue 35): the chain's one-pass form with a running maximum per tile of 16, 32, 64
+        # 'prefix-one'): the chain's one-pass form with a running maximum per tile of 16, 32, 64
         # and 128 keys, and cut into 16 segments of 16-key tiles as vLLM's split-KV (3D) launch does
         # (chain.online_weights), is among the variants, so every such kernel is covered by construction,
         # not by the luck of its partition

@@ -28,7 +28,7 @@ Precision, read from each kernel:
               partials fp32: ``bf16-p+cache-drafts``
   mla-decode  with several query heads the grouped stage 1 (tl.dot, fp32 accumulation); with one head
               (kv_group_num == 1) the MHA stage 1 forms q·k as ``tl.sum(q[None, :] * k, 1)`` on bf16 operands:
-              each product rounded to bf16 before the sum (finding 6 of issue 35, docs/vllm.md). P·V as
+              each product rounded to bf16 before the sum (docs/vllm.md, the one-head MLA finding). P·V as
               ``tl.sum(p[:, None] * v, 0)`` / tl.dot on fp32 p: ``cache-drafts``
   mla-verify  tl.dot on bf16 q / K, P rounded to bf16 before tl.dot(P, V), one online softmax per split
               with a running max per 32-key tile: ``bf16-p+cache-drafts``
