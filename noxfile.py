@@ -113,7 +113,7 @@ def tests(session: nox.Session) -> None:
     run = _install(session)
     workers = os.environ.get("VP_WORKERS", "auto")
     marks = [] if os.environ.get(TESTS_ENV) == "all" else ["-m", "not slow"]
-    run("-m", "pytest", "-n", workers, "-q", "--durations=15", *marks, *session.posargs,
+    run("-m", "pytest", "-n", workers, "--dist", "worksteal", "-q", "--durations=15", *marks, *session.posargs,
         env={"VP_DEVICE": DEVICE, "VP_REQUIRE_SGLANG": "1", "VP_REQUIRE_VLLM": "1"})
 
 

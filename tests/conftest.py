@@ -20,6 +20,9 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the longest tests first (stable: every xdist worker collects the same order), so that
+    # ``--dist worksteal`` starts each on its own worker at once instead of leaving one for the end
+    items.sort(key=lambda item: "long" not in item.keywords)
     if DEVICE.interpreted:
         skip = pytest.mark.skip(reason="needs a GPU: runs on CUDA/ROCm runners (nox -s gpu)")
         for item in items:

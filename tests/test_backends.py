@@ -54,6 +54,7 @@ def _flagged(frame: pd.DataFrame) -> dict[str, set[str]]:
     return {p: {c.split(":r")[0] for c in g["check"]} for p, g in bad.groupby("path")}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("timeline", list(PLANTS))
 def test_planted_backend_bugs_fail_through_the_cli(timeline, tmp_path):
     plants = PLANTS[timeline]

@@ -363,6 +363,7 @@ def test_repro_of_a_partial_case_id_prints_the_case_it_runs():
     assert base.display_id("qk_norm_rope", parse_case_id(reg, full)[1]) == full
 
 
+@pytest.mark.long
 def test_generated_only_runs_no_catalog_case(tmp_path):
     """``--generated-only``: the generated cases of the seed, none of the named catalog (whose names the
     rows would show); the same generated ids as a run with the catalog."""

@@ -117,6 +117,7 @@ def test_ngram_drafter_proposes_the_table_and_copies():
     assert tok.decode(d.propose(0, ctx, [], 3)) == "*25"
 
 
+@pytest.mark.long
 def test_shipped_models_meet_acceptance_and_the_store_before_attention_drop(registry, device):
     """The shipped qwen35-gqa model (trained on the H200) through the reference kernels: the
     reference path reaches mean acceptance >= 2 with the n-gram drafter and the gate's accuracy;
@@ -137,6 +138,7 @@ def test_shipped_models_meet_acceptance_and_the_store_before_attention_drop(regi
     assert mut.p_value < 1e-6 and mut.worse > mut.better
 
 
+@pytest.mark.long
 def test_gate_generations_in_worker_processes_give_the_same_rows(registry, device, tmp_path):
     """--jobs: the generation runs (reference greedy + one per path) in spawned processes give the
     rows the in-process run gives (timings aside)."""
@@ -174,6 +176,7 @@ def test_kernel_problems_cut_only_the_fused_run_and_say_so(registry, device, tmp
     assert by["path-store-before-attention"].verdict == "fail"
 
 
+@pytest.mark.long
 def test_a_cut_run_is_judged_on_exactly_its_problems(registry, device, monkeypatch):
     """A kernel run on the first k of n problems gets the row a whole run on those k problems gets:
     accuracy, the reference's accuracy, agreement, near-ties, McNemar, verdict. The shipped trained

@@ -346,6 +346,7 @@ def test_run_writes_schema_rows_and_a_crash_is_a_failure(reg, device, monkeypatc
 
 # ----------------------------------------------------------------------------- the real thing
 
+@pytest.mark.long
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_GPU, reason="launch counts and CUDA-graph capture need a CUDA/ROCm device")
 def test_gpu_checks_pass_clean_and_flag_every_gpu_mutant(tmp_path, capsys):

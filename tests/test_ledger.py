@@ -115,6 +115,7 @@ PLUGIN = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.long
 def test_cli_run_with_a_ledger_exits_0_on_known_failures_only(tmp_path):
     (tmp_path / "vp_ledger_plugin.py").write_text(PLUGIN)
     env = subprocess_env(tmp_path)

@@ -193,6 +193,7 @@ def _threads(_task) -> int:
     return torch.get_num_threads()
 
 
+@pytest.mark.long
 def test_spawned_workers_and_nightly_steps_run_one_intra_op_thread(tmp_path, monkeypatch):
     """The nightly's parity steps crawled on the H200 host (4 workers x 16 torch threads on 16 cores:
     10.2 s a case, 0.62 s with one thread). Planted: dropping ``torch.set_num_threads(1)`` from

@@ -133,6 +133,7 @@ def test_entry_point_plugin_is_registered_and_checked(plugin_dir, device):
     assert not all(r.passed for r in runners.run_case(spec, bad, case, device).records)
 
 
+@pytest.mark.long
 def test_entry_point_and_module_attr_of_one_impl_register_once_and_repro_by_name(plugin_dir, tmp_path):
     """Installed as an entry point and named by --impl too: one registration (the entry point's), and
     its repro line, run as printed in a fresh process, loads it by name and fails the same check."""
@@ -177,6 +178,7 @@ def test_cli_warns_once_per_broken_entry_point_and_keeps_working(broken_dist):
     assert "vendor-good" in r.stdout and "fused-shared-kv" in r.stdout
 
 
+@pytest.mark.long
 def test_impl_spec_that_fails_to_import_is_a_clear_error(cwd_plugin):
     for spec, words in (("vp_no_such_module:X", "ModuleNotFoundError"), ("vp_cwd_plugin:NOPE", "NOPE"),
                         ("vp_cwd_plugin:NOT_AN_IMPL", "got int")):
@@ -208,6 +210,7 @@ def test_module_attr_selection_registers_only_the_named(cwd_plugin, monkeypatch,
         reg.load_spec("vp_cwd_plugin:ALL[]")
 
 
+@pytest.mark.long
 def test_cli_list_shows_only_the_selection(cwd_plugin):
     r = _cli(["list", "--device", "cpu", "--impl", "vp_cwd_plugin:ALL[vendor-writes-q]"], cwd_plugin)
     assert r.returncode == 0, r.stderr

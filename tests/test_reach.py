@@ -20,6 +20,7 @@ from tests.helpers import ROOT, subprocess_env
 CI = PROFILES["ci"].generated
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("op,region", [(op, r) for op, (_, _, regions) in reach.OPS.items() for r in regions])
 def test_region_holds_a_fifth_of_the_ci_cases(op, region):
     got = reach.hits(op, CI)[region]
@@ -139,6 +140,7 @@ def _ids_after(*imports: tuple[str, ...]) -> list[dict]:
     return out
 
 
+@pytest.mark.long
 def test_a_seed_draws_one_case_list_whatever_was_imported_first():
     """Two fresh processes draw the ci profile's cases, one after importing the CLI, the kernels and
     every case module, one after nothing else: the ids are the same (hypothesis's engine took

@@ -154,6 +154,7 @@ def _report(*args):
                           capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.long
 def test_cli_report_exit_code_follows_regressions(runs, tmp_path):
     d, _, mutant = runs
     r = _report("--csv", d / "mutant.csv", "--baseline", d / "clean.csv", "--mutants", d / "mutant.csv", "--out", tmp_path / "a")
@@ -266,6 +267,7 @@ def test_html_shows_the_targeted_kill_matrix_with_survivors_marked(runs):
     assert 'class="SURVIVED">qk_norm_rope/mutant-a<' not in table and 'class="">qk_norm_rope/mutant-a<' in table
 
 
+@pytest.mark.long
 def test_cli_report_timelines_fail_once_with_the_runs_repro(runs, tmp_path):
     """A timelines CSV with one failing run (and a passing one, in a second file): the HTML names
     the run with the repro the timelines command printed, junit.xml has exactly one failing

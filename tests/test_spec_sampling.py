@@ -285,6 +285,7 @@ def test_mutant_is_flagged_exactly_and_in_distribution(spec, registry, device, m
     assert {"exact:output_ids", "distribution:output_ids"} <= bad
 
 
+@pytest.mark.long
 def test_kill_matrix_kills_every_mutant_on_the_targeted_cases(registry, device):
     from harness.mutants import killmatrix
 

@@ -166,6 +166,7 @@ def test_op_mutant_in_a_clean_path_is_caught_by_the_timeline(registry, device, k
 @pytest.mark.slow  # 307 s CPU on the 2-core machine (2026-12-07): the nightly runs it (VP_TESTS=all) beside `nox -s
 # mutants`, which builds the same matrix; pull requests keep each mutant's own test (test_<op>.py::test_mutant_is_flagged,
 # test_path_mutant_is_caught_by_a_timeline_check, test_op_mutant_in_a_clean_path_is_caught_by_the_timeline)
+@pytest.mark.long
 def test_kill_matrix_has_no_survivors_and_clean_paths_pass(registry, device, tmp_path):
     rows = killmatrix.build(registry, device, progress=None)
     survivors, broken = killmatrix.verdict(rows)

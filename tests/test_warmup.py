@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.helpers import ROOT, subprocess_env
 
 PLAN = ["--op", "qk_norm_rope", "--generated", "0", "--case", "dsv4-"]  # 11 catalog cases, decode and verify
@@ -28,6 +30,7 @@ def test_interpreter_has_nothing_to_warm(tmp_path):
     assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.long
 def test_dry_run_compiles_each_variant_once_and_a_second_run_only_hits_the_cache(tmp_path):
     """Every variant the plan launches lands in the cache once (one cubin per variant); a second
     warmup in fresh processes finds the same variants (the keys do not depend on the process) and
