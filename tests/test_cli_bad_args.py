@@ -387,11 +387,12 @@ def test_help_shows_every_command_with_an_example():
 @pytest.mark.parametrize("argv", [["timelines", "--case", "5"], ["run", "--gen", "3"], ["list", "--dev", "cpu"]])
 def test_an_abbreviated_option_is_refused(argv, capsys):
     """argparse reads a prefix of a long option as the option (``timelines --case 5`` set --case-timeout-s to 5
-    before): every parser of the CLI refuses it, one line, exit 2."""
+    before): every parser of the CLI refuses it as an unknown argument, one line, exit 2 (an ambiguous prefix,
+    ``run --gen``, exits 2 either way: the message tells them apart)."""
     from harness.cli import main as cli
 
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert "error:" in err and "\n" not in err, err
+    assert f"error: unrecognized arguments: {' '.join(argv[1:])}" in err and "\n" not in err, err
