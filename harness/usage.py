@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +64,9 @@ def guarded(prog: str, fn: Callable[..., int], *args) -> int:
     except usage_errors() as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `verify-parity list | head`: the reader left; no traceback, no flush error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def _int(text: str) -> int:

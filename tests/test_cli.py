@@ -32,6 +32,21 @@ def test_list():
     assert any(x.startswith("timelines: ") and "qwen35-gqa/width-1" in x for x in lines)
 
 
+def test_list_piped_into_a_reader_that_left_is_no_traceback():
+    """``verify-parity list | head -1``: the reader closes the pipe; the CLI stops quietly (exit 141, as a
+    program killed by SIGPIPE) instead of a BrokenPipeError traceback. The pipe's read end is closed before
+    the CLI starts, so its first write fails whatever the timing."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run([sys.executable, "-m", "harness", "list"], cwd=ROOT, env=subprocess_env(),
+                           stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 128 + signal.SIGPIPE, r.stderr
+    assert "Traceback" not in r.stderr and "Error" not in r.stderr, r.stderr
+
+
 HEAVY = ("torch", "triton", "pandas", "numpy", "hypothesis")
 
 
