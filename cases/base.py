@@ -35,7 +35,17 @@ def parse_case(case_type: type, text: str):
         if key not in hints:
             raise ValueError(f"case id: unknown field {key!r} for {case_type.__name__}")
         typ = hints[key]
-        kwargs[key] = (val == "True") if typ is bool else typ(val)
+        if typing.get_origin(typ) is typing.Literal:
+            choices = typing.get_args(typ)
+            if val not in choices:
+                raise ValueError(f"case id: {key}={val!r}: expected one of {', '.join(choices)}")
+            kwargs[key] = val
+        elif typ is bool:
+            if val not in ("True", "False"):
+                raise ValueError(f"case id: {key}={val!r}: expected True or False")
+            kwargs[key] = val == "True"
+        else:
+            kwargs[key] = typ(val)
     return case_type(**kwargs)
 
 

@@ -59,11 +59,16 @@ def parse_steps(steps: str) -> list[tuple[str, list[tuple[int, int]]]]:
     """``P:0.5+1.2;D:0`` -> [("extend", [(0, 5), (1, 2)]), ("decode", [(0, 0)])]."""
     out = []
     for batch in filter(None, steps.split(";")):
-        kind, reqs = batch.split(":", 1)
+        kind, colon, reqs = batch.partition(":")
+        if not colon or kind not in MODES:
+            raise ValueError(f"timeline batch {batch!r}: expected KIND:requests with KIND one of {', '.join(MODES)}")
         items = []
         for it in reqs.split("+"):
             r, _, a = it.partition(".")
-            items.append((int(r), int(a or 0)))
+            try:
+                items.append((int(r), int(a or 0)))
+            except ValueError:
+                raise ValueError(f"timeline batch {batch!r}: {it!r} is not REQUEST or REQUEST.TOKENS") from None
         if len({r for r, _ in items}) != len(items):
             raise ValueError(f"timeline batch {batch!r}: a request appears twice")
         out.append((MODES[kind], items))

@@ -39,9 +39,18 @@ def timeline_arg(text: str):
 
     if text.startswith("timeline:"):
         try:
-            return base.parse_case(tl.Timeline, text.split(":", 1)[1])
+            t = base.parse_case(tl.Timeline, text.split(":", 1)[1])
         except (ValueError, TypeError) as exc:
             raise argparse.ArgumentTypeError(f"{text!r}: {str(exc).removeprefix('case id: ')}") from None
+        if t.family not in tl.FAMILIES:
+            raise argparse.ArgumentTypeError(f"{text!r}: family={t.family!r}: expected one of {', '.join(tl.FAMILIES)}")
+        try:
+            batches = tl.parse_steps(t.steps)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+        if not batches:
+            raise argparse.ArgumentTypeError(f"{text!r}: steps={t.steps!r}: no batch (e.g. steps=P:0.4;V:0.2)")
+        return t
     named = {t.name: t for t in tl.catalog()}
     if text not in named:
         raise argparse.ArgumentTypeError(f"no catalog timeline {text!r} (and not a 'timeline:...' id); "

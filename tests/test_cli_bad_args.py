@@ -171,6 +171,11 @@ BAD = [
     ("run-fp8-format", "run --fp8-format e5m2", {}, ("--fp8-format",)),
     ("list-impl-unknown", "list --impl my_accept", {}, ("--impl", "my_accept")),  # listed everything, exit 0, before
     ("warmup-impl-unknown", "warmup --impl nope", {}, ("--impl", "nope")),  # "nothing to do", exit 0 on the CPU, before
+    ("warmup-jobs-zero", "warmup --jobs 0", {}, ("--jobs", "'0'")),  # these five: "nothing to do", exit 0 on the CPU
+    ("warmup-generated-negative", "warmup --generated=-1", {}, ("--generated",)),
+    ("warmup-shard-past-n", "warmup --shard 5/2", {}, ("--shard", "5/2")),
+    ("warmup-profile", "warmup --profile bogus", {}, ("--profile", "bogus")),
+    ("warmup-op", "warmup --op bogus", {}, ("--op", "bogus")),
     ("run-impl-name", "run --impl nope", {}, ("--impl", "nope")),
     ("run-impl-module", "run --impl no_such_module_xyz:IMPLS", {}, ("--impl", "no_such_module_xyz")),
     ("run-impl-attr", "run --impl harness.registry:NO_SUCH_ATTR", {}, ("--impl", "NO_SUCH_ATTR")),
@@ -188,6 +193,11 @@ BAD = [
     ("timelines-timeline-name", "timelines --timeline bogus", {}, ("--timeline", "bogus")),
     ("timelines-timeline-id", "timelines --timeline timeline:nonsense", {}, ("--timeline", "nonsense")),
     ("timelines-timeline-field", "timelines --timeline timeline:family=qwen35-gqa,bogus=1", {}, ("--timeline",)),
+    # a KeyError traceback before
+    ("timelines-timeline-family", "timelines --timeline timeline:family=bogus,steps=P:0.4", {}, ("family", "'bogus'")),
+    ("timelines-timeline-step-kind", "timelines --timeline timeline:family=qwen35-gqa,steps=Q:0.4", {}, ("'Q:0.4'",)),
+    ("timelines-timeline-step-request", "timelines --timeline timeline:family=qwen35-gqa,steps=P:x", {}, ("'x'",)),
+    ("timelines-timeline-no-steps", "timelines --timeline timeline:family=qwen35-gqa,steps=", {}, ("steps", "no batch")),
     ("timelines-family", "timelines --family bogus", {}, ("--family", "bogus")),
     ("timelines-path-one-part", "timelines --path fused", {}, ("--path", "fused")),
     ("timelines-path-three-parts", "timelines --path a+b+c", {}, ("--path",)),
@@ -211,6 +221,9 @@ BAD = [
     ("repro-id-field", "repro qk_norm_rope:nonsense=1", {}, ("nonsense",)),
     ("repro-id-value", "repro qk_norm_rope:scale=abc", {}, ("scale",)),
     ("repro-impl", "repro qk_norm_rope/one-token-one-head --impl nope", {}, ("--impl", "nope")),
+    # a value outside a case field's choices, or a bool not spelled True/False, ran the case with another value
+    ("repro-id-choice", "repro verify_attention:layout=nope", {}, ("layout", "'nope'", "gqa, mla")),
+    ("repro-id-bool", "repro verify_attention:is_causal=yes", {}, ("is_causal", "'yes'", "True or False")),
     ("report-missing-csv", "report --csv {missing} --out {out}", {}, ("missing.csv",)),
     ("report-csv-directory", "report --csv {dir} --out {out}", {}, ("adir",)),
     ("report-empty-file", "report --csv {empty} --out {out}", {}, ("empty.csv",)),
@@ -264,6 +277,7 @@ BAD = [
     ("nightly-timelines-negative", "nightly --out {out} --timelines=-1", {}, ("--timelines",)),
     ("nightly-layout", "nightly --out {out} --layout bogus", {}, ("--layout", "bogus")),
     ("nightly-family", "nightly --out {out} --family bogus", {}, ("--family", "bogus")),
+    ("nightly-case-timeout-negative", "nightly --out {out} --case-timeout-s=-3", {}, ("--case-timeout-s",)),
     ("nightly-compiled-shards-zero", "nightly --out {out} --compiled-shards 0", {}, ("--compiled-shards",)),
     ("nightly-out-a-file", "nightly --out {file}", {}, ("--out",)),
     ("nightly-baseline-missing", "nightly --out {out} --baseline {missing}", {}, ("--baseline",)),
@@ -382,6 +396,20 @@ def test_help_shows_every_command_with_an_example():
     commands = out.split("{", 1)[1].split("}", 1)[0].split(",")
     examples = out.split("examples (one per command):", 1)[1]
     assert len(commands) == 13 and all(f"harness {c} " in examples for c in commands), (commands, examples)
+
+
+@pytest.mark.parametrize("module,argv", [("cases.verify_accept.bench", ["--b", "0"]),
+                                         ("cases.verify_tree_accept.bench", ["--v=-1"]),
+                                         ("cases.qk_norm_rope.bench", ["--vs-sglang", "--T", "0"])])
+def test_an_op_benchmark_refuses_a_shape_count_below_one(module, argv, tmp_path, capsys):
+    """``python -m cases.<op>.bench``'s shape flags are counts >= 1 (a 0 or a negative size crashed in the
+    benchmark's allocation before): one line, exit 2, the flag named."""
+    import importlib
+
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main(["--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "expected an integer >= 1" in err and argv[-1].split("=")[0] in err, err
 
 
 @pytest.mark.parametrize("argv", [["timelines", "--case", "5"], ["run", "--gen", "3"], ["list", "--dev", "cpu"]])

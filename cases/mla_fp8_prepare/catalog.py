@@ -19,6 +19,7 @@ capture-stable physical write location (``decode_kernel_loc``) for target-verify
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from hypothesis import strategies as st
@@ -43,20 +44,20 @@ class MlaFp8PrepareCase:
     H: int  # num_heads (local)
     Dn: int = 512  # kv_lora_rank
     R: int = 64  # rope dims (carried, not rotated)
-    fp8_format: str = "e4m3fn"  # e4m3fn | e4m3fnuz
-    policy: str = "saturate"  # fp8 overflow policy of the contract: saturate | nan
+    fp8_format: Literal["e4m3fn", "e4m3fnuz"] = "e4m3fn"
+    policy: Literal["saturate", "nan"] = "saturate"  # fp8 overflow policy of the contract
     kv_descale: float = 0.0  # 0.0 = none
     scale: float = 1.0  # magnitude of the random part (300 overflows, 0.01 is mostly subnormal)
     specials: float = 0.25  # fraction of elements replaced by fp8 edge values
     padding: int = 0  # out_cache_loc entries set to -1
     extra_slots: int = 3  # pool rows beyond reserved slot 0 + T
-    pool: str = "translated"  # translated | identity
+    pool: Literal["translated", "identity"] = "translated"
     capture_loc: bool = True  # decode_kernel_loc filled (unified pool, target-verify)
     save_kv_cache: bool = True  # writes on
     switch: bool = True  # static fused switch
-    q_layout: str = "model"
-    k_layout: str = "model"
-    loc_dtype: str = "int64"  # int64 | int32
+    q_layout: Literal["model", "contiguous", "inner_strided"] = "model"  # inner_strided: not covered -> fallback
+    k_layout: Literal["model", "contiguous"] = "model"
+    loc_dtype: Literal["int64", "int32"] = "int64"
     seed: int = 0
     name: str = ""
 

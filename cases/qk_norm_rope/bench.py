@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from cases.qk_norm_rope.bench_shape import D, EPS, R, ROPE_STYLE, reference_chain
+from harness import usage
 from harness.bench import perf
 from harness.bench import perf_rows as pr
 from harness.bench import wide_rows as wr
@@ -144,7 +145,7 @@ def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m cases.{OP}.bench", description=__doc__,
+    ap = usage.ArgumentParser(prog=f"python -m cases.{OP}.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="directory for qk_norm_rope_bench.csv and perf.csv")
     ap.add_argument("--quick", action="store_true", help=f"B {B_QUICK} x H {H_QUICK} only")

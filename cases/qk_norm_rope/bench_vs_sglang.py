@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness import usage
 from harness.bench import before as before_module
 from cases.qk_norm_rope.bench_shape import D, EPS, R, ROPE_STYLE, reference_chain
 
@@ -35,12 +36,12 @@ def add_arguments(ap) -> None:
     """The ``--vs-sglang`` flags, a group of the benchmark's parser."""
     vs = ap.add_argument_group("--vs-sglang: ours vs SGLang's fused_qk_norm_rope_swa_store, graph and eager")
     vs.add_argument("--vs-sglang", action="store_true", help="print the comparison table (qk_norm_rope_vs_sglang.csv)")
-    vs.add_argument("--T", type=int, nargs="+", help=f"token counts (default {VS_T})")
-    vs.add_argument("--H", type=int, nargs="+", help=f"local heads (default {VS_H})")
+    vs.add_argument("--T", type=usage.positive_int, nargs="+", help=f"token counts (default {VS_T})")
+    vs.add_argument("--H", type=usage.positive_int, nargs="+", help=f"local heads (default {VS_H})")
     vs.add_argument("--modes", nargs="+", default=list(VS_MODES), choices=VS_MODES)
     vs.add_argument("--configs", default="default",
                     help="our kernel's (BLOCK_T)x(num_warps) candidates side by side, e.g. 'default,2x4,8x8'")
-    vs.add_argument("--rep-ms", type=int, default=10, help="do_bench_cudagraph's rep per timing (ms)")
+    vs.add_argument("--rep-ms", type=usage.positive_int, default=10, help="do_bench_cudagraph's rep per timing (ms)")
     vs.add_argument("--no-sglang", action="store_true")
     vs.add_argument("--before", type=Path, help="another fused/qk_norm_rope/wrapper.py (e.g. the previous commit's): timed "
                                                 "beside ours and its output bytes compared")

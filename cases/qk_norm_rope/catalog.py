@@ -9,6 +9,7 @@ gate's third branch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 from types import SimpleNamespace
 
 import torch
@@ -26,16 +27,16 @@ class QkNormRopeCase:
     H: int  # num_heads (local)
     D: int = 512  # head_dim
     R: int = 64  # rope_dim
-    rope_style: str = "interleaved"
+    rope_style: Literal["interleaved", "neox"] = "interleaved"
     q_weight: bool = False  # DeepSeek-V4 passes no q weight
-    mode: str = "target_verify"  # forward_mode: decode | target_verify
+    mode: Literal["decode", "target_verify"] = "target_verify"  # forward_mode
     scale: float = 1.0  # input magnitude; 1e-3 puts mean(x²) next to eps
     eps: float = 1e-6
     max_pos: int = 8192  # rows of the cos/sin tables
-    pos: str = "random"  # random | near_end | zero
+    pos: Literal["random", "near_end", "zero"] = "random"
     padding: int = 0  # loc entries set to -1 (padding slots)
-    kv_layout: str = "strided"  # strided (slice of qkv_a, as in the model) | contiguous
-    q_out: str = "alloc"  # alloc | provided (caller passes q_out)
+    kv_layout: Literal["strided", "contiguous"] = "strided"  # strided: a slice of qkv_a, as in the model
+    q_out: Literal["alloc", "provided"] = "alloc"  # provided: the caller passes q_out
     unified: bool = True  # False: non-unified layer, the paged fp8 SWA cache instead of the ring
     page_size: int = 64  # tokens per SWA page (non-unified only)
     seed: int = 0

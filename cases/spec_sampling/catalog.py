@@ -25,6 +25,7 @@ trials of each request (``cases/spec_sampling/distribution.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -47,12 +48,12 @@ class SpecSamplingCase:
     temperature: float = 0.7
     temp_spread: bool = False  # one temperature per request in [0.3, 1.5]
     scale: float = 3.0  # target logits' standard deviation
-    draft: str = "near"  # near | far | equal | onehot | sparse
+    draft: Literal["near", "far", "equal", "onehot", "sparse"] = "near"
     topk: int = 0  # > 0: target rows masked to their k largest logits
     row_pad: int = 0  # extra columns per target row (0: contiguous)
-    logit_dtype: str = "float32"
-    draft_dtype: str = "int64"
-    mode: str = "exact"  # exact | distribution
+    logit_dtype: Literal["float32", "bfloat16"] = "float32"
+    draft_dtype: Literal["int32", "int64"] = "int64"
+    mode: Literal["exact", "distribution"] = "exact"
     trials: int = 0  # distribution: trials per request
     seed: int = 0
     name: str = ""

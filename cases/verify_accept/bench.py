@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from harness import usage
 from harness.bench import perf
 from harness.bench import perf_rows as pr
 from harness.bench import wide_rows as wr
@@ -166,12 +167,12 @@ def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m cases.{OP}.bench", description=__doc__,
+    ap = usage.ArgumentParser(prog=f"python -m cases.{OP}.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help=f"directory for {WIDE_CSV} and perf.csv")
     ap.add_argument("--quick", action="store_true", help=f"(B, V) {QUICK} only")
-    ap.add_argument("--b", type=int, action="append", help=f"batch sizes (default {B_FULL})")
-    ap.add_argument("--v", type=int, action="append", help=f"vocabularies (default {V_FULL})")
+    ap.add_argument("--b", type=usage.positive_int, action="append", help=f"batch sizes (default {B_FULL})")
+    ap.add_argument("--v", type=usage.positive_int, action="append", help=f"vocabularies (default {V_FULL})")
     ap.add_argument("--before", type=Path, help="another fused/verify_accept/wrapper.py (e.g. an earlier commit's): "
                                                 "timed as 'before' beside ours")
     args = ap.parse_args(argv)

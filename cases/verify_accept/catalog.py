@@ -23,6 +23,7 @@ token — and the drafts after it are random. Padding requests' drafts are −1 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from hypothesis import strategies as st
@@ -40,14 +41,14 @@ class VerifyAcceptCase:
     V: int = 32000  # vocabulary
     row_pad: int = 0  # extra columns per logits row (0: contiguous rows)
     padding: int = 0  # requests with 0 rows
-    accept: str = "mixed"  # mixed | all | none
-    values: str = "randn"  # randn | coarse | constant | neginf
+    accept: Literal["mixed", "all", "none"] = "mixed"
+    values: Literal["randn", "coarse", "constant", "neginf"] = "randn"
     scale: float = 1.0
     ties: float = 0.0  # fraction of rows with their maximum copied to other columns
     nans: float = 0.0  # fraction of rows with NaNs (and a +inf) planted
     tie_drafts: bool = True  # a mismatching draft is another maximal index when there is one
-    draft_dtype: str = "int64"
-    indptr_dtype: str = "int32"
+    draft_dtype: Literal["int32", "int64"] = "int64"
+    indptr_dtype: Literal["int32", "int64"] = "int32"
     seed: int = 0
     name: str = ""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from hypothesis import strategies as st
@@ -23,7 +24,7 @@ FAMILIES = ("generic", "kimi-k3", "qwen3.5", "minimax", "dspark-draft")
 
 @dataclass(frozen=True)
 class VerifyAttentionCase:
-    layout: str = "gqa"  # gqa | mla
+    layout: Literal["gqa", "mla"] = "gqa"
     B: int = 1  # batch (requests)
     L: int = 4  # verify_width (drafts per request); the widest when ragged
     H: int = 16  # num_heads (TP-local)
@@ -31,7 +32,7 @@ class VerifyAttentionCase:
     D: int = 128  # head_dim (mla: 576)
     Dv: int = 128  # v_head_dim (mla: 512)
     prefix: str = "const:40"  # prefix-length pattern, see module docstring
-    kv_dtype: str = "bf16"  # bf16 | e4m3fn | e4m3fnuz (the KV buffers; drafts stay bf16)
+    kv_dtype: Literal["bf16", "e4m3fn", "e4m3fnuz"] = "bf16"  # the KV buffers; drafts stay bf16
     k_scale: float = 1.0
     v_scale: float = 1.0
     is_causal: bool = True
@@ -39,7 +40,7 @@ class VerifyAttentionCase:
     ragged: bool = False  # request widths vary in [1, L]
     splits: int = 2  # num_kv_splits
     topk: int = 1  # > 1: a tree of drafts with a custom mask
-    family: str = "generic"  # model family seen by the backend gate
+    family: Literal["generic", "kimi-k3", "qwen3.5", "minimax", "dspark-draft"] = "generic"  # seen by the backend gate
     q_scale: float = 1.0  # query magnitude (4.0 makes softmax peaky: LSE merge under stress)
     seed: int = 0
     name: str = ""

@@ -36,6 +36,7 @@ wrong if read (pointers 0, candidates −1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from hypothesis import strategies as st
@@ -54,9 +55,9 @@ class VerifyTreeAcceptCase:
     V: int = 32000  # vocabulary
     steps: int = 0  # accepted drafts at most, S - 1 (0: depth)
     spare: int = 0  # slots outside the tree
-    order: str = "bfs"  # bfs | dfs
-    accept: str = "mixed"  # mixed | all | none
-    match: str = "any"  # any | first | last: the accepted child's place in its sibling list
+    order: Literal["bfs", "dfs"] = "bfs"  # bfs | dfs
+    accept: Literal["mixed", "all", "none"] = "mixed"
+    match: Literal["any", "first", "last"] = "any"  # any | first | last: the accepted child's place in its sibling list
     dup_siblings: float = 0.0  # fraction of path levels with a later sibling carrying the same token
     decoys: bool = False  # cousins carrying the target token
     padding: int = 0  # padding requests

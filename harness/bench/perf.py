@@ -30,7 +30,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from harness import devices
+from harness import devices, usage
 from harness.gpu import profiling
 from harness.bench.perf_rows import NOT_MEASURED, Timing, launch_failures, perf_rows, print_table, summary, table
 from reports.rows import PerfRow, Provenance, write_csv
@@ -163,12 +163,12 @@ def main_for(mod, argv: list[str] | None, *, quick_help: str, options: Mapping[s
     """``python -m cases.<op>.bench --out DIR [--quick]``: ``run_ops`` on that op alone, its CSVs in
     DIR. ``options``: its own repeatable int flags -> their help; ``pick(args, parser)``: the shapes
     they select (default: the profile's)."""
-    ap = argparse.ArgumentParser(prog=f"python -m cases.{mod.OP}.bench", description=mod.__doc__,
+    ap = usage.ArgumentParser(prog=f"python -m cases.{mod.OP}.bench", description=mod.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help=f"directory for {mod.WIDE_CSV} and perf.csv")
     ap.add_argument("--quick", action="store_true", help=quick_help)
     for flag, text in options.items():
-        ap.add_argument(flag, type=int, action="append", help=text)
+        ap.add_argument(flag, type=usage.positive_int, action="append", help=text)
     args = ap.parse_args(argv)
     return run_ops([mod], out=args.out, quick=args.quick, nested=False, prog=ap.prog,
                    shapes=None if pick is None else {mod.OP: pick(args, ap)})

@@ -7,6 +7,7 @@ import json
 import sys
 from collections import Counter
 
+from harness import usage
 from harness.fuzz.args import OPS
 from harness.fuzz.call import OUTCOMES
 from harness.fuzz.runner import DEFAULT_TIMEOUT_S, Result, run, worker_main
@@ -63,18 +64,18 @@ def report(results: list[Result | None], jobs: list[Job], out=None, per_key: int
 def main(argv: list[str] | None = None) -> int:
     from harness import fuzz as bad_inputs
 
-    p = argparse.ArgumentParser(prog="python -m harness.fuzz", description=bad_inputs.__doc__.split("\n\n")[0])
+    p = usage.ArgumentParser(prog="python -m harness.fuzz", description=bad_inputs.__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "rocm", "auto"),
                    help="auto: the GPU if torch sees one, else the CPU interpreter")
     p.add_argument("--classes", nargs="*", help="class names or groups (stride, dtype, device, ...); default: all")
     p.add_argument("--ops", nargs="*", choices=OPS, default=list(OPS))
     p.add_argument("--targets", nargs="*", help="module:attr of built-in targets, or module:attr@<built-in>")
-    p.add_argument("--examples", type=int, default=2, help="drawn bad inputs per class, op and argument")
+    p.add_argument("--examples", type=usage.positive_int, default=2, help="drawn bad inputs per class, op and argument")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per call before it is a hang")
-    p.add_argument("--stop-after", type=int, default=5,
+    p.add_argument("--timeout", type=usage.finite_float(0, strict=True), default=DEFAULT_TIMEOUT_S, help="seconds per call before it is a hang")
+    p.add_argument("--stop-after", type=usage.count, default=5,
                    help="skip a class's remaining calls on an op after this many bad outcomes (0: never)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--jobs", type=usage.positive_int, default=1, help="worker processes")
     p.add_argument("--list", action="store_true", help="print the classes and exit")
     p.add_argument("--verbose", action="store_true", help="print every call's outcome as it comes")
     p.add_argument("--one", help="run one job (the JSON of a repro line) and print its outcome")

@@ -164,8 +164,10 @@ def run(tasks: list[tuple], jobs: int, dev, *, plugin_specs=(), target: str | No
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cases import profiles
     from harness import usage
     from harness.gpu import compile as compile_check
+    from harness.ops import BUILTIN
 
     ap = usage.ArgumentParser(prog="python -m harness warmup", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -173,15 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default=None, choices=sorted(compile_check.TARGETS),
                     help="dry run: compile for this target from a machine without it (inputs on the CPU)")
     ap.add_argument("--impl", action="append", help="as for `run`: a name, or module:attr to load one (repeatable)")
-    ap.add_argument("--op", action="append")
+    ap.add_argument("--op", action="append", choices=BUILTIN)
     ap.add_argument("--kind", action="append", choices=("fused", "external", "mutant"),
                     help="implementation kinds to warm up (default: fused, external: what `run` and nightly run)")
-    ap.add_argument("--profile", default=None, help="ci | nightly | dev (default: $VP_PROFILE or ci)")
+    ap.add_argument("--profile", default=None, choices=sorted(profiles.PROFILES), help="default: $VP_PROFILE or ci")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--generated", type=int, default=None, help="as for `run`: generated cases per op")
-    ap.add_argument("--shard", default=None, help="i/n: the i-th of n deterministic slices, as for `run`")
+    ap.add_argument("--generated", type=usage.count, default=None, help="as for `run`: generated cases per op")
+    ap.add_argument("--shard", type=usage.shard, default=None, metavar="I/N",
+                    help="i/n: the i-th of n deterministic slices, as for `run`")
     ap.add_argument("--case", default=None, help="only cases whose id contains this text")
-    ap.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 16), help="processes (default: cores, max 16)")
+    ap.add_argument("--jobs", type=usage.at_least(1), default=min(os.cpu_count() or 1, 16),
+                    help="processes (default: cores, max 16)")
     ap.add_argument("--list", action="store_true",
                     help="collect only: print the variants per kernel and what varies between them, compile nothing")
     return usage.guarded(ap.prog, _warm, ap.parse_args(argv))

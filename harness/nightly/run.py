@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", action="append", choices=sorted(tl.FAMILIES), help="timeline families (default: all)")
     ap.add_argument("--compiled-shards", type=usage.positive_int, default=1,
                     help="run the compiled step on one rotating slice of n of its catalog per night (default 1: all)")
-    ap.add_argument("--case-timeout-s", type=float, default=None,
+    ap.add_argument("--case-timeout-s", type=usage.finite_float(0, strict=True), default=None,
                     help="per-case limit of the parity and timeline steps (default: 120 s on a GPU, 900 s on the CPU)")
     ap.add_argument("--cuda-sync", default="blocking", choices=("blocking", "spin"),
                     help="how the correctness steps' processes wait for an NVIDIA GPU (VP_CUDA_SYNC; default "
