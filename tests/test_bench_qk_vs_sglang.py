@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 
 from harness.bench import before as before_module
 from cases.qk_norm_rope import bench as b
@@ -63,7 +62,9 @@ def test_decode_moves_the_ring_rows_too():
     assert vs.vs_bytes("decode", 4, 8) - vs.vs_bytes("verify", 4, 8) == 4 * bench_shape.D * 2 + 4 * 8
 
 
-def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch):
+def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch, device):
+    if not device.interpreted:  # with gpu_present patched off, a GPU runner's compiled Triton got CPU tensors
+        pytest.skip("the bench's no-GPU path runs under the interpreter; on a GPU the nightly's bench step runs it")
     monkeypatch.setattr("harness.devices.gpu_present", lambda: False)
     rc = b.main(["--vs-sglang", "--out", str(tmp_path), "--T", "1", "--H", "1", "--configs", "default,1x1",
                  "--before", b.__file__.replace("cases/qk_norm_rope/bench.py", "fused/qk_norm_rope/wrapper.py")])
@@ -106,7 +107,7 @@ def _older_tree(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("layout", ["packages", "older"])
-def test_before_brings_its_own_kernels(tmp_path, layout):
+def test_before_brings_its_own_kernels(tmp_path, layout, device):
     """``--before`` times the other file with the kernels and the dispatch beside it (``fused/`` of
     that tree), never ours: on a GPU its launches go through its dispatch, which launches the kernel
     that dispatch imported. Both layouts: this tree's (fused/qk_norm_rope/wrapper.py) and the one
@@ -138,5 +139,5 @@ def test_before_brings_its_own_kernels(tmp_path, layout):
     if layout == "older":
         assert before.ref.validate is chain.validate and before.ref.SwaLayout is before.swa.SwaLayout
         assert before.launch is before._launch
-    kw = vs.vs_inputs("decode", 2, 2, torch.device("cpu"))
+    kw = vs.vs_inputs("decode", 2, 2, device.torch_device)  # the CPU's tensors failed in a GPU runner's launch
     assert vs.byte_differences(kw, [None], before) == {"before": 0}

@@ -418,3 +418,23 @@ def test_a_format_the_gpu_cannot_compile_is_a_typed_refusal(device, monkeypatch)
     with pytest.raises(checks.UnsupportedError, match="e4m3fnuz does not compile for sm90") as e:
         fused.mla_fp8_prepare(**args, kv_buffer=kw["kv_buffer"].view(torch.float8_e4m3fnuz), loc=kw["out_cache_loc"])
     assert e.value.arg == "kv_buffer"
+
+
+def test_the_step_sends_a_format_the_gpu_cannot_compile_to_the_chain(device, monkeypatch):
+    """An e4m3fnuz pool on NVIDIA is legal input the kernel cannot run: the step's ``covered`` says so and the
+    chain (aten's casts) answers, with the reference's bytes. Before, the step raised the kernel's
+    UnsupportedError for a legal input (the fuzzer's dtype-fp8-foreign-format on an H100, 2026-12-07)."""
+    kw = cases.build_inputs(CATALOG["k3-verify-b1-l3-h8-fnuz"], device)
+    monkeypatch.setattr(fused, "kernel_arch", lambda: "sm90")
+    assert "e4m3fnuz does not compile for sm90" in fused.covered(
+        **{k: kw[k] for k in ("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer")}, fp8_policy="saturate")
+
+    def kernel(**_):
+        raise AssertionError("the kernel was called for a format it cannot compile")
+
+    mine, theirs = ({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()} for _ in range(2))
+    got = fused.mla_fp8_prepare_step(**mine, kernel_fn=kernel)
+    want = ref.mla_fp8_prepare_step(**theirs)
+    assert torch.equal(got["q8"].view(torch.uint8), want["q8"].view(torch.uint8))
+    assert torch.equal(mine["kv_buffer"].view(torch.uint8), theirs["kv_buffer"].view(torch.uint8))
+    assert torch.equal(got["kv_writes"], want["kv_writes"])

@@ -193,13 +193,9 @@ def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descal
     if fp8_policy != KERNEL_FP8_POLICY:
         raise UnsupportedError("fp8_policy", f"the fused kernel implements {KERNEL_FP8_POLICY!r} only, "
                                            f"got {fp8_policy!r}; the dispatch sends it to the chain")
-    target = kernel_arch()
-    if target != "interpreter":  # on a GPU the kernel compiles for the formats its arch converts (FP8_TARGETS)
-        fmt, arch_key = ref.FP8_FORMAT_OF[kv_buffer.dtype], target if target.startswith("gfx") else "sm90"
-        if arch_key not in FP8_TARGETS[fmt]:
-            runs = [f for f, targets in FP8_TARGETS.items() if arch_key in targets]
-            raise UnsupportedError("kv_buffer", f"{fmt} does not compile for {target} (Triton has no such fp8 "
-                                                f"conversion there; the kernel runs {', '.join(runs)})")
+    why = format_not_compiled(kv_buffer)
+    if why:
+        raise UnsupportedError("kv_buffer", why)
     q8 = torch.empty((T, H, Dn + R), dtype=kv_buffer.dtype, device=kv_buffer.device)
     launch(q8=q8, kv_buffer=kv_buffer, q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, loc=loc,
            k_mul=k_mul_tensor(kv_descale, kv_buffer.device))
@@ -238,16 +234,31 @@ def fused_switch_from_env() -> bool:
     return os.environ.get(FUSED_SWITCH_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def format_not_compiled(kv_buffer) -> str:
+    """Why the kernel cannot run ``kv_buffer``'s fp8 format on this process's GPU ("" when it can): on a
+    GPU it compiles for the formats its arch converts (``FP8_TARGETS``); the interpreter runs both."""
+    target = kernel_arch()
+    if target == "interpreter":
+        return ""
+    fmt, arch_key = ref.FP8_FORMAT_OF[kv_buffer.dtype], target if target.startswith("gfx") else "sm90"
+    if arch_key in FP8_TARGETS[fmt]:
+        return ""
+    runs = [f for f, targets in FP8_TARGETS.items() if arch_key in targets]
+    return (f"{fmt} does not compile for {target} (Triton has no such fp8 conversion there; the kernel runs "
+            f"{', '.join(runs)})")
+
+
 def covered(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, fp8_policy) -> str:
     """Why the kernel cannot take these inputs ("" when it can): the seed's ``covered_fp8``.
-    The kernel needs unit innermost strides and implements the ``saturate`` policy only."""
+    The kernel needs unit innermost strides, implements the ``saturate`` policy only, and runs the
+    fp8 formats this GPU converts (an e4m3fnuz pool on NVIDIA takes the chain, which aten casts)."""
     for name, t in (("q_nope", q_nope), ("q_rope", q_rope), ("k_nope", k_nope), ("k_rope", k_rope),
                     ("kv_buffer", kv_buffer)):
         if t.numel() and t.stride(-1) != 1:
             return f"{name} innermost stride {t.stride(-1)}"
     if fp8_policy != KERNEL_FP8_POLICY:
         return f"fp8 policy {fp8_policy!r} (kernel: {KERNEL_FP8_POLICY!r})"
-    return ""
+    return format_not_compiled(kv_buffer)
 
 
 def resolve_fused_write_loc(*, out_cache_loc, decode_kernel_loc):
