@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 STAGES = ("inputs", "reference", "oracle", "allowance", "copy", "impl", "compare", "rerun", "compare:rerun",
           "poisoned", "compare:poisoned", "distribution", "rows")
@@ -135,6 +138,8 @@ class Table:
         """op, stage, runs, total_s, mean_ms (per run), median_ms (over the runs, a run without
         the stage counting 0), share (of the op's summed stage time). The row ``all`` is the sum
         over the stages (its median is the median run's total, not the sum of the medians)."""
+        import pandas as pd  # here: `list` and each worker's start need no pandas
+
         rows = []
         for op in sorted(self.seconds):
             sec, runs = self.seconds[op], self.per_run[op]
@@ -143,7 +148,7 @@ class Table:
 
             def median(key) -> float:
                 vals = [key(r) for r in runs]
-                return 1e3 * float(pd.Series(vals).median()) if vals else float("nan")
+                return 1e3 * float(statistics.median(vals)) if vals else float("nan")
 
             for s in STAGES + (COMPILE,):
                 if s in sec:
