@@ -127,6 +127,10 @@ def _convert_float(input, input_dtype, output_dtype, rounding_mode, _orig=None):
     src, dst = _torch_dtype(input_dtype), _torch_dtype(output_dtype)
     if src is None or dst is None:
         return _orig(input, input_dtype, output_dtype, rounding_mode)
+    if src is torch.bfloat16 and dst is torch.float32 and rounding_mode is None:
+        # the exact upcast (every bf16 load converted to fp32), in numpy: the same bits as ``convert``'s
+        # torch upcast for every one of the 65,536 codes (tests/test_shim.py), without torch's per-call cost
+        return (np.asarray(input).astype(np.uint32) << np.uint32(16)).reshape(input.shape)
     out = convert(_to_torch(input, src), dst, _rounding_name(rounding_mode))
     res = _from_torch(out)
     if res.dtype == np.float32:
@@ -210,6 +214,7 @@ def _install_type_caches(it) -> None:
 
 
 _TYPE_CACHE_MAX = 4096  # entries per cache below; a full cache starts again empty (a miss only costs time)
+UNCACHED: dict = {}  # name -> the interpreter's own function that a remembering one replaced (tests compare)
 
 
 def _int_shape(shape, triton_tuple):
@@ -241,7 +246,9 @@ def _install_shared_types(it, core) -> None:
     * ``dtype == dtype`` compares names directly (``dtype.__eq__`` does, after unwrapping a constexpr that
       a dtype never is); anything else goes to ``dtype.__eq__`` as before;
     * broadcasting two blocks of the same shape, or two scalars, returns them unchanged without building
-      the result shape element by element (what ``broadcast_impl_value`` returns for them).
+      the result shape element by element (what ``broadcast_impl_value`` returns for them);
+    * ``computation_type_impl`` (the promoted type of a binary op, a function of the two types and three
+      flags) is remembered per (type objects, flags); a refusal raises as before, never remembered.
 
     Each cache is keyed so that a hit returns exactly what the constructor would build;
     ``tests/test_shim.py::test_shared_types_*`` checks hits against fresh constructions."""
@@ -337,6 +344,22 @@ def _install_shared_types(it, core) -> None:
         return orig_broadcast(self, lhs, rhs)
 
     semantic.TritonSemantic.broadcast_impl_value = broadcast_impl_value
+
+    orig_computation_type = UNCACHED["computation_type_impl"] = semantic.TritonSemantic.computation_type_impl
+    promoted: dict = {}  # (id(a), a scalar?, id(b), b scalar?, div/mod?) -> (a, b, the promoted type)
+
+    def computation_type_impl(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod):
+        key = (id(a_ty), a_is_scalar, id(b_ty), b_is_scalar, div_or_mod)
+        got = promoted.get(key)
+        if got is not None and got[0] is a_ty and got[1] is b_ty:
+            return got[2]
+        out = orig_computation_type(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod)  # a refusal raises
+        if len(promoted) >= _TYPE_CACHE_MAX:
+            promoted.clear()
+        promoted[key] = (a_ty, b_ty, out)
+        return out
+
+    semantic.TritonSemantic.computation_type_impl = computation_type_impl
 
 
 def _install_nested_call_fast_path(it, tl) -> None:

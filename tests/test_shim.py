@@ -534,3 +534,40 @@ def test_kernels_of_several_shapes_in_turn_compute_each_its_own(device):
             assert s.tolist() == [R, R, C, C], (R, C, s.tolist())  # the result's type has the broadcast shape
             outer = x[:, None] * y.float()[None, :] + torch.arange(R, dtype=torch.float32)[:, None]
             torch.testing.assert_close(o, outer * 3 + outer.sum(1, keepdim=True), rtol=0, atol=1e-6, msg=f"{R}x{C}")
+
+
+def test_bf16_upcast_fast_path_is_convert_for_every_code():
+    """``_convert_float``'s numpy path for bf16 -> fp32 (no rounding: exact) gives, for each of the 65,536
+    bf16 codes (NaN payloads and -0 included), the bits of ``convert``'s torch upcast, in the shape given."""
+    codes = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    got = shim._convert_float(codes, tl.bfloat16, tl.float32, None)
+    want = shim.convert(torch.from_numpy(codes.view(np.int16).copy()).view(torch.bfloat16), torch.float32)
+    assert got.dtype == np.uint32 and got.shape == codes.shape
+    assert np.array_equal(got, want.numpy().view(np.uint32))
+    assert np.array_equal(shim._convert_float(codes[::2, 1::3], tl.bfloat16, tl.float32, None),
+                          want.numpy().view(np.uint32)[::2, 1::3])  # a strided view
+
+
+def test_remembered_promotions_are_the_interpreters(device):
+    """The promoted type of a binary op, remembered per (types, flags), is ``computation_type_impl``'s own
+    answer for every pair of scalar types and every flag, asked twice; a refused pair is refused again."""
+    _interpreted_only(device)
+    from triton.runtime import interpreter as it
+
+    sem, uncached = it.interpreter_semantic, shim.UNCACHED["computation_type_impl"]
+    scalars = [tl.float64, tl.float32, tl.bfloat16, tl.float16, tl.float8e4nv, tl.float8e5, tl.int64, tl.int32,
+               tl.uint32, tl.int16, tl.int8, tl.uint8, tl.int1]
+
+    def answer(fn, *args):
+        try:
+            return fn(*args)
+        except (TypeError, ValueError) as e:
+            return type(e)
+
+    for _ in range(2):
+        for a in scalars:
+            for b in scalars:
+                for flags in [(False, False, False), (True, False, False), (False, True, False), (False, False, True),
+                              (True, False, True), (False, True, True)]:
+                    args = (a, flags[0], b, flags[1], flags[2])
+                    assert answer(sem.computation_type_impl, *args) == answer(uncached, sem, *args), args
