@@ -106,7 +106,7 @@ def parity(session: nox.Session) -> None:
     profile = _profile_args(args)
     if profile:
         session.log(f"CPU: --profile {CPU_PROFILE} (every op and implementation, the whole catalog + 30 generated "
-                    f"cases per op); `-- --profile ci` or VP_PROFILE=ci for CI's depth (about 3x the time)")
+                    f"cases per op); `-- --profile ci` or VP_PROFILE=ci for CI's depth (820 more generated cases, about 1.6x the CPU time)")
     run("-m", "harness", "run", "--device", DEVICE, "--jobs", _jobs(), "--csv", "runs/parity.csv",
         *profile, *args, env={"VP_DEVICE": DEVICE})
 
