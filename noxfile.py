@@ -89,7 +89,7 @@ def _jobs() -> str:
 CPU_PROFILE = "dev"
 
 
-def _profile_args(args: list[str]) -> list[str]:
+def parity_profile_args(args: list[str]) -> list[str]:
     """``--profile dev`` on a CPU machine unless the arguments or ``VP_PROFILE`` choose; nothing on a GPU (the
     harness's own default, ci, or ``VP_PROFILE``)."""
     chosen = os.environ.get("VP_PROFILE") or any(a == "--profile" or a.startswith("--profile=") for a in args)
@@ -103,7 +103,7 @@ def parity(session: nox.Session) -> None:
     cases per op, about 2 minutes on 2 cores), ci on a GPU."""
     run = _install(session)
     args = list(session.posargs or [])
-    profile = _profile_args(args)
+    profile = parity_profile_args(args)
     if profile:
         session.log(f"CPU: --profile {CPU_PROFILE} (every op and implementation, the whole catalog + 30 generated "
                     f"cases per op); `-- --profile ci` or VP_PROFILE=ci for CI's depth (820 more generated cases, about 1.6x the CPU time)")

@@ -250,8 +250,9 @@ def _install_shared_types(it, core) -> None:
     * ``computation_type_impl`` (the promoted type of a binary op, a function of the two types and three
       flags) is remembered per (type objects, flags); a refusal raises as before, never remembered.
 
-    Each cache is keyed so that a hit returns exactly what the constructor would build;
-    ``tests/test_shim.py::test_shared_types_*`` checks hits against fresh constructions."""
+    Each cache is keyed so that a hit returns exactly what the constructor would build; ``tests/test_shim.py``
+    (``test_shared_*``, ``test_kernels_of_several_shapes_*``, ``test_remembered_promotions_*``) checks hits
+    against fresh constructions and the interpreter's own answers."""
     import threading
 
     from triton.language import semantic

@@ -536,16 +536,20 @@ def test_kernels_of_several_shapes_in_turn_compute_each_its_own(device):
             torch.testing.assert_close(o, outer * 3 + outer.sum(1, keepdim=True), rtol=0, atol=1e-6, msg=f"{R}x{C}")
 
 
-def test_bf16_upcast_fast_path_is_convert_for_every_code():
-    """``_convert_float``'s numpy path for bf16 -> fp32 (no rounding: exact) gives, for each of the 65,536
-    bf16 codes (NaN payloads and -0 included), the bits of ``convert``'s torch upcast, in the shape given."""
-    codes = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
-    got = shim._convert_float(codes, tl.bfloat16, tl.float32, None)
-    want = shim.convert(torch.from_numpy(codes.view(np.int16).copy()).view(torch.bfloat16), torch.float32)
-    assert got.dtype == np.uint32 and got.shape == codes.shape
-    assert np.array_equal(got, want.numpy().view(np.uint32))
-    assert np.array_equal(shim._convert_float(codes[::2, 1::3], tl.bfloat16, tl.float32, None),
-                          want.numpy().view(np.uint32)[::2, 1::3])  # a strided view
+@triton.jit
+def _upcast_kernel(o_ptr, x_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(o_ptr + offs, tl.load(x_ptr + offs).to(tl.float32))
+
+
+def test_bf16_upcast_is_convert_for_every_code(device):
+    """A kernel's bf16 -> fp32 upcast (the shim's numpy path under the interpreter: exact, no rounding) gives,
+    for each of the 65,536 bf16 codes (NaN payloads and -0 included), the bits of ``convert``'s torch upcast."""
+    codes = torch.from_numpy(np.arange(65536, dtype=np.int32).astype(np.int16)).view(torch.bfloat16)
+    o = torch.empty(65536, dtype=torch.float32, device=device.torch_device)
+    _upcast_kernel[(64,)](o, codes.to(device.torch_device), BLOCK=1024)
+    want = shim.convert(codes, torch.float32)
+    assert torch.equal(o.cpu().view(torch.int32), want.view(torch.int32))
 
 
 def test_remembered_promotions_are_the_interpreters(device):

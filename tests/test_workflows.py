@@ -157,14 +157,14 @@ def test_parity_session_defaults_to_the_dev_profile_on_a_cpu_only(monkeypatch):
     spec.loader.exec_module(noxfile)
     monkeypatch.delenv("VP_PROFILE", raising=False)
     monkeypatch.setattr(noxfile, "DEVICE", "cpu")
-    assert noxfile._profile_args([]) == ["--profile", "dev"]
-    assert noxfile._profile_args(["--op", "verify_attention", "--quiet"]) == ["--profile", "dev"]
-    assert noxfile._profile_args(["--profile", "ci"]) == [] and noxfile._profile_args(["--profile=nightly"]) == []
+    assert noxfile.parity_profile_args([]) == ["--profile", "dev"]
+    assert noxfile.parity_profile_args(["--op", "verify_attention", "--quiet"]) == ["--profile", "dev"]
+    assert noxfile.parity_profile_args(["--profile", "ci"]) == [] and noxfile.parity_profile_args(["--profile=nightly"]) == []
     monkeypatch.setenv("VP_PROFILE", "ci")
-    assert noxfile._profile_args([]) == []
+    assert noxfile.parity_profile_args([]) == []
     monkeypatch.delenv("VP_PROFILE")
     for gpu in ("auto", "cuda", "rocm"):
         monkeypatch.setattr(noxfile, "DEVICE", gpu)
-        assert noxfile._profile_args([]) == [], gpu
+        assert noxfile.parity_profile_args([]) == [], gpu
     ci = [line for line in run_lines(WORKFLOWS / "ci.yml") if "nox -s parity" in line]
     assert ci and all("--profile ci" in line for line in ci), ci
