@@ -84,7 +84,7 @@ def _jobs() -> str:
 
 
 # ``nox -s parity``'s profile on a CPU machine when neither ``--profile`` nor ``VP_PROFILE`` names one: every
-# op and implementation on the whole catalog + 30 generated cases per op, in about 2 minutes on 2 cores
+# op and implementation on the whole catalog + 30 generated cases per op, about 4.4 CPU minutes (2-2.5 on 2 free cores)
 # (docs/reports.md, "Where a CPU run's time goes"); the run's last lines say what ci and nightly add
 CPU_PROFILE = "dev"
 
@@ -100,7 +100,7 @@ def parity_profile_args(args: list[str]) -> list[str]:
 def parity(session: nox.Session) -> None:
     """Parity of every op: catalog + generated cases. Profile: ``-- --profile ci | nightly | dev`` or
     ``VP_PROFILE``; neither: dev on a CPU machine (the Triton interpreter: the whole catalog + 30 generated
-    cases per op, about 2 minutes on 2 cores), ci on a GPU."""
+    cases per op, about 4.4 CPU minutes), ci on a GPU."""
     run = _install(session)
     args = list(session.posargs or [])
     profile = parity_profile_args(args)
