@@ -83,13 +83,32 @@ def _jobs() -> str:
     return os.environ.get("VP_JOBS", str(os.cpu_count() or 1) if DEVICE == "cpu" else "1")
 
 
+# ``nox -s parity``'s profile on a CPU machine when neither ``--profile`` nor ``VP_PROFILE`` names one: every
+# op and implementation on the whole catalog + 30 generated cases per op, about 4.4 CPU minutes (2-2.5 on 2 free cores)
+# (docs/reports.md, "Where a CPU run's time goes"); the run's last lines say what ci and nightly add
+CPU_PROFILE = "dev"
+
+
+def parity_profile_args(args: list[str]) -> list[str]:
+    """``--profile dev`` on a CPU machine unless the arguments or ``VP_PROFILE`` choose; nothing on a GPU (the
+    harness's own default, ci, or ``VP_PROFILE``)."""
+    chosen = os.environ.get("VP_PROFILE") or any(a == "--profile" or a.startswith("--profile=") for a in args)
+    return [] if DEVICE != "cpu" or chosen else ["--profile", CPU_PROFILE]
+
+
 @nox.session(venv_backend="none")
 def parity(session: nox.Session) -> None:
-    """Parity of every op: catalog + generated cases (VP_PROFILE: ci | nightly | dev)."""
+    """Parity of every op: catalog + generated cases. Profile: ``-- --profile ci | nightly | dev`` or
+    ``VP_PROFILE``; neither: dev on a CPU machine (the Triton interpreter: the whole catalog + 30 generated
+    cases per op, about 4.4 CPU minutes), ci on a GPU."""
     run = _install(session)
-    args = session.posargs or []
+    args = list(session.posargs or [])
+    profile = parity_profile_args(args)
+    if profile:
+        session.log(f"CPU: --profile {CPU_PROFILE} (every op and implementation, the whole catalog + 30 generated "
+                    f"cases per op); `-- --profile ci` or VP_PROFILE=ci for CI's depth (820 more generated cases, about 1.6x the CPU time)")
     run("-m", "harness", "run", "--device", DEVICE, "--jobs", _jobs(), "--csv", "runs/parity.csv",
-        *args, env={"VP_DEVICE": DEVICE})
+        *profile, *args, env={"VP_DEVICE": DEVICE})
 
 
 @nox.session(venv_backend="none")

@@ -127,6 +127,10 @@ def _convert_float(input, input_dtype, output_dtype, rounding_mode, _orig=None):
     src, dst = _torch_dtype(input_dtype), _torch_dtype(output_dtype)
     if src is None or dst is None:
         return _orig(input, input_dtype, output_dtype, rounding_mode)
+    if src is torch.bfloat16 and dst is torch.float32 and rounding_mode is None:
+        # the exact upcast (every bf16 load converted to fp32), in numpy: the same bits as ``convert``'s
+        # torch upcast for every one of the 65,536 codes (tests/test_shim.py), without torch's per-call cost
+        return (np.asarray(input).astype(np.uint32) << np.uint32(16)).reshape(input.shape)
     out = convert(_to_torch(input, src), dst, _rounding_name(rounding_mode))
     res = _from_torch(out)
     if res.dtype == np.float32:
@@ -206,6 +210,157 @@ def _install_type_caches(it) -> None:
             return orig_validate(shape)
 
     core.validate_block_shape = validate_block_shape
+    _install_shared_types(it, core)
+
+
+_TYPE_CACHE_MAX = 4096  # entries per cache below; a full cache starts again empty (a miss only costs time)
+UNCACHED: dict = {}  # name -> the interpreter's own function that a remembering one replaced (tests compare)
+
+
+def _int_shape(shape, triton_tuple):
+    """``shape`` as a tuple of Python ints when it is a list, tuple or Triton tuple (``triton_tuple``) of
+    plain ints (what ``block_type`` then stores unchanged); None for anything else (constexprs, tensors:
+    left uncached)."""
+    values = shape.values if type(shape) is triton_tuple else shape
+    if type(values) not in (list, tuple) or not all(type(s) is int for s in values):
+        return None
+    return tuple(values)
+
+
+def _install_shared_types(it, core) -> None:
+    """Speed only, no numerics: the interpreter builds a new ``block_type`` for every op's result (its shape
+    unwrapped element by element into a Triton tuple, its name formatted), a Triton tuple of constexprs
+    for every new tensor's shape, and compares dtypes through ``_unwrap_if_constexpr``; about a quarter of
+    a dev-profile run's interpreter CPU time (cProfile, 2026-12-07). Types are values here: nothing in
+    Triton's interpreter or language modules assigns to a ``block_type``, a ``pointer_type``, a tensor's
+    ``shape`` tuple or a ``constexpr`` after construction (Triton 3.9). So
+
+    * ``block_type(element, shape)`` with a shape of plain ints returns one shared instance per
+      (element type object, shape): the element is keyed by identity (``id``, the cache holding the
+      object), so ``ty.element_ty is tl.float16`` answers as before; other shapes, and every shape the
+      constructor refuses, take the constructor's own path, uncached;
+    * the interpreter's ``get_ptr_ty`` returns one shared ``pointer_type`` per (element object, address
+      space) instead of a new equal one per call;
+    * ``tensor.__init__`` takes ``numel`` and the constexpr shape of a type it has seen from the first
+      tensor of that type (same values, shared objects);
+    * ``dtype == dtype`` compares names directly (``dtype.__eq__`` does, after unwrapping a constexpr that
+      a dtype never is); anything else goes to ``dtype.__eq__`` as before;
+    * broadcasting two blocks of the same shape, or two scalars, returns them unchanged without building
+      the result shape element by element (what ``broadcast_impl_value`` returns for them);
+    * ``computation_type_impl`` (the promoted type of a binary op, a function of the two types and three
+      flags) is remembered per (type objects, flags); a refusal raises as before, never remembered.
+
+    Each cache is keyed so that a hit returns exactly what the constructor would build; ``tests/test_shim.py``
+    (``test_shared_*``, ``test_kernels_of_several_shapes_*``, ``test_remembered_promotions_*``) checks hits
+    against fresh constructions and the interpreter's own answers."""
+    import threading
+
+    from triton.language import semantic
+
+    BT, tensor, dtype = core.block_type, core.tensor, core.dtype
+    blocks: dict = {}
+    hit = threading.local()  # the shared instance __new__ just returned: its __init__ is skipped once
+    orig_bt_init = BT.__init__
+
+    def block_key(element_ty, shape):
+        ints = _int_shape(shape, core.tuple)
+        return None if ints is None else (id(element_ty), ints)
+
+    def bt_new(cls, *args, **kwargs):
+        if cls is BT and len(args) == 2 and not kwargs:
+            key = block_key(*args)
+            got = blocks.get(key) if key is not None else None
+            if got is not None:
+                hit.obj = got
+                return got
+        return object.__new__(cls)
+
+    def bt_init(self, *args, **kwargs):
+        if getattr(hit, "obj", None) is self:
+            hit.obj = None
+            return
+        orig_bt_init(self, *args, **kwargs)
+        if type(self) is BT and len(args) == 2 and not kwargs:
+            key = block_key(*args)
+            if key is not None:
+                if len(blocks) >= _TYPE_CACHE_MAX:
+                    blocks.clear()
+                blocks[key] = self
+
+    BT.__new__, BT.__init__ = staticmethod(bt_new), bt_init
+
+    pointers: dict = {}
+    orig_get_ptr_ty = it.InterpreterBuilder.get_ptr_ty
+
+    def get_ptr_ty(self, elt_ty, addr_space):
+        key = (id(elt_ty), addr_space)
+        got = pointers.get(key)
+        if got is None or got.element_ty is not elt_ty:
+            got = orig_get_ptr_ty(self, elt_ty, addr_space)
+            if len(pointers) >= _TYPE_CACHE_MAX:
+                pointers.clear()
+            pointers[key] = got
+        return got
+
+    it.InterpreterBuilder.get_ptr_ty = get_ptr_ty
+
+    shapes: dict = {}  # id(type) -> (type, numel, shape) of the first tensor of that type
+    orig_tensor_init = tensor.__init__
+
+    def tensor_init(self, handle, type):
+        got = shapes.get(id(type))
+        if got is None or got[0] is not type:
+            orig_tensor_init(self, handle, type)
+            if len(shapes) >= _TYPE_CACHE_MAX:
+                shapes.clear()
+            shapes[id(type)] = (type, self.numel, self.shape)
+            return
+        self.handle = handle
+        self.type = type
+        self.dtype = type.scalar
+        self.numel, self.shape = got[1], got[2]
+
+    tensor.__init__ = tensor_init
+
+    orig_eq = dtype.__eq__
+
+    def dtype_eq(self, other):
+        if type(other) is dtype:  # the scalar types (their subclasses keep dtype.__eq__'s own path)
+            return self.name == other.name
+        return orig_eq(self, other)
+
+    dtype.__eq__ = dtype_eq
+
+    orig_broadcast = semantic.TritonSemantic.broadcast_impl_value
+
+    def broadcast_impl_value(self, lhs, rhs):
+        lhs_ty, rhs_ty = lhs.type, rhs.type
+        lhs_block, rhs_block = lhs_ty.is_block(), rhs_ty.is_block()
+        if not lhs_block and not rhs_block:
+            return lhs, rhs
+        if lhs_block and rhs_block and type(lhs_ty.shape) is type(rhs_ty.shape) is core.tuple:
+            left, right = lhs_ty.shape.values, rhs_ty.shape.values
+            if left == right and all(type(s) is int for s in left):
+                return lhs, rhs
+        return orig_broadcast(self, lhs, rhs)
+
+    semantic.TritonSemantic.broadcast_impl_value = broadcast_impl_value
+
+    orig_computation_type = UNCACHED["computation_type_impl"] = semantic.TritonSemantic.computation_type_impl
+    promoted: dict = {}  # (id(a), a scalar?, id(b), b scalar?, div/mod?) -> (a, b, the promoted type)
+
+    def computation_type_impl(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod):
+        key = (id(a_ty), a_is_scalar, id(b_ty), b_is_scalar, div_or_mod)
+        got = promoted.get(key)
+        if got is not None and got[0] is a_ty and got[1] is b_ty:
+            return got[2]
+        out = orig_computation_type(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod)  # a refusal raises
+        if len(promoted) >= _TYPE_CACHE_MAX:
+            promoted.clear()
+        promoted[key] = (a_ty, b_ty, out)
+        return out
+
+    semantic.TritonSemantic.computation_type_impl = computation_type_impl
 
 
 def _install_nested_call_fast_path(it, tl) -> None:

@@ -444,3 +444,134 @@ def test_type_caches_answer_as_the_interpreter_does(device):
             core.validate_block_shape([16, 3])
         with pytest.raises(TypeError, match="Shape element 0"):
             core.validate_block_shape([2.0])
+
+
+def _interpreted_only(device):
+    if not device.interpreted:
+        pytest.skip("the shim is installed under the Triton interpreter only")
+
+
+def test_shared_block_types_are_what_the_constructor_builds(device):
+    """``shim._install_shared_types`` (speed only): a shared ``block_type`` is, for every (element, shape),
+    the one the constructor builds: its element is the very object passed (two equal pointer types stay
+    two), its shape, size and name those of that shape, whatever was built before it; a shape of
+    constexprs and a refused shape take the constructor's path."""
+    _interpreted_only(device)
+    import math
+
+    from triton.language import core
+    from triton.runtime import interpreter as it
+
+    p1, p2 = tl.pointer_type(tl.float32), tl.pointer_type(tl.float32)  # equal, not the same object
+    elements = [tl.float32, tl.bfloat16, tl.int32, tl.int1, p1, p2]
+    shapes = [[16], [32], [16, 32], [32, 16], (1, 64), [2, 4, 8]]
+    for _ in range(2):  # first built, then shared: the same answers
+        for el in elements:
+            for shape in shapes:
+                for given in (list(shape), tuple(shape), core.tuple(list(shape))):
+                    bt = tl.block_type(el, given)
+                    assert bt.element_ty is el, (el, shape)
+                    assert list(bt.shape) == list(shape) and bt.numel == math.prod(shape), (el, shape, bt)
+                    assert bt.name == f"<{core.tuple(list(shape))}, {el}>", bt.name
+                    assert bt.with_element_ty(tl.float16) == tl.block_type(tl.float16, list(shape))
+        assert tl.block_type(tl.float32, [16]) is tl.block_type(tl.float32, [16])  # shared, as installed
+        assert tl.block_type(p1, [8]).element_ty is p1 and tl.block_type(p2, [8]).element_ty is p2
+        assert list(tl.block_type(tl.float32, [tl.constexpr(8), 4]).shape) == [8, 4]
+        for el in elements:  # the interpreter's pointer types: shared per (element object, address space)
+            for space in (1, 3):
+                ptr = it.interpreter_builder.get_ptr_ty(el, space)
+                assert ptr.element_ty is el and ptr.address_space == space and ptr == tl.pointer_type(el, space)
+        with pytest.raises(ValueError, match="power of 2"):
+            tl.block_type(tl.float32, [16, 3])
+        with pytest.raises(TypeError, match="0d block_type"):
+            tl.block_type(tl.float32, [])
+
+
+def test_shared_tensor_shapes_and_dtype_equality(device):
+    """A tensor's ``numel`` and constexpr ``shape`` are its own type's (remembered per type object), and
+    ``dtype == x`` answers as ``dtype.__eq__`` does (names; a constexpr unwrapped; a non-dtype unequal)."""
+    _interpreted_only(device)
+    from triton.language import core
+
+    types = [tl.block_type(tl.float32, [16, 32]), tl.block_type(tl.float32, [32, 16]), tl.block_type(tl.int32, [8]),
+             tl.float32, tl.pointer_type(tl.int8)]
+    for _ in range(2):
+        for ty in types:
+            t = core.tensor(None, ty)
+            want = list(ty.shape) if ty.is_block() else []
+            assert [s.value for s in t.shape] == want and t.numel.value == int(np.prod(want)), ty
+            assert t.type is ty and t.dtype == ty.scalar
+    scalars = [tl.float32, tl.bfloat16, tl.float16, tl.int32, tl.uint32, tl.int8, tl.int1, tl.float8e4nv, tl.float8e5]
+    for a in scalars:
+        for b in scalars:
+            assert (a == b) is (a.name == b.name) and (a != b) is (a.name != b.name), (a, b)
+    assert tl.float32 == tl.float32 and tl.float32 != tl.bfloat16 and tl.float32 == tl.constexpr(tl.float32)
+    assert tl.float32 != "fp32" and tl.float32 != tl.pointer_type(tl.float32)
+    assert tl.float32 != tl.block_type(tl.float32, [16]) and tl.block_type(tl.float32, [16]) != tl.float32
+
+
+@triton.jit
+def _shapes_kernel(o_ptr, s_ptr, x_ptr, y_ptr, R: tl.constexpr, C: tl.constexpr):
+    rows, cols = tl.arange(0, R), tl.arange(0, C)
+    x = tl.load(x_ptr + rows)  # (R,) fp32
+    y = tl.load(y_ptr + cols).to(tl.float32)  # (C,) bf16 -> fp32
+    outer = x[:, None] * y[None, :] + rows[:, None]  # (R, C): broadcast of (R, 1) and (1, C); int + fp32
+    same = outer + outer * 2  # two blocks of one shape: no broadcast
+    tl.store(o_ptr + rows[:, None] * C + cols[None, :], same + tl.sum(outer, axis=1)[:, None])
+    tl.store(s_ptr + tl.arange(0, 4), tl.where(tl.arange(0, 4) < 2, outer.shape[0], same.shape[1]))  # the types' shapes
+
+
+def test_kernels_of_several_shapes_in_turn_compute_each_its_own(device):
+    """One kernel at several (R, C) one after the other, and again: every launch's result is its own shape's
+    (a shared type or shape remembered under a wrong key would give a wrong shape or broadcast)."""
+    _interpreted_only(device)
+    for _ in range(2):
+        for R, C in [(4, 8), (8, 4), (16, 16), (4, 16), (1, 8), (8, 1)]:
+            x = torch.arange(R, dtype=torch.float32) / 4
+            y = (torch.arange(C, dtype=torch.float32) - 3).to(torch.bfloat16)
+            o, s = torch.empty(R, C, dtype=torch.float32), torch.empty(4, dtype=torch.int32)
+            _shapes_kernel[(1,)](o, s, x, y, R=R, C=C)
+            assert s.tolist() == [R, R, C, C], (R, C, s.tolist())  # the result's type has the broadcast shape
+            outer = x[:, None] * y.float()[None, :] + torch.arange(R, dtype=torch.float32)[:, None]
+            torch.testing.assert_close(o, outer * 3 + outer.sum(1, keepdim=True), rtol=0, atol=1e-6, msg=f"{R}x{C}")
+
+
+@triton.jit
+def _upcast_kernel(o_ptr, x_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(o_ptr + offs, tl.load(x_ptr + offs).to(tl.float32))
+
+
+def test_bf16_upcast_is_convert_for_every_code(device):
+    """A kernel's bf16 -> fp32 upcast (the shim's numpy path under the interpreter: exact, no rounding) gives,
+    for each of the 65,536 bf16 codes (NaN payloads and -0 included), the bits of ``convert``'s torch upcast."""
+    codes = torch.from_numpy(np.arange(65536, dtype=np.int32).astype(np.int16)).view(torch.bfloat16)
+    o = torch.empty(65536, dtype=torch.float32, device=device.torch_device)
+    _upcast_kernel[(64,)](o, codes.to(device.torch_device), BLOCK=1024)
+    want = shim.convert(codes, torch.float32)
+    assert torch.equal(o.cpu().view(torch.int32), want.view(torch.int32))
+
+
+def test_remembered_promotions_are_the_interpreters(device):
+    """The promoted type of a binary op, remembered per (types, flags), is ``computation_type_impl``'s own
+    answer for every pair of scalar types and every flag, asked twice; a refused pair is refused again."""
+    _interpreted_only(device)
+    from triton.runtime import interpreter as it
+
+    sem, uncached = it.interpreter_semantic, shim.UNCACHED["computation_type_impl"]
+    scalars = [tl.float64, tl.float32, tl.bfloat16, tl.float16, tl.float8e4nv, tl.float8e5, tl.int64, tl.int32,
+               tl.uint32, tl.int16, tl.int8, tl.uint8, tl.int1]
+
+    def answer(fn, *args):
+        try:
+            return fn(*args)
+        except (TypeError, ValueError) as e:
+            return type(e)
+
+    for _ in range(2):
+        for a in scalars:
+            for b in scalars:
+                for flags in [(False, False, False), (True, False, False), (False, True, False), (False, False, True),
+                              (True, False, True), (False, True, True)]:
+                    args = (a, flags[0], b, flags[1], flags[2])
+                    assert answer(sem.computation_type_impl, *args) == answer(uncached, sem, *args), args

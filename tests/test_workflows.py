@@ -144,3 +144,27 @@ def test_tests_marked_slow_run_in_the_nightly():
     assert tests and all(re.search(r"^\s*VP_TESTS: all\b", s, re.MULTILINE) for s in tests), tests
     ci = [s for s in re.split(r"\n\s*- (?=name:|uses:)", (WORKFLOWS / "ci.yml").read_text()) if "nox -s tests" in s]
     assert ci and not any("VP_TESTS" in s for s in ci), "pull requests' CI leaves the slow tests to the nightly"
+
+
+def test_parity_session_defaults_to_the_dev_profile_on_a_cpu_only(monkeypatch):
+    """``nox -s parity`` on a CPU machine runs ``--profile dev`` unless the arguments (``--profile X`` or
+    ``--profile=X``) or ``VP_PROFILE`` choose; on a GPU it adds nothing (the harness's default, ci); the CPU
+    workflow asks for ci by name, so CI keeps its depth."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vp_noxfile", ROOT / "noxfile.py")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    monkeypatch.delenv("VP_PROFILE", raising=False)
+    monkeypatch.setattr(noxfile, "DEVICE", "cpu")
+    assert noxfile.parity_profile_args([]) == ["--profile", "dev"]
+    assert noxfile.parity_profile_args(["--op", "verify_attention", "--quiet"]) == ["--profile", "dev"]
+    assert noxfile.parity_profile_args(["--profile", "ci"]) == [] and noxfile.parity_profile_args(["--profile=nightly"]) == []
+    monkeypatch.setenv("VP_PROFILE", "ci")
+    assert noxfile.parity_profile_args([]) == []
+    monkeypatch.delenv("VP_PROFILE")
+    for gpu in ("auto", "cuda", "rocm"):
+        monkeypatch.setattr(noxfile, "DEVICE", gpu)
+        assert noxfile.parity_profile_args([]) == [], gpu
+    ci = [line for line in run_lines(WORKFLOWS / "ci.yml") if "nox -s parity" in line]
+    assert ci and all("--profile ci" in line for line in ci), ci
