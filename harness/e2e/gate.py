@@ -368,8 +368,9 @@ def _sampled_rows(results, count, profile, layouts, models_dir, golds, reg, dev,
             v, why = verdict_sampled(th, trained=trained, acc=acc, accept=accept, mc=mc, dist=dist,
                                      plain=plain_dist if i == 0 else None)
             if m < m_plain:
-                why = "; ".join(x for x in (f"{'interpreter: ' if dev.interpreted else ''}Triton kernels on the "
-                                            f"first {m} of {m_plain} problems (kernel_problems)", why) if x)
+                cut = (f"{'interpreter: ' if dev.interpreted else ''}Triton kernels on the first {m} of {m_plain} "
+                       f"problems (kernel_problems)")
+                why = f"{cut}; {why}" if why else cut
             rows.append(GateRow(layout=layout, path=label, expect=expect, model=model_id, drafter="ngram-lookup",
                                 extraction="strict", problems=m, accuracy=acc.value, accuracy_lo=acc.lo,
                                 accuracy_hi=acc.hi, ref_accuracy=sum(plain_ok[:m]) / m, exact_agreement=-1.0,
