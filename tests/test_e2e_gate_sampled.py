@@ -232,3 +232,20 @@ def test_sampled_profile_on_the_shipped_model(registry, device):
         assert r.verdict == "pass" and r.mean_accept_len >= 2.0 and r.dist_log10_p > -6, r.detail
     mut = rows["spec_sampling/mutant-residual-from-q"]
     assert mut.verdict == "fail" and mut.dist_log10_p < -6 and mut.p_value < 1e-3 and mut.worse > mut.better, mut.detail
+
+
+def test_gate_csv_from_before_the_sampled_gate_still_reads(tmp_path):
+    """A gate CSV without the temperature / distribution columns (every row greedy then) reads with their
+    greedy meaning; a file missing another column is still refused."""
+    from reports import frames
+    from reports.rows import GateRow, columns
+
+    row = {c: 0 for c in columns(GateRow)} | dict(layout="qwen35-gqa", path="fused+fused", expect="pass",
+                                                   verdict="pass", seed=0)
+    old = pd.DataFrame([row]).drop(columns=["temperature", "dist_tokens", "dist_log10_p"])
+    old.to_csv(tmp_path / "old.csv", index=False)
+    got = frames.read([tmp_path / "old.csv"], GateRow)
+    assert got.loc[0, "temperature"] == 0.0 and got.loc[0, "dist_tokens"] == 0 and got.loc[0, "dist_log10_p"] == 0.0
+    old.drop(columns=["p_value"]).to_csv(tmp_path / "cut.csv", index=False)
+    with pytest.raises(frames.CSVError, match="p_value"):
+        frames.read([tmp_path / "cut.csv"], GateRow)
