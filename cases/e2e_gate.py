@@ -103,22 +103,23 @@ PROFILES = {
     # temperature > 0 (docs/gate.md, "The sampled gate"): plain sampling on the reference path is the baseline;
     # speculative sampling through the reference chain and the fused spec_sampling kernel must match it (McNemar)
     # and emit tokens that follow softmax(logits / T) (the distribution test); the residual-from-q sampler must
-    # fail. T = 1.0: the top of the 0.7-1.0 range engines sample at, the most entropy the shipped models show
-    # (still ~2e-4 nats a token: their sampled text is their greedy text). 24 problems, 64 traced tokens each
+    # fail. T = 0.8: inside the 0.7-1.0 range engines sample at, and not 1.0, where a temperature applied twice
+    # or not at all is no bug (the shipped models are near-deterministic at any of these: ~2e-5-2e-4 nats a
+    # token, their sampled text is almost their greedy text). 24 problems, 64 traced tokens each
     # (N = 1,536): on the 2-core CPU ~40-60 s per layout for the four runs (plain, reference, fused sampler,
     # mutant; the sampler is one interpreted program per step at V = 89, the prepare and attention reference
     # kernels); the mutant fails with adjusted p ~1e-3000 (McNemar ~1e-7). No accuracy floor: at 24 problems
     # 0.95 would fail a model of 0.97 one run in twenty; the floor is the greedy gate's (100-600 problems), and
     # McNemar against plain sampling is this gate's accuracy check. Acceptance >= 2.0: the models' sampled
-    # acceptance is their greedy one (2.33 at T = 1.0, measured; the mutant's 1.5-1.8)
+    # acceptance is their greedy one (2.29-2.30 at T = 0.8, measured; the mutant's 1.5-1.7)
     "sampled": GateProfile("sampled", problems=24, max_new=200, paths=("reference+reference+fused",),
                            path_mutants=(), batch=24, mutant_kernels="reference+reference",
-                           impl_mutants=("spec_sampling/mutant-residual-from-q",), temperature=1.0, record=64,
+                           impl_mutants=("spec_sampling/mutant-residual-from-q",), temperature=0.8, record=64,
                            thresholds=Thresholds(min_accuracy=0.0)),
     # the same on a GPU: every launch fused (prepare, attention, sampler), the issue's problem count
     "sampled-full": GateProfile("sampled-full", problems=600, max_new=200, paths=("fused+fused+fused",),
                                 path_mutants=(), batch=600, impl_mutants=("spec_sampling/mutant-residual-from-q",),
-                                temperature=1.0, record=64, thresholds=Thresholds(min_accuracy=0.0)),
+                                temperature=0.8, record=64, thresholds=Thresholds(min_accuracy=0.0)),
     # tests
     # tests: a path mutant on the reference kernels (its bug is the backend's, not a kernel's)
     # the kill matrix's e2e column (GPU): every mutant through the gate on a slice of the test split
@@ -129,10 +130,10 @@ PROFILES = {
     # its prepare is plain projections)
     "smoke-path": GateProfile("smoke-path", problems=4, max_new=24, paths=("fused+reference",), path_mutants=(),
                               batch=4),
-    # tests: the sampled gate on random weights (~4 nats a token: real sampling), every traced token
+    # tests: the sampled gate on random weights (~4 nats a token: real sampling)
     "smoke-sampled": GateProfile("smoke-sampled", problems=4, max_new=24, paths=("reference+reference+fused",),
                                  path_mutants=(), batch=4, mutant_kernels="reference+reference",
-                                 impl_mutants=("spec_sampling/mutant-residual-from-q",), temperature=1.0, record=24),
+                                 impl_mutants=("spec_sampling/mutant-residual-from-q",), temperature=0.8, record=24),
 }
 
 MODEL_DIR = "cases/models"  # <layout>.safetensors + .json, written by python -m harness.e2e.train

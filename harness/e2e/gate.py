@@ -214,7 +214,7 @@ def _model(layout: str, models_dir: str, device) -> M.Micro:
 
 
 @functools.lru_cache(maxsize=4)
-def problems(n: int) -> tuple[list[list[int]], list[str]]:
+def gate_problems(n: int) -> tuple[list[list[int]], list[str]]:
     data = g.load("test", limit=n)
     return [tok.encode(tok.prompt(r["question"])) for r in data], [r["answer"] for r in data]
 
@@ -230,7 +230,7 @@ def _generation(task) -> tuple[E.Generation, float]:
     model = _model(layout, models_dir, dev.torch_device)
     listed = paths_for(reg, layout, profile)
     paths = {lab: path for lab, path, _ in listed}
-    prompts = problems(n)[0][lo:hi]
+    prompts = gate_problems(n)[0][lo:hi]
     t0 = time.time()
     path = listed[0][1] if label is None else paths[label]
     sampling = None if profile.temperature == 0 else E.Sampling(
@@ -254,7 +254,7 @@ def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg
 
     prov = provenance(dev, profile, seed).__dict__
     n = problems or profile.problems
-    prompts, golds = problems(n)
+    prompts, golds = gate_problems(n)
     # one task per (layout, run, batch of problems): with jobs > 1 the batches of one run go side by side too;
     # the longest runs first, so that no long run starts last (a run's batches stay in order: the results are
     # concatenated): under the interpreter the runs that launch Triton kernels (~10x a reference run), on a

@@ -45,7 +45,7 @@ def measure(layouts, samplers, seeds: int, profile: cfg.GateProfile, models_dir:
 
     dev = devices.select("auto")
     reg = default_registry(with_plugins=False)
-    prompts = gate.problems(profile.problems)[0]
+    prompts = gate.gate_problems(profile.problems)[0]
     rows = []
     for layout in layouts:
         model = gate.load_model(layout, models_dir, dev.torch_device)[0]
