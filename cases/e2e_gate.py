@@ -60,9 +60,11 @@ class GateProfile:
     # the reference path keeps the clean backend. ``gate --backend`` sets it
     backend: str = ""
     # > 0: the sampled gate (module docstring): plain sampling on the reference path is the baseline, every
-    # path runs speculative sampling and names its spec_sampling implementation ("prepare+attn+sampler");
-    # spec_sampling mutants in impl_mutants run on mutant_kernels with the mutant as the sampler
+    # path runs speculative sampling and names its implementation of the sampler op (the op with role
+    # "sampler") as "prepare+attn+sampler"
     temperature: float = 0.0
+    # temperature > 0: mutants of the sampler op (implementation names) run on mutant_kernels as the sampler
+    sampler_mutants: tuple[str, ...] = ()
     # temperature > 0: tokens per request in the distribution test (the first ``record``; a request runs at
     # least this many, past EOS: a fixed count keeps the test exact)
     record: int = 0
@@ -77,6 +79,8 @@ class GateProfile:
             if len(spec.split("+")) != parts:
                 raise ValueError(f"paths: {spec!r} is not {'prepare+attn+sampler' if parts == 3 else 'prepare+attn'} "
                                  f"(temperature {self.temperature})")
+        if self.sampler_mutants and not self.temperature > 0:
+            raise ValueError(f"sampler_mutants: a greedy profile never samples, got {self.sampler_mutants}")
         if not (0 <= self.record <= self.max_new) or (self.record > 0) != (self.temperature > 0):
             raise ValueError(f"record: expected in [1, max_new = {self.max_new}] at temperature > 0, else 0; "
                              f"got {self.record} at temperature {self.temperature}")
@@ -114,11 +118,11 @@ PROFILES = {
     # acceptance is their greedy one (2.29-2.30 at T = 0.8, measured; the mutant's 1.5-1.7)
     "sampled": GateProfile("sampled", problems=24, max_new=200, paths=("reference+reference+fused",),
                            path_mutants=(), batch=24, mutant_kernels="reference+reference",
-                           impl_mutants=("spec_sampling/mutant-residual-from-q",), temperature=0.8, record=64,
+                           sampler_mutants=("mutant-residual-from-q",), temperature=0.8, record=64,
                            thresholds=Thresholds(min_accuracy=0.0)),
     # the same on a GPU: every launch fused (prepare, attention, sampler), the problem count
     "sampled-full": GateProfile("sampled-full", problems=600, max_new=200, paths=("fused+fused+fused",),
-                                path_mutants=(), batch=600, impl_mutants=("spec_sampling/mutant-residual-from-q",),
+                                path_mutants=(), batch=600, sampler_mutants=("mutant-residual-from-q",),
                                 temperature=0.8, record=64, thresholds=Thresholds(min_accuracy=0.0)),
     # tests
     # tests: a path mutant on the reference kernels (its bug is the backend's, not a kernel's)
@@ -133,7 +137,7 @@ PROFILES = {
     # tests: the sampled gate on random weights (~4 nats a token: real sampling)
     "smoke-sampled": GateProfile("smoke-sampled", problems=4, max_new=24, paths=("reference+reference+fused",),
                                  path_mutants=(), batch=4, mutant_kernels="reference+reference",
-                                 impl_mutants=("spec_sampling/mutant-residual-from-q",), temperature=0.8, record=24),
+                                 sampler_mutants=("mutant-residual-from-q",), temperature=0.8, record=24),
 }
 
 MODEL_DIR = "cases/models"  # <layout>.safetensors + .json, written by python -m harness.e2e.train

@@ -142,6 +142,8 @@ def test_sampling_arguments_are_checked(registry):
         dataclasses.replace(cfg.PROFILES["smoke-sampled"], paths=("reference+reference",))
     with pytest.raises(ValueError, match="record"):
         dataclasses.replace(cfg.PROFILES["smoke-sampled"], record=0)
+    with pytest.raises(ValueError, match="sampler_mutants"):
+        dataclasses.replace(cfg.PROFILES["smoke"], sampler_mutants=("mutant-residual-from-q",))
 
 
 def test_residual_from_q_mutant_has_one_bug(registry):
@@ -170,6 +172,7 @@ def test_paths_for_sampled_profile_names_the_samplers(registry):
     assert [by[k][1] for k in by] == ["pass", "pass", "fail"]
     mut = by["spec_sampling/mutant-residual-from-q"][0]
     assert mut.attn.kind == "reference" and mut.prepare is None  # qwen35: plain projections
+    assert gate.sampler_op(registry) == "spec_sampling"
     # a greedy profile never samples: a sampler mutant is no row there (the kill matrix's e2e column)
     greedy = dataclasses.replace(cfg.PROFILES["killmatrix"], impl_mutants=("spec_sampling/mutant-residual-from-q",))
     assert [lab for lab, _, _ in gate.paths_for(registry, LAYOUT, greedy)] == ["reference+reference"]
@@ -212,7 +215,7 @@ def test_sampled_rows_repeat_exactly(registry, device, tmp_path):
     rows (timings aside), another seed other draws."""
     prof = dataclasses.replace(cfg.PROFILES["smoke-sampled"], impl_mutants=(), paths=(), problems=2, batch=2,
                                max_new=12, record=12)
-    strip = lambda rows: [{k: v for k, v in r.__dict__.items() if k != "seconds"} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.__dict__.items() if k != "seconds"} for r in rows]
     a = gate.run(registry, device, prof, layouts=(LAYOUT,), models_dir=tmp_path)
     b = gate.run(registry, device, prof, layouts=(LAYOUT,), models_dir=tmp_path)
     c = gate.run(registry, device, prof, layouts=(LAYOUT,), models_dir=tmp_path, seed=1)

@@ -12,9 +12,9 @@ so). A path mutant is expected to fail; ``expect`` says so and the CLI exits non
 verdict differs.
 
 At temperature > 0 (``profile.temperature``; ``_sampled_rows``) the baseline is plain sampling on the
-reference path and every path samples speculatively through its ``spec_sampling`` implementation
-(label ``prepare+attn+sampler``; a ``spec_sampling`` mutant in ``impl_mutants`` is a sampler on
-``mutant_kernels``); a row holds accuracy and McNemar against plain sampling, and the distribution
+reference path and every path samples speculatively through its implementation of the sampler op
+(``sampler_op``: ``spec_sampling``; label ``prepare+attn+sampler``; the profile's ``sampler_mutants``
+are samplers on ``mutant_kernels``); a row holds accuracy and McNemar against plain sampling, and the distribution
 test of the path's first ``profile.record`` tokens per request (``stats.pit`` / ``stats.uniformity``);
 ``verdict_sampled`` judges it. Every run's randomness is seeded from ``seed`` and the run's key
 (``run_seed``): a run repeats exactly.
@@ -71,26 +71,33 @@ def generate(model, path, prompts, max_new, drafter, batch, device, num_kv_split
     return E.Generation(tuple(toks), tuple(acc), steps, tuple(traces))
 
 
-SAMPLER_OP = "spec_sampling"  # the sampled gate's speculative sampler (Path.sampler)
+def sampler_op(reg) -> str:
+    """The op with role ``sampler``: the speculative sampler of every sampled path (``Path.sampler``)."""
+    found = reg.by_role("sampler")
+    if len(found) != 1:
+        raise LookupError(f"expected one op with role 'sampler', got {[s.name for s in found]}")
+    return found[0].name
 
 
 def paths_for(reg, layout: str, profile: cfg.GateProfile) -> list[tuple[str, path_mod.Path, str]]:
     """(label, path, expect) for every path under test, reference first. ``profile.backend``
     (``--backend module:attr``): the backend the profile's paths run through (the reference path
     keeps the clean one: the baseline every path is judged against). At temperature > 0 a label is
-    ``prepare+attn+sampler`` and the path carries that ``spec_sampling`` implementation; a
-    ``spec_sampling`` mutant runs on ``mutant_kernels`` as the sampler (a greedy profile skips it: its
-    paths never sample)."""
+    ``prepare+attn+sampler`` and the path carries that implementation of the sampler op
+    (``sampler_op``); its mutants (``profile.sampler_mutants``, and any in ``impl_mutants``) run on
+    ``mutant_kernels`` as the sampler, labelled by registry key (a greedy profile skips them: its paths
+    never sample)."""
     sampled = profile.temperature > 0
+    op = sampler_op(reg)
     ref = path_mod.clean_path(reg, layout, prepare="reference", attn="reference")
-    out = [("reference+reference+reference", replace(ref, sampler=reg.impls[f"{SAMPLER_OP}/reference"]), "pass")
+    out = [("reference+reference+reference", replace(ref, sampler=reg.impls[f"{op}/reference"]), "pass")
            if sampled else ("reference+reference", ref, "pass")]
     be = backend_mod.load(profile.backend) if profile.backend else backend_mod.CLEAN
     for spec in profile.paths:
         prep, attn, *smp = spec.split("+")
         label = spec if be is backend_mod.CLEAN else f"{spec}:{be.name}"
         path = path_mod.clean_path(reg, layout, prepare=prep, attn=attn, backend=be)
-        out.append((label, replace(path, sampler=reg.impls[f"{SAMPLER_OP}/{smp[0]}"]) if smp else path, "pass"))
+        out.append((label, replace(path, sampler=reg.impls[f"{op}/{smp[0]}"]) if smp else path, "pass"))
     sampler = out[0][1].sampler
     for name in profile.path_mutants:
         m = next(x for x in mt.PATH_MUTANTS if x.name == name)
@@ -100,9 +107,9 @@ def paths_for(reg, layout: str, profile: cfg.GateProfile) -> list[tuple[str, pat
                            name=f"{layout}:{name}", doc=m.doc, sampler=sampler)
             out.append((name, path, "fail"))
     fam = tl.FAMILIES[layout]
-    for key in profile.impl_mutants:
+    for key in [f"{op}/{name}" for name in profile.sampler_mutants] + list(profile.impl_mutants):
         impl = reg.impls[key]
-        if impl.op == SAMPLER_OP:
+        if impl.op == op:
             if sampled:
                 prep, attn = profile.mutant_kernels.split("+")
                 clean = path_mod.clean_path(reg, layout, prepare=prep, attn=attn)

@@ -51,7 +51,7 @@ def measure(layouts, samplers, seeds: int, profile: cfg.GateProfile, models_dir:
         model = gate.load_model(layout, models_dir, dev.torch_device)[0]
         base = gate.paths_for(reg, layout, profile)[0][1]  # the reference path
         for name in samplers:
-            path = replace(base, sampler=reg.impls[f"{gate.SAMPLER_OP}/{name}"])
+            path = replace(base, sampler=reg.impls[f"{gate.sampler_op(reg)}/{name}"])
             label = f"reference+reference+{name}"
             for s in range(seeds):
                 t0 = time.perf_counter()
@@ -70,7 +70,7 @@ def measure(layouts, samplers, seeds: int, profile: cfg.GateProfile, models_dir:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sampler", action="append", help="spec_sampling implementations (default: mutant-residual-from-q)")
+    ap.add_argument("--sampler", action="append", help="implementations of the sampler op (default: mutant-residual-from-q)")
     ap.add_argument("--seeds", type=int, default=10, help="runs per (layout, sampler): gate seeds 0..N-1")
     ap.add_argument("--layout", action="append", choices=M.LAYOUTS, help="default: every layout")
     ap.add_argument("--profile", default="sampled", choices=[k for k, p in cfg.PROFILES.items() if p.temperature > 0])
