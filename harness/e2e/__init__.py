@@ -8,5 +8,6 @@ statistical verdict, and server A/B mode. One job per module:
   drafters   prompt-lookup and n-gram-table drafts, and a controllable noisy drafter
   stats      accuracy intervals, paired exact McNemar, the distribution test of sampled tokens
   gate       per layout and path: rows of ``reports.rows.GateRow``
+  power      ``python -m harness.e2e.power``: the sampled gate's distribution test over many seeds
   server / client   OpenAI-compatible loopback server and the A/B client gate
 """
