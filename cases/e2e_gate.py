@@ -8,6 +8,16 @@ A path passes when every applicable threshold holds:
     this level (seed 000: 0.950 vs 0.949 / 0.945 must pass, 0.950 vs 0.027 must fail);
   * ``min_accuracy`` and ``min_accept_len``: only for trained models (a random-weight model's
     answers are all wrong and its acceptance is whatever prompt lookup gets).
+
+At temperature > 0 (a profile with ``temperature`` > 0: ``sampled``) speculative and plain sampling
+cannot agree token for token, only in distribution; a path passes when
+  * ``dist_alpha``: the distribution test of its emitted tokens (``harness.e2e.stats.uniformity``:
+    every traced token against softmax(logits / T) of the row it was drawn from, exact tests,
+    Bonferroni) does not reject at this level — a correct sampler fails with probability <= 1e-6;
+  * ``alpha``: the exact McNemar test against plain sampling on the reference path (independent
+    samples, paired by problem) does not show it worse;
+  * ``min_accuracy`` and ``min_accept_len`` (trained models), the sampled profile's own values.
+``min_agreement`` and ``tie_margin`` do not apply (sampled rows write -1 for agreement and ties).
 """
 from __future__ import annotations
 
@@ -25,6 +35,7 @@ class Thresholds:
     alpha: float = 1e-3  # p below this with the path worse than the reference = regression
     min_accuracy: float = 0.95  # trained models only
     min_accept_len: float = 2.0  # trained models only
+    dist_alpha: float = 1e-6  # temperature > 0: the distribution test's level (false alarms per path and layout)
 
 
 @dataclass(frozen=True)
@@ -48,10 +59,31 @@ class GateProfile:
     # "module:attr" of the backend (harness.backend.Backend) the paths run through ("": the clean one);
     # the reference path keeps the clean backend. ``gate --backend`` sets it
     backend: str = ""
+    # > 0: the sampled gate (module docstring): plain sampling on the reference path is the baseline, every
+    # path runs speculative sampling and names its implementation of the sampler op (the op with role
+    # "sampler") as "prepare+attn+sampler"
+    temperature: float = 0.0
+    # temperature > 0: mutants of the sampler op (implementation names) run on mutant_kernels as the sampler
+    sampler_mutants: tuple[str, ...] = ()
+    # temperature > 0: tokens per request in the distribution test (the first ``record``; a request runs at
+    # least this many, past EOS: a fixed count keeps the test exact)
+    record: int = 0
 
     def __post_init__(self):
         if self.kernel_problems is not None and self.kernel_problems < 1:
             raise ValueError(f"kernel_problems: expected None or >= 1, got {self.kernel_problems}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature: expected >= 0, got {self.temperature}")
+        parts = 3 if self.temperature > 0 else 2
+        for spec in self.paths:
+            if len(spec.split("+")) != parts:
+                raise ValueError(f"paths: {spec!r} is not {'prepare+attn+sampler' if parts == 3 else 'prepare+attn'} "
+                                 f"(temperature {self.temperature})")
+        if self.sampler_mutants and not self.temperature > 0:
+            raise ValueError(f"sampler_mutants: a greedy profile never samples, got {self.sampler_mutants}")
+        if not (0 <= self.record <= self.max_new) or (self.record > 0) != (self.temperature > 0):
+            raise ValueError(f"record: expected in [1, max_new = {self.max_new}] at temperature > 0, else 0; "
+                             f"got {self.record} at temperature {self.temperature}")
 
 
 PROFILES = {
@@ -72,6 +104,26 @@ PROFILES = {
     # requests as for 600 (launch- and host-bound; the nightly's gate with batches of 100 ran out of its 384 s)
     "full": GateProfile("full", problems=600, max_new=200, paths=("fused+fused",),
                         path_mutants=("path-store-before-attention", "path-stale-rejected-kv"), batch=600),
+    # temperature > 0 (docs/gate.md, "The sampled gate"): plain sampling on the reference path is the baseline;
+    # speculative sampling through the reference chain and the fused spec_sampling kernel must match it (McNemar)
+    # and emit tokens that follow softmax(logits / T) (the distribution test); the residual-from-q sampler must
+    # fail. T = 0.8: inside the 0.7-1.0 range engines sample at, and not 1.0, where a temperature applied twice
+    # or not at all is no bug (the shipped models are near-deterministic at any of these: ~2e-5-2e-4 nats a
+    # token, their sampled text is almost their greedy text). 24 problems, 64 traced tokens each
+    # (N = 1,536): on the 2-core CPU ~40-60 s per layout for the four runs (plain, reference, fused sampler,
+    # mutant; the sampler is one interpreted program per step at V = 89, the prepare and attention reference
+    # kernels); the mutant fails with adjusted p ~1e-3000 (McNemar ~1e-7). No accuracy floor: at 24 problems
+    # 0.95 would fail a model of 0.97 one run in twenty; the floor is the greedy gate's (100-600 problems), and
+    # McNemar against plain sampling is this gate's accuracy check. Acceptance >= 2.0: the models' sampled
+    # acceptance is their greedy one (2.29-2.30 at T = 0.8, measured; the mutant's 1.5-1.7)
+    "sampled": GateProfile("sampled", problems=24, max_new=200, paths=("reference+reference+fused",),
+                           path_mutants=(), batch=24, mutant_kernels="reference+reference",
+                           sampler_mutants=("mutant-residual-from-q",), temperature=0.8, record=64,
+                           thresholds=Thresholds(min_accuracy=0.0)),
+    # the same on a GPU: every launch fused (prepare, attention, sampler), the issue's problem count
+    "sampled-full": GateProfile("sampled-full", problems=600, max_new=200, paths=("fused+fused+fused",),
+                                path_mutants=(), batch=600, sampler_mutants=("mutant-residual-from-q",),
+                                temperature=0.8, record=64, thresholds=Thresholds(min_accuracy=0.0)),
     # tests
     # tests: a path mutant on the reference kernels (its bug is the backend's, not a kernel's)
     # the kill matrix's e2e column (GPU): every mutant through the gate on a slice of the test split
@@ -82,6 +134,10 @@ PROFILES = {
     # its prepare is plain projections)
     "smoke-path": GateProfile("smoke-path", problems=4, max_new=24, paths=("fused+reference",), path_mutants=(),
                               batch=4),
+    # tests: the sampled gate on random weights (~4 nats a token: real sampling)
+    "smoke-sampled": GateProfile("smoke-sampled", problems=4, max_new=24, paths=("reference+reference+fused",),
+                                 path_mutants=(), batch=4, mutant_kernels="reference+reference",
+                                 sampler_mutants=("mutant-residual-from-q",), temperature=0.8, record=24),
 }
 
 MODEL_DIR = "cases/models"  # <layout>.safetensors + .json, written by python -m harness.e2e.train

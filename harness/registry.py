@@ -108,8 +108,9 @@ class DistributionPlan:
 
 
 # "prepare": a timeline family's prepare step; "attn": the attention of every family; "accept": the
-# acceptance after every verify step (the n a timeline's backend rolls back to)
-ROLES = ("", "prepare", "attn", "accept")
+# acceptance after every verify step (the n a timeline's backend rolls back to); "sampler": the speculative
+# sampler of the end-to-end engine at temperature > 0 (harness.e2e.engine, the sampled gate)
+ROLES = ("", "prepare", "attn", "accept", "sampler")
 
 
 @dataclass(frozen=True)

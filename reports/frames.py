@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from reference.checks import VerifyParityInputError
-from reports.rows import VERDICTS, ParityRow, PerfRow
+from reports.rows import VERDICTS, GateRow, ParityRow, PerfRow
 
 
 class CSVError(VerifyParityInputError):
@@ -33,7 +33,8 @@ def _str_columns(row_type: type) -> list[str]:
 ADDED_COLUMNS = {"precision": "exact-fp32", "known": "", "nan_policy": ""}
 # ... of one row type only (TimelineRow has a ``mode`` of its own, which must never be filled in):
 # PerfRow's mode, every row eager before graph-replayed rows were written
-ADDED_BY_TYPE = {PerfRow: {"mode": "eager"}}
+# GateRow's temperature and distribution test, every row greedy before the sampled gate
+ADDED_BY_TYPE = {PerfRow: {"mode": "eager"}, GateRow: {"temperature": 0.0, "dist_tokens": 0, "dist_log10_p": 0.0}}
 
 _UNREADABLE = (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError,
                pa.ArrowException)

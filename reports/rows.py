@@ -194,12 +194,15 @@ class GateRow:
     accuracy_lo: float  # 95 % Clopper-Pearson
     accuracy_hi: float
     ref_accuracy: float  # the reference path (server mode: the A endpoint) on the same problems
-    exact_agreement: float  # fraction of problems whose output equals non-speculative greedy (reference path)
-    tie_divergences: int  # disagreeing problems whose first differing token was a near-tie (rounding)
+    exact_agreement: float  # fraction of problems whose output equals non-speculative greedy (reference path; -1 sampled)
+    tie_divergences: int  # disagreeing problems whose first differing token was a near-tie (rounding; -1 sampled)
     mean_accept_len: float  # tokens produced per verify step (nan when not measured)
     worse: int  # McNemar discordant pairs: reference right, path wrong
     better: int  # reference wrong, path right
     p_value: float  # exact McNemar (two-sided)
+    temperature: float  # 0: greedy; > 0: sampled (the baseline is plain sampling, not greedy)
+    dist_tokens: int  # tokens in the distribution test of the emitted tokens (0: not run, greedy)
+    dist_log10_p: float  # its log10 smallest Bonferroni-adjusted p-value (harness.e2e.stats.uniformity; 0: not run)
     verdict: str  # pass | fail
     detail: str
     seconds: float

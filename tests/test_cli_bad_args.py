@@ -104,7 +104,7 @@ def _gate_rows(verdict="pass") -> pd.DataFrame:
     r = GateRow(layout="qwen35-gqa", path="fused+fused", expect="pass", model="random-init", drafter="ngram",
                 extraction="strict", problems=10, accuracy=0.5, accuracy_lo=0.2, accuracy_hi=0.8, ref_accuracy=0.5,
                 exact_agreement=1.0, tie_divergences=0, mean_accept_len=2.0, worse=0, better=0, p_value=1.0,
-                verdict=verdict, detail="", seconds=1.0, **PROV)
+                temperature=0.0, dist_tokens=0, dist_log10_p=0.0, verdict=verdict, detail="", seconds=1.0, **PROV)
     return pd.DataFrame([dataclasses.asdict(r)], columns=columns(GateRow))
 
 

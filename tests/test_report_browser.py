@@ -49,7 +49,8 @@ def _extras(frame: pd.DataFrame, tmp: Path) -> tuple[Path, Path]:
     gate = [GateRow(layout="dsv4-mqa-ring", path="fused", expect="pass", model="rendering-fixture",
                     drafter="prompt-lookup", extraction="strict", problems=64, accuracy=0.95, accuracy_lo=0.87,
                     accuracy_hi=0.99, ref_accuracy=0.95, exact_agreement=1.0, tie_divergences=0, mean_accept_len=2.5,
-                    worse=0, better=0, p_value=1.0, verdict="pass", detail="rendering fixture", seconds=1.0, **prov)]
+                    worse=0, better=0, p_value=1.0, temperature=0.0, dist_tokens=0, dist_log10_p=0.0, verdict="pass",
+                    detail="rendering fixture", seconds=1.0, **prov)]
     pd.DataFrame([dataclasses.asdict(r) for r in perf]).to_csv(tmp / "perf.csv", index=False)
     pd.DataFrame([dataclasses.asdict(r) for r in gate]).to_csv(tmp / "gate.csv", index=False)
     return tmp / "perf.csv", tmp / "gate.csv"

@@ -35,10 +35,11 @@ def _chain(*, target_logits, temperature, draft_probs, draft_tokens, uniforms=No
 
 
 def _residual_from_q(**kw):
-    """After a rejection the token is sampled from q_n itself (max(q, 0)), not max(p − q, 0)."""
+    """After a rejection the token is sampled from q_n itself (max(q, 0)), not max(p − q, 0); the bonus
+    after a full chain stays p_L (q_L = 0: no weight, so p_L as the reference takes it)."""
     def weights(p, q, n):
         pn, qn = ref.stop_rows(p, q, n)
-        return ref.residual_weights(qn, torch.zeros_like(qn))  # BUG: q_n (row L: 0, so p_L as before)
+        return torch.where((qn.sum(dim=-1) > 0)[:, None], qn, pn)  # BUG: q_n; row L (q_L = 0): p_L as before
     return _chain(**kw, weights_fn=weights)
 
 

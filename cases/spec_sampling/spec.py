@@ -53,6 +53,7 @@ def _spec() -> OpSpec:
         kill=KILL,
         bench="",  # no GPU benchmark yet (docs/spec_sampling.md)
         distribution=DistributionPlan(applies=dist.applies, batches=dist.batches, verdict=dist.verdict),
+        role="sampler",  # the sampled gate's speculative sampler (harness.e2e.gate)
         nightly_group="acceptance",  # a light acceptance op: one parity step for the group
         parity_weight=0.5,
         interpreter_generated=60,

@@ -90,6 +90,7 @@ def ab(url_a: str, url_b: str, *, problems: int, cfg: ClientConfig = ClientConfi
                                 drafter="server", extraction=extraction, problems=len(prompts), accuracy=acc.value,
                                 accuracy_lo=acc.lo, accuracy_hi=acc.hi, ref_accuracy=sum(ref) / len(ref),
                                 exact_agreement=same, tie_divergences=-1, mean_accept_len=-1.0, worse=mc.worse, better=mc.better,
-                                p_value=mc.p_value, verdict="fail" if why else "pass",
+                                p_value=mc.p_value, temperature=0.0, dist_tokens=0, dist_log10_p=0.0,
+                                verdict="fail" if why else "pass",
                                 detail="; ".join(why) or f"{cfg.num_fewshot}-shot", seconds=secs, **prov))
     return rows

@@ -14,6 +14,18 @@ Speculative step for one request (width L + 1, uniform across the batch as the k
 Prefill always runs the reference attention (setup, as in the timelines); greedy decode runs the
 path's attention in decode mode (1-source), verify in target-verify mode (2-source).
 
+Sampled decoding (``generate(..., sampling=Sampling(temperature, seed))``, temperature > 0): plain
+decode draws each token from softmax(logits / T) (``torch.multinomial``, fp32); a speculative step
+hands the chunk's L + 1 logits rows to the path's ``spec_sampling`` implementation (``Path.sampler``:
+the reference chain, the fused kernel, a mutant) with the drafter's q one-hot on each draft (the
+drafters here are deterministic: q(x) = 1 at the draft, so the draft is accepted with probability
+p(x) and a rejection samples max(p − onehot, 0) normalised — exact speculative sampling) and a fresh
+seed per step from the run's generator; the sampler's output ids up to its accept length are the
+step's tokens. ``Sampling.record`` > 0 keeps, for the first ``record`` tokens of each request, the
+logits row each was drawn from and the draft at its position (``Trace``: the distribution test of
+``harness.e2e.stats``), and keeps a request running past EOS until it has that many tokens (a fixed
+count: the test's exactness needs it; the answer is still cut at EOS).
+
 The window is the model's ``max_len``: every chunk sees the whole sequence, so a token attends to
 the same positions whether it arrives in a decode or inside a verify chunk.
 """
@@ -32,13 +44,37 @@ from harness.e2e import tokenizer as tok
 from harness.timelines.prepare import attention_spec, chunk_kv, kv_views, prepare_of, row_shape
 from harness.e2e.model import Micro
 from reference import kv_model
+from reference.spec_sampling.chain import SEED_MAX
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding at temperature > 0 (module docstring)."""
+    temperature: float  # > 0 (0 is greedy: no Sampling)
+    seed: int  # the run's generator: plain draws and one sampler seed per speculative step
+    record: int = 0  # tokens per request traced for the distribution test (a request runs at least this many)
+
+    def __post_init__(self):
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature: expected a finite value > 0, got {self.temperature}")
+        if self.record < 0:
+            raise ValueError(f"record: expected >= 0, got {self.record}")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The first ``Sampling.record`` tokens of one request and what each was drawn from."""
+    tokens: torch.Tensor  # (M,) int64 emitted ids, EOS and past it included
+    drafts: torch.Tensor  # (M,) int64 the draft at the token's position; -1: none (plain, first token, bonus)
+    logits: torch.Tensor  # (M, V) fp32 on the CPU: the row the token was sampled from (softmax(row / T))
 
 
 @dataclass(frozen=True)
 class Generation:
     tokens: tuple[tuple[int, ...], ...]  # produced ids per request, cut after EOS and at max_new
-    accept_lens: tuple[tuple[int, ...], ...]  # per request: tokens produced by each verify step (k + 1)
+    accept_lens: tuple[tuple[int, ...], ...]  # per request: tokens produced by each verify step (k + 1) before EOS
     steps: int  # forward launches after prefill
+    traces: tuple[Trace, ...] = ()  # per request, when sampling with record > 0
 
     @property
     def mean_accept_len(self) -> float:
@@ -80,27 +116,48 @@ class Engine:
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new: int, drafter=None) -> Generation:
-        """Greedy output for each prompt; speculative (L drafts per verify) when a drafter is given."""
+    def generate(self, prompts: list[list[int]], max_new: int, drafter=None,
+                 sampling: Sampling | None = None) -> Generation:
+        """Greedy output for each prompt, or sampled (``sampling``); speculative (L drafts per verify)
+        when a drafter is given."""
+        if sampling is not None and sampling.record > max_new:
+            raise ValueError(f"sampling.record: expected <= max_new = {max_new}, got {sampling.record}")
+        if sampling is not None and drafter is not None and self.path.sampler is None:
+            raise ValueError(f"path {self.path.name}: speculative sampling needs a sampler (Path.sampler)")
         with _cpu_threads(self.device):
-            return self._generate(prompts, max_new, drafter)
+            return self._generate(prompts, max_new, drafter, sampling)
 
-    def _generate(self, prompts, max_new, drafter):
+    def _generate(self, prompts, max_new, drafter, sampling):
         B = len(prompts)
+        rec = sampling.record if sampling is not None else 0
+        gen = torch.Generator().manual_seed(sampling.seed) if sampling is not None else None
+        out = [[] for _ in range(B)]
+        trace = [([], [], []) for _ in range(B)]  # per request: tokens, drafts, logits rows (the first rec)
+
+        def emit(r, tokens, drafts, rows):
+            if len(trace[r][0]) < rec:
+                room = rec - len(trace[r][0])
+                trace[r][0].extend(tokens[:room])
+                trace[r][1].extend(drafts[:room])
+                trace[r][2].append(rows[:room].float().cpu())
+            out[r] += tokens
+
         logits = self.prefill(prompts, max_new)
         ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
-        out = [[int(t)] for t in logits[ends].argmax(-1)]
+        first = logits[ends]
+        for r, t in enumerate(self._pick(first, sampling, gen)):
+            emit(r, [t], [-1], first[r: r + 1])
         acc = [[] for _ in range(B)]
         steps = 0
         while True:
-            live = [r for r in range(B) if len(out[r]) < max_new and tok.EOS not in out[r]]
+            live = [r for r in range(B) if len(out[r]) < max_new and (tok.EOS not in out[r] or len(out[r]) < rec)]
             if not live:
                 break
             steps += 1
             if drafter is None:
                 logits = self._forward("decode", [(r, [out[r][-1]]) for r in live])
-                for r, t in zip(live, logits.argmax(-1).tolist()):
-                    out[r].append(t)
+                for i, (r, t) in enumerate(zip(live, self._pick(logits, sampling, gen))):
+                    emit(r, [t], [-1], logits[i: i + 1])
                 continue
             chunks = []
             for r in live:
@@ -108,16 +165,55 @@ class Engine:
                 if len(d) != self.L:
                     raise ValueError(f"drafter proposed {len(d)} tokens, expected L = {self.L}")
                 chunks.append((r, [out[r][-1]] + d))
-            pred = self._forward("target_verify", chunks).argmax(-1).view(len(live), self.L + 1).tolist()
-            for (r, chunk), p in zip(chunks, pred):
-                k = 0
-                while k < self.L and chunk[k + 1] == p[k]:
-                    k += 1
-                out[r] += p[: k + 1]
-                acc[r].append(k + 1)
+            logits = self._forward("target_verify", chunks).view(len(live), self.L + 1, -1)
+            if sampling is None:
+                steps_out = [self._accept_greedy(chunk, p) for (_, chunk), p in zip(chunks, logits.argmax(-1).tolist())]
+            else:
+                steps_out = self._accept_sampled(chunks, logits, sampling.temperature, gen)
+            for i, ((r, chunk), tokens) in enumerate(zip(chunks, steps_out)):
+                k = len(tokens) - 1
+                if tok.EOS not in out[r]:
+                    acc[r].append(k + 1)
+                emit(r, tokens, (chunk[1:] + [-1])[: k + 1], logits[i, : k + 1])
                 self.n[r] -= self.L - k  # the committed length: t and the k accepted drafts
                 self.backend.rollback(self.kv, r, self.n[r])
-        return Generation(tuple(_cut(o, max_new) for o in out), tuple(tuple(a) for a in acc), steps)
+        traces = () if not rec else tuple(
+            Trace(torch.tensor(t, dtype=torch.int64), torch.tensor(d, dtype=torch.int64), torch.cat(x))
+            for t, d, x in trace)
+        return Generation(tuple(_cut(o, max_new) for o in out), tuple(tuple(a) for a in acc), steps, traces)
+
+    def _pick(self, logits: torch.Tensor, sampling: Sampling | None, gen) -> list[int]:
+        """One token per row: argmax (greedy), or a draw from softmax(row / T) (fp32, ``gen``)."""
+        if sampling is None:
+            return logits.argmax(-1).tolist()
+        p = torch.softmax(logits.float().cpu() / sampling.temperature, dim=-1)
+        return torch.multinomial(p, 1, generator=gen)[:, 0].tolist()
+
+    def _accept_greedy(self, chunk: list[int], pred: list[int]) -> list[int]:
+        """Greedy acceptance: drafts while each equals the argmax before it, then the argmax."""
+        k = 0
+        while k < self.L and chunk[k + 1] == pred[k]:
+            k += 1
+        return pred[: k + 1]
+
+    def _accept_sampled(self, chunks, logits: torch.Tensor, temperature: float, gen) -> list[list[int]]:
+        """Speculative sampling by the path's sampler (module docstring): per chunk its accepted drafts and
+        the sampled token. An id outside [0, V) where the sampler says a token is raises."""
+        n_req, V = logits.shape[0], logits.shape[-1]
+        d = torch.tensor([c[1:] for _, c in chunks], dtype=torch.int64, device=logits.device)
+        q = torch.nn.functional.one_hot(d, V).float()  # the deterministic drafter's q: 1 at the draft
+        seed = int(torch.randint(0, SEED_MAX, (), generator=gen))
+        res = self.path.sampler.fn(target_logits=logits.float().contiguous(),
+                                   temperature=torch.full((n_req,), float(temperature), device=logits.device),
+                                   draft_probs=q, draft_tokens=d, seed=seed)
+        ids, n = res["output_ids"].tolist(), res["accept_length"].tolist()
+        out = []
+        for i, (k, row) in enumerate(zip(n, ids)):
+            if not (0 <= k <= self.L and all(0 <= t < V for t in row[: k + 1])):
+                raise ValueError(f"sampler {self.path.sampler.name}: request {chunks[i][0]} accept_length {k}, "
+                                 f"output_ids {row}: expected k in [0, {self.L}] and ids in [0, {V}) up to k")
+            out.append(row[: k + 1])
+        return out
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], max_new: int = 0) -> torch.Tensor:

@@ -22,6 +22,9 @@ class Path:
     accept: Impl | None = None  # implementation of the acceptance op (role "accept"; None: its reference)
     backend: Backend = CLEAN
     doc: str = ""
+    # the end-to-end engine at temperature > 0: the speculative step's sampler (a spec_sampling implementation;
+    # None: no sampled speculative decoding on this path). The timelines do not run it
+    sampler: Impl | None = None
 
 
 @dataclass(frozen=True)
