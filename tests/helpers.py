@@ -1,7 +1,9 @@
 """Small helpers for the harness's own tests."""
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,21 @@ def bad_inputs(table: list) -> pytest.MarkDecorator:
     """Parametrises a test over ``table``'s (argument, make, error) rows as ``arg, make, err``, each
     row's id its argument and its index in the table."""
     return pytest.mark.parametrize("arg,make,err", table, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(table)])
+
+
+def once_per_session(name: str, worker_id: str, tmp_path_factory, compute):
+    """``compute()`` once per pytest session, its value shared by every xdist worker (pytest-xdist's recipe:
+    a file in the session's temporary root, under a lock). A module fixture recomputed in each worker that
+    takes one of its module's tests cost the fuzzer's sweep 9 recomputations on a 16-worker GPU host."""
+    if worker_id == "master":  # no xdist: one process
+        return compute()
+    root = tmp_path_factory.getbasetemp().parent  # shared by this session's workers only
+    path = root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return pickle.loads(path.read_bytes())
+        value = compute()
+        path.write_bytes(pickle.dumps(value))
+        return value
+

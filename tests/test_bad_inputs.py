@@ -25,15 +25,18 @@ from harness.fuzz.strategies import CLASSES, expand_classes, plan
 from harness.fuzz.surgery import changed, interleaved_view, offset_view, rows_view, snapshot
 from harness.fuzz.targets import targets_for
 from reference import checks
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import ROOT, once_per_session, subprocess_env
 
 QK_FUSED_STEP = "fused.qk_norm_rope.wrapper:qk_norm_rope_step"
 
 
 @pytest.fixture(scope="module")
-def sweep(device):
-    jobs = plan(device, examples=1, seed=0)
-    return jobs, run(jobs, device=device.kind, timeout=120, stop_after=1)
+def sweep(device, worker_id, tmp_path_factory):
+    def compute():
+        jobs = plan(device, examples=1, seed=0)
+        return jobs, run(jobs, device=device.kind, timeout=120, stop_after=1)
+
+    return once_per_session("bad_inputs_sweep", worker_id, tmp_path_factory, compute)
 
 
 def test_at_least_40_classes_over_the_three_ops():
@@ -184,8 +187,12 @@ CONTROLS = {  # the same inputs to the real wrapper: (class, argument, its good 
 
 
 @pytest.fixture(scope="module")
-def planted(device):
+def planted(device, worker_id, tmp_path_factory):
     """Every plant and control in one run (one worker, restarted after the segfault, abort and hang)."""
+    return once_per_session("bad_inputs_planted", worker_id, tmp_path_factory, lambda: _planted(device))
+
+
+def _planted(device):
     jobs = []
     for name, (cls, a, _) in {**PLANTS, **CONTROLS}.items():
         target = QK_FUSED_STEP if name.startswith("control-") else f"tests.test_bad_inputs:{name}@{QK_FUSED_STEP}"
