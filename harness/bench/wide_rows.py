@@ -6,9 +6,9 @@ has (``FUSED_VS_CHAIN_COLUMNS``, ``wide_row_type``, ``fused_vs_chain``) with the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
