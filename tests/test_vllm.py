@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -325,7 +326,7 @@ def _planted_kernels(tmp_path, old: str, new: str):
     (Triton reads a kernel's source from its file)."""
     import importlib.util
 
-    src = open(vllm.load()["rejection_sampler_utils"].__file__).read()
+    src = Path(vllm.load()["rejection_sampler_utils"].__file__).read_text()
     assert src.count(old) == 1, "vLLM's kernel changed: re-plant"
     path = tmp_path / "planted_rejection_sampler_utils.py"
     path.write_text(src.replace(old, new))
