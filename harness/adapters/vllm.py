@@ -2,6 +2,11 @@
 
   vllm-rejection-greedy  verify_accept     ``rejection_sample`` (v1/worker/gpu/spec_decode/rejection_sampler_utils.py)
                                            at temperature 0: vLLM's GPU model runner's greedy verify
+  vllm-rejection-sampled spec_sampling     the same ``rejection_sample`` at temperature > 0 after vLLM's
+                                           ``apply_temperature``: standard speculative sampling, q as the
+                                           draft-logits cache (T · log q) or none for one-hot drafts. It draws
+                                           its own randomness (module section "speculative sampling"), so the
+                                           exact cases are refused and the distributional check judges it
   vllm-unified           verify_attention  ``unified_attention`` (v1/attention/ops/triton_unified_attention.py): the
                                            2D kernel or the split-KV 3D kernel + ``reduce_segments``, as the
                                            Triton backend (v1/attention/backends/triton_attn.py) chooses, after
@@ -32,6 +37,9 @@ Precision, read from each kernel:
               ``tl.sum(p[:, None] * v, 0)`` / tl.dot on fp32 p: ``cache-drafts``
   mla-verify  tl.dot on bf16 q / K, P rounded to bf16 before tl.dot(P, V), one online softmax per split
               with a running max per 32-key tile: ``bf16-p+cache-drafts``
+  sampled     judged in distribution: the acceptance test in log space (log p > log u + log q), the
+              recovered / bonus token by Gumbel-max over max(p - q, 0) computed as log p + log1p(-q/p)
+              (libdevice.log1p: the interpreter shim computes it, harness.shim.LIBDEVICE)
   greedy      exact: integer outputs. NaN: the per-block argmax is ``tl.max(..., return_indices=True)``
               and the argmax across vocabulary blocks maps a NaN block maximum to -inf (vLLM's comment: a
               NaN breaks tl.argmax's index bounds), i.e. vLLM's policy is ``ignore``, not torch.argmax's
@@ -267,6 +275,14 @@ def _rejection_greedy(*, target_logits, draft_tokens, qo_indptr):
 
 
 # ----------------------------------------------------------------------------- speculative sampling (T > 0)
+#
+# How vLLM draws its randomness, and why the op's ``uniforms`` cannot be given to it: draft i of a request is
+# accepted iff log p(x) > log u + log q(x) with u = tl.rand(seed, position of logit i) (Philox keyed by the
+# request's seed and the token's position, drawn inside ``_rejection_kernel``); the recovered token after a
+# rejection, and the bonus token, is the argmax over the vocabulary of log max(p - q, 0) + Gumbel noise, the
+# noise a murmur3 hash of (seed, position, token) (``gumbel_block_argmax``) — V draws, not one inverse-CDF
+# uniform. Neither is an input of ``rejection_sample``, so no uniforms of ours can reproduce its outputs:
+# only the distribution of its outputs is comparable.
 
 POSITION0 = 4096  # each request's first verify row sits at this position (a prefix of 4,096 tokens)
 SEED_BITS = 63  # vLLM draws a request's seed in [-2**63, 2**63) when its sampling params give none
