@@ -313,6 +313,7 @@ def test_sampled_refuses_given_uniforms(registry, device):
         impl.fn(**kw)
 
 
+@pytest.mark.long  # ~25 s each on the CPU interpreter (vLLM's kernels: one program per request)
 @needs_vllm
 @pytest.mark.parametrize("name", ["dist-far-v8", "dist-onehot-v8"])  # the draft-logits cache; no cache (one-hot)
 def test_sampled_passes_the_distributional_check(registry, device, name):
@@ -343,6 +344,7 @@ RESIDUAL = '''        residual_logits = tl.where(
         ).to(tl.float32)'''
 
 
+@pytest.mark.long  # ~25 s each on the CPU interpreter (vLLM's kernels: one program per request)
 @needs_vllm
 def test_planted_residual_from_q_fails(registry, device, tmp_path):
     """vLLM's _resample_kernel with the residual taken from q (its draft log-probs) instead of
@@ -356,6 +358,7 @@ def test_planted_residual_from_q_fails(registry, device, tmp_path):
     assert not recs["distribution:output_ids"].passed, recs
 
 
+@pytest.mark.long  # ~25 s each on the CPU interpreter (vLLM's kernels: one program per request)
 @needs_vllm
 def test_planted_cache_without_temperature_fails(registry, device):
     """An adapter bug: log q cached as vLLM's draft logits without the factor T (vLLM divides by T on
