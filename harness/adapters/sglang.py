@@ -257,15 +257,16 @@ def _chain_sampling_can_handle(case, device) -> bool | str:
     return True
 
 
-def _chain_sampling_step(*, target_logits, temperature, draft_probs, draft_tokens, uniforms):
+def _chain_sampling_step(*, target_logits, temperature, draft_probs, draft_tokens, uniforms, kernels=None):
     """EAGLE's verify with rejection sampling on (``eagle_utils.py``) for a chain, as a zero-argument callable
     doing the device work (the target probabilities softmax(logits / T), ``sampling_softmax``'s torch path,
     then ``chain_speculative_sampling_triton``) -> (predicts (B, L + 1) int32, accept_token_num (B,) int32).
     Built once: the chain as SGLang's tree layout of one path (``candidates`` (B, L + 1): slot 0 the last
     verified token, which the kernel never reads, then the drafts; ``retrive_index`` b·(L + 1) + i), the
     coins ``uniform_samples`` (B, L + 1) (column j decides draft j) and ``uniform_samples_for_final_sampling``
-    (B,): ``uniforms[:, :L]`` and ``uniforms[:, L]``."""
-    mod = load()["reject_sampling"]
+    (B,): ``uniforms[:, :L]`` and ``uniforms[:, L]``. ``kernels``: another module of SGLang's
+    ``reject_sampling`` (default: the installed one; tests plant bugs in a copy)."""
+    mod = kernels or load()["reject_sampling"]
     B, Lp1, _ = target_logits.shape
     dev = target_logits.device
     candidates = torch.cat((torch.zeros(B, 1, dtype=torch.long, device=dev), draft_tokens.long()), 1)
@@ -284,7 +285,7 @@ def _chain_sampling_step(*, target_logits, temperature, draft_probs, draft_token
     return step
 
 
-def _chain_sampling(*, target_logits, temperature, draft_probs, draft_tokens, uniforms=None, seed=None):
+def chain_sampling(*, target_logits, temperature, draft_probs, draft_tokens, uniforms=None, seed=None, kernels=None):
     """The op through SGLang's chain sampler (``_chain_sampling_step``): SGLang writes ``predicts`` at the
     accepted path's slots, the drafts then the sampled token; the rest of ``output_ids`` is -1. The coins
     are the kernel's inputs (SGLang draws them outside it, with ``torch.rand`` or from per-request seeds),
@@ -292,7 +293,7 @@ def _chain_sampling(*, target_logits, temperature, draft_probs, draft_tokens, un
     if uniforms is None:
         raise UnsupportedError("uniforms", "SGLang's chain sampler takes its coins as inputs: give the uniforms")
     predicts, n = _chain_sampling_step(target_logits=target_logits, temperature=temperature, draft_probs=draft_probs,
-                                       draft_tokens=draft_tokens, uniforms=uniforms)()
+                                       draft_tokens=draft_tokens, uniforms=uniforms, kernels=kernels)()
     keep = torch.arange(predicts.shape[1], device=n.device)[None, :] <= n.long()[:, None]
     return {"output_ids": torch.where(keep, predicts, -1), "accept_length": n}
 
@@ -323,7 +324,7 @@ def IMPLS() -> list[Impl]:
              _attention("verify_mla", "verify_shared_kv_fwd", "_VMLA_CACHE"),
              can_handle=_attention_can_handle("verify_mla", _shared_kv_why_not, _shared_kv_declines_after),
              precision="bf16-p+bf16-partials+fp8-q", doc=doc + "verify_shared_kv_fwd: grouped heads, bf16 partials"),
-        Impl("spec_sampling", "sglang-chain-sampling", "external", _chain_sampling,
+        Impl("spec_sampling", "sglang-chain-sampling", "external", chain_sampling,
              can_handle=_chain_sampling_can_handle,
              doc=doc + "chain_speculative_sampling_triton: EAGLE's rejection sampler on a chain, coins given"),
         Impl("qk_norm_rope", "sglang-qk-norm-rope", "external", _qk_norm_rope, can_handle=_qk_can_handle,
