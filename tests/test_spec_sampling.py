@@ -5,6 +5,7 @@ every mutant failing it), typed errors, the strategies."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 
 import numpy as np
@@ -297,6 +298,9 @@ def test_kill_matrix_kills_every_mutant_on_the_targeted_cases(registry, device):
 
 # ----------------------------------------------------------------------------- the benchmark on the CPU
 
+HAVE_SGLANG = importlib.util.find_spec("sglang") is not None  # the bench compares SGLang's sampler where installed
+
+
 def test_bench_bytes_are_the_rows_up_to_each_stop():
     """Hand count: request 0 stops at n = 0 (row 0 and its q row), request 1 accepts all L = 4 drafts
     (rows 0..4, no q row), request 2 stops at n = 2 (rows 0..2, q row 2, two accepted q(x))."""
@@ -344,7 +348,9 @@ def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
     hist = [[int(k) for k in h.split("/")] for h in wide["accept_hist"]]
     assert [sum(h) for h in hist] == [3, 5]
     assert wide["rows_read"].tolist() == [sum((n + 1) * k for n, k in enumerate(h)) for h in hist]
-    assert wide[["vllm_us", "vllm_over_fused_seeded"]].isna().all(axis=None) and (wide["vllm_launches"] == -1).all()
+    assert wide[["vllm_us", "vllm_over_fused_seeded", "sglang_us", "sglang_over_fused"]].isna().all(axis=None)
+    assert (wide[["vllm_launches", "sglang_launches"]] == -1).all(axis=None)  # no peer timed under the interpreter
+    assert wide["sglang_mismatches"].tolist() == ([0, 0] if HAVE_SGLANG else [-1, -1])  # compared wherever installed
     assert not pr.launch_failures(rows, {OP: sb.EXPECTED_LAUNCHES})
     plain = fused.launch
     monkeypatch.setattr(fused, "launch", lambda **kw: plain(**{**kw, "uniforms": None, "seed": 7}))
@@ -362,13 +368,15 @@ def test_bench_peer_is_measured_beside_ours(device, monkeypatch, tmp_path):
     from harness.bench import perf_rows as pr
 
     _fake_timings(monkeypatch)
-    monkeypatch.setattr(sb, "_peers", lambda kw, dev: {"vllm-rejection-sampled": lambda: None})
+    monkeypatch.setattr(sb, "_peers", lambda kw, dev: {p: (lambda: None) for p in sb.PEERS})
     rows = perf.run_shapes(sb, [sb.Shape(B=2, V=100)], _bench_ctx(device), tmp_path)
-    assert [r.impl for r in rows] == [*sb.IMPLS, "vllm-rejection-sampled"]
+    assert [r.impl for r in rows] == [*sb.IMPLS, *sb.PEERS]
     wide = pd.read_csv(tmp_path / "spec_sampling_bench.csv")
     assert wide["vllm_us"][0] == 2.0 and wide["vllm_over_fused_seeded"][0] == 1.0 and wide["vllm_launches"][0] == 1
+    assert wide["sglang_us"][0] == 2.0 and wide["sglang_over_fused"][0] == 1.0 and wide["sglang_launches"][0] == 1
     t = pr.table(pd.DataFrame([dataclasses.asdict(r) for r in rows]), {OP: perf.ours(sb)})
-    assert t["impl"].tolist() == ["fused", "fused-seeded"] and t["x_vllm-rejection-sampled_eager"].tolist() == [1.0, 1.0]
+    assert t["impl"].tolist() == ["fused", "fused-seeded"]
+    assert t["x_vllm-rejection-sampled_eager"].tolist() == t["x_sglang-chain-sampling_eager"].tolist() == [1.0, 1.0]
 
 
 def test_bench_without_a_gpu_says_so_and_exits_0(monkeypatch, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Benchmark (not a test) of spec_sampling on a GPU: the fused one-launch kernel (uniforms given, and
-drawing its own) vs the reference seven-launch chain vs torch.compile of that chain vs vLLM's own
-``rejection_sample`` at temperature > 0 where vllm is installed (``PEERS``), side by side in one run.
+drawing its own) vs the reference seven-launch chain vs torch.compile of that chain vs the engines'
+samplers where they are installed (``PEERS``: vLLM's ``rejection_sample`` at temperature > 0, SGLang's
+Triton ``chain_speculative_sampling_triton``), side by side in one run.
 
     python -m cases.spec_sampling.bench --out DIR [--quick] [--b B ...] [--v V ...]
 
@@ -14,10 +15,12 @@ must give the chain's ids exactly.
 
 Implementations: ``fused`` (uniforms given: the exact contract), ``fused-seeded`` (its own Philox
 uniforms from a seed, as an engine samples), ``reference`` (the chain's seven launches, no
-validation), ``compiled`` (torch.compile of them), and ``vllm-rejection-sampled``
+validation), ``compiled`` (torch.compile of them), ``vllm-rejection-sampled``
 (``harness.adapters.vllm.sampled_bench_calls``: vLLM's fp32 copy of the logits, its temperature
 kernel, then ``rejection_sample`` with the draft-logits cache built beforehand, as its model runner
-holds it; it draws its own randomness, so it has no mismatch count).
+holds it; it draws its own randomness, so it has no mismatch count) and ``sglang-chain-sampling``
+(``harness.adapters.sglang.sampling_bench_calls``: the softmax of logits / T, then SGLang's Triton
+kernel with the uniforms as its coins; its outputs are compared with the chain's too).
 
 Per implementation: p20/p50/p80 (``harness.gpu.profiling.time_quantiles_us``), ratios to the
 reference chain and to torch.compile of it, achieved bandwidth against the copy bandwidth measured
@@ -26,7 +29,8 @@ rows up to the one where it stops, read once in bf16, the q row of a rejection i
 temperature and uniforms, the outputs; rows after a stop are never needed — and the kernel launches
 of one call (``count_launches``). Both fused variants must be exactly 1 launch (else exit 1). Each
 shape compares the fused outputs (uniforms given) with the chain's (``mismatches``: differing
-elements of output_ids and accept_length; a MISMATCH line when not 0). Writes
+elements of output_ids and accept_length; a MISMATCH line when not 0; SGLang's sampler likewise,
+``sglang_mismatches``). Writes
 DIR/spec_sampling_bench.csv (wide, one row per shape) and DIR/perf.csv (PerfRow). Without a GPU it
 says so and exits 0.
 """
@@ -46,8 +50,8 @@ from reports.rows import PerfRow
 OP = "spec_sampling"
 IMPLS = ("fused", "fused-seeded", "reference", "compiled")
 EXPECTED_LAUNCHES = {"fused": 1, "fused-seeded": 1}
-# measured beside IMPLS where installed (not in IMPLS): vLLM's own sampler (harness.adapters.vllm.sampled_bench_calls)
-PEERS = ("vllm-rejection-sampled",)
+# measured beside IMPLS where installed (not in IMPLS): vLLM's and SGLang's samplers (harness.adapters)
+PEERS = ("vllm-rejection-sampled", "sglang-chain-sampling")
 WARMUP_MS, REP_MS = 10, 50
 EXTRA_TIMINGS = 0
 L = 4
@@ -94,11 +98,12 @@ def bytes_moved(s: Shape, accept_length) -> int:
 
 # mismatches: fused (uniforms given) vs the chain, elements of output_ids and accept_length (must be 0);
 # rows_read: target rows the op needs (sum of n + 1); accept_hist: requests stopping at n = 0..L;
-# vllm_*: vLLM's sampler (PEERS; NaN where vllm is not installed)
+# vllm_*, sglang_*: the engines' samplers (PEERS; NaN, and -1 launches / mismatches, where not installed)
 BenchRow = wr.wide_row_type(__name__, (("B", int), ("L", int), ("V", int), ("T", int), ("bytes_moved", int)),
                             (("fused_seeded_us", float), ("seeded_over_fused", float), ("vllm_us", float),
-                             ("vllm_over_fused_seeded", float), ("vllm_launches", int), ("rows_read", int),
-                             ("accept_hist", str), ("mismatches", int)))
+                             ("vllm_over_fused_seeded", float), ("vllm_launches", int), ("sglang_us", float),
+                             ("sglang_over_fused", float), ("sglang_launches", int), ("sglang_mismatches", int),
+                             ("rows_read", int), ("accept_hist", str), ("mismatches", int)))
 
 
 def _inputs(s: Shape, dev) -> dict:
@@ -154,9 +159,20 @@ def _peers(kw: dict, dev) -> dict:
     """Peers' kernels on the same inputs (compiled devices only: the interpreter times nothing real)."""
     if dev.interpreted:
         return {}
-    from harness.adapters import vllm
+    from harness.adapters import sglang, vllm
 
-    return vllm.sampled_bench_calls(kw)
+    return {**vllm.sampled_bench_calls(kw), **sglang.sampling_bench_calls(kw)}
+
+
+def _peer_mismatches(kw: dict, chain: tuple) -> int:
+    """SGLang's sampler (uniforms given) against the chain's outputs: differing elements (under the
+    interpreter too: a comparison, not a timing); -1 where sglang is not installed."""
+    from harness.adapters import sglang
+
+    if not sglang.sampling_bench_calls(kw):
+        return -1
+    out = sglang.chain_sampling(**kw)
+    return int((out["output_ids"] != chain[0]).sum()) + int((out["accept_length"] != chain[1]).sum())
 
 
 WIDE_CSV = "spec_sampling_bench.csv"
@@ -169,6 +185,7 @@ def measurements(shape_list: list[Shape], ctx: perf.Context):
         impls = _implementations(kw, compiled_chain)
         (fo, fn), (ro, rn) = impls["fused"](), impls["reference"]()
         bad = int((fo != ro).sum()) + int((fn != rn).sum())
+        peer_bad = _peer_mismatches(kw, (ro, rn))
         n = rn.cpu().numpy()
         t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
         t.update(perf.measure(_peers(kw, ctx.dev), ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS))
@@ -176,24 +193,31 @@ def measurements(shape_list: list[Shape], ctx: perf.Context):
         if not ctx.dev.interpreted:
             torch.cuda.empty_cache()
         hist = "/".join(str(int(k)) for k in np.bincount(n, minlength=s.L + 1))
-        yield wr.Measured(s, t, bytes_moved(s, n), {"mismatches": bad, "rows_read": int((n + 1).sum()),
-                                                    "accept_hist": hist})
+        yield wr.Measured(s, t, bytes_moved(s, n), {"mismatches": bad, "sglang_mismatches": peer_bad,
+                                                    "rows_read": int((n + 1).sum()), "accept_hist": hist})
 
 
 def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     s, bad, t = m.shape, m.extra["mismatches"], m.timings
-    seeded, peer = t["fused-seeded"], t.get(PEERS[0], pr.NOT_MEASURED)
+    seeded, peer, sgl = t["fused-seeded"], t.get(PEERS[0], pr.NOT_MEASURED), t.get(PEERS[1], pr.NOT_MEASURED)
+    sgl_bad = m.extra["sglang_mismatches"]
     row = BenchRow(B=s.B, L=s.L, V=s.V, T=s.T, bytes_moved=m.bytes_moved, **wr.fused_vs_chain(m, rows["fused"]),
                    fused_seeded_us=seeded.p50_us, seeded_over_fused=pr.ratio(seeded.p50_us, t["fused"].p50_us),
                    vllm_us=peer.p50_us, vllm_over_fused_seeded=pr.ratio(peer.p50_us, seeded.p50_us),
-                   vllm_launches=peer.launches, rows_read=m.extra["rows_read"], accept_hist=m.extra["accept_hist"],
-                   mismatches=bad)
+                   vllm_launches=peer.launches, sglang_us=sgl.p50_us, sglang_over_fused=pr.ratio(sgl.p50_us,
+                                                                                                t["fused"].p50_us),
+                   sglang_launches=sgl.launches, sglang_mismatches=sgl_bad, rows_read=m.extra["rows_read"],
+                   accept_hist=m.extra["accept_hist"], mismatches=bad)
     vllm = (f" | vllm {peer.p50_us:8.2f} us (launches {peer.launches}, x{row.vllm_over_fused_seeded:5.2f} vs "
             f"fused-seeded)" if PEERS[0] in t else "")
+    vllm += (f" | sglang {sgl.p50_us:8.2f} us (launches {sgl.launches}, x{row.sglang_over_fused:5.2f} vs fused, "
+             f"mismatches {sgl_bad})" if PEERS[1] in t else "")
     line = (f"{wr.fused_line(m, rows['fused'])} | seeded {seeded.p50_us:7.2f} us{vllm} | stops n=0..{s.L} "
             f"{m.extra['accept_hist']} | mismatches {bad}")
     if bad:
         line += f"\n  MISMATCH {s.case}: {bad} output elements of the fused kernel differ from the chain's"
+    if sgl_bad > 0:
+        line += f"\n  MISMATCH {s.case}: {sgl_bad} output elements of SGLang's sampler differ from the chain's"
     return row, line
 
 
