@@ -33,6 +33,14 @@ Vendor kernels (vLLM's) meet two more defects, fixed here too:
   whole block is true (``a >= 0 and a < n`` returns ``a < n``); compiled Triton makes them
   elementwise. The shim's source rewrite makes them elementwise (``_install_boolean_operators``).
 
+And one gap: the interpreter has no libdevice. ``triton.language.extra.libdevice`` is a module of
+stubs that the compiler resolves per backend; run as Python each stub returns None (vLLM's
+``_resample_kernel`` calls ``libdevice.log1p`` and fails with "'NoneType' object has no attribute
+'dtype'"). The shim computes the functions in ``LIBDEVICE`` with numpy in the argument's own type
+(fp32 or fp64: libdevice's ``__nv_log1pf`` / ``__nv_log1p`` are accurate to ~1 ulp, numpy's too, so
+the values can differ in the last bit), and refuses every other stub (``InterpreterConstructError``,
+naming it) instead of letting it return None (``_install_libdevice``).
+
 Kernels that upcast to fp32 right after loading (ours) compute the same with or without these.
 The GPU run is the judge: ``tests/test_shim.py`` checks on a GPU that compiled
 conversions agree byte for byte with this shim, and that the vendor-style mini kernels give the
@@ -173,6 +181,7 @@ def install() -> None:
     _install_half_arithmetic(it, tl)
     _install_boolean_operators(it, tl)
     _install_type_caches(it)
+    _install_libdevice(it, tl)
     _installed = True
 
 
@@ -393,6 +402,36 @@ def _install_nested_call_fast_path(it, tl) -> None:
 
     it._patch_lang = patch_lang
     it.GridExecutor.__call__ = grid_call
+
+
+LIBDEVICE = {"log1p": np.log1p}  # libdevice functions the shim computes under the interpreter (fp32, fp64)
+
+
+def _install_libdevice(it, tl) -> None:
+    """``triton.language.extra.libdevice`` under the interpreter (module docstring): each function of
+    ``LIBDEVICE`` elementwise in its argument's type, every other stub refused by name."""
+    from triton.language.extra import libdevice
+
+    def computed(name, fn):
+        def call(arg, _semantic=None):
+            if not isinstance(arg, tl.tensor) or arg.dtype.scalar not in (tl.float32, tl.float64):
+                _refuse(f"libdevice.{name} of {getattr(arg, 'dtype', type(arg).__name__)} (fp32 / fp64 only)")
+            with np.errstate(all="ignore"):  # log1p(-inf) is NaN without a word, as on the GPU
+                out = fn(arg.handle.data)
+            return tl.tensor(it.TensorHandle(out, arg.dtype.scalar), arg.type)
+        call.__name__ = name
+        return call
+
+    def refused(name):
+        def call(*args, _semantic=None):
+            _refuse(f"libdevice.{name} (the interpreter has no libdevice; harness.shim.LIBDEVICE computes "
+                    f"{', '.join(sorted(LIBDEVICE))})")
+        call.__name__ = name
+        return call
+
+    for name, member in vars(libdevice).items():
+        if callable(member) and not name.startswith("_") and getattr(member, "__module__", "") == libdevice.__name__:
+            setattr(libdevice, name, computed(name, LIBDEVICE[name]) if name in LIBDEVICE else refused(name))
 
 
 def installed() -> bool:

@@ -35,11 +35,12 @@ def _run(registry, device, op, impl, name):
 
 
 def test_the_kernel_files_load_without_the_serving_stack():
-    """Only the packages on the path to the three files are registered (their __init__ not run); the
+    """Only the packages on the path to the four files are registered (their __init__ not run); the
     runtime's host-side helpers are the adapter's one-line stand-ins."""
     mods = sglang.load()
-    assert set(mods) == {"verify_splitkv", "verify_mla", "fused_qk_norm_rope_store"}
-    assert all(m.__file__.endswith(f"sglang/kernels/ops/attention/{k}.py") for k, m in mods.items())
+    assert set(mods) == {"verify_splitkv", "verify_mla", "fused_qk_norm_rope_store", "reject_sampling"}
+    assert all(m.__file__.endswith(f"sglang/kernels/ops/{'speculative' if k == 'reject_sampling' else 'attention'}/{k}.py")
+               for k, m in mods.items())
     if getattr(sys.modules["sglang"], "__file__", None) is None:  # our namespace, not a fully imported sglang
         assert "sglang.lang" not in sys.modules and "sglang.srt.server_args" not in sys.modules
         utils = sys.modules["sglang.srt.utils"]
@@ -160,3 +161,61 @@ def test_qk_bench_call_runs_sglangs_kernel_on_its_own_kv(device):
     expect = ref.qk_norm_rope(**{k: v for k, v in kw.items() if k not in ("ring", "loc", "forward_mode", "q_out")})
     torch.testing.assert_close(q_out.view_as(kw["q"]), expect[0])  # bf16: one rounding apart at most
     assert sglang.qk_bench_calls({**kw, "rope_style": "neox"}) == {}
+
+
+# ----------------------------------------------------------------------------- chain speculative sampling
+
+@pytest.mark.parametrize("name", ["far-drafts", "equal-drafts-all-accepted", "onehot-drafts", "sparse-drafts",
+                                  "qwen3-b2-l4-v151936-strided", "temperature-per-request", "topk-masked-targets",
+                                  "v-one", "v-17-int32-drafts"])
+def test_chain_sampling_is_exact(registry, device, name):
+    """SGLang's Triton chain sampler with the uniforms as its coins gives the chain's ids exactly (the coins
+    consumed as the op documents: u · q < p, then the first index whose running residual sum exceeds u · S)."""
+    res, recs = _run(registry, device, "spec_sampling", IMPLS["sglang-chain-sampling"], name)
+    assert not res.refused and {"exact:output_ids", "exact:accept_length"} <= set(recs), res
+    assert all(r.passed for r in recs.values()), [(r.check, r.worst) for r in recs.values() if not r.passed]
+
+
+def test_chain_sampling_refuses_distribution_cases(registry, device):
+    """Its coins are inputs (SGLang draws them outside the kernel): nothing of its own to judge in distribution."""
+    from reference.checks import UnsupportedError
+
+    impl = IMPLS["sglang-chain-sampling"]
+    assert "coins as inputs" in impl.handles(_case(registry, "spec_sampling", "dist-far-v8"), device)
+    spec = registry.ops["spec_sampling"]
+    kw = spec.build_inputs(_case(registry, "spec_sampling", "far-drafts"), device)
+    with pytest.raises(UnsupportedError, match="uniforms"):
+        impl.fn(**{**kw, "uniforms": None, "seed": 1})
+
+
+def _planted_sampler(tmp_path, old: str, new: str, count: int):
+    """A copy of SGLang's reject_sampling.py with ``old`` replaced (``count`` times), imported from its file."""
+    import importlib.util
+    from pathlib import Path
+
+    src = Path(sglang.load()["reject_sampling"].__file__).read_text()
+    assert src.count(old) == count, "SGLang's kernel changed: re-plant"
+    path = tmp_path / "planted_reject_sampling.py"
+    path.write_text(src.replace(old, new))
+    spec = importlib.util.spec_from_file_location("planted_reject_sampling", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("plant", ["residual-from-q", "coins-shifted"])
+def test_planted_chain_sampling_bugs_fail_exactly(registry, device, tmp_path, plant):
+    """Planted in a copy of SGLang's kernel: the residual taken from q (both passes); in the adapter: the
+    coins shifted by one draft. Each fails the exact check on far-drafts (rejections at every position)."""
+    import functools
+
+    if plant == "residual-from-q":
+        mod = _planted_sampler(tmp_path, "diff = residual_scale * p_val - q_val", "diff = q_val  # PLANTED", 2)
+        fn = functools.partial(sglang.chain_sampling, kernels=mod)
+    else:
+        def fn(**kw):
+            u = kw.pop("uniforms")
+            return sglang.chain_sampling(**kw, uniforms=torch.roll(u, 1, dims=1))
+    impl = dataclasses.replace(IMPLS["sglang-chain-sampling"], name=f"planted-{plant}", fn=fn)
+    _, recs = _run(registry, device, "spec_sampling", impl, "far-drafts")
+    assert not recs["exact:output_ids"].passed, recs

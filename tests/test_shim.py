@@ -575,3 +575,43 @@ def test_remembered_promotions_are_the_interpreters(device):
                               (True, False, True), (False, True, True)]:
                     args = (a, flags[0], b, flags[1], flags[2])
                     assert answer(sem.computation_type_impl, *args) == answer(uncached, sem, *args), args
+
+
+# ----------------------------------------------------------------------------- libdevice under the interpreter
+
+@triton.jit
+def _libdevice_log1p_kernel(out_ptr, x_ptr, N, BLOCK: tl.constexpr):
+    from triton.language.extra import libdevice
+
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    tl.store(out_ptr + offs, libdevice.log1p(tl.load(x_ptr + offs, mask=mask, other=0.0)), mask=mask)
+
+
+@triton.jit
+def _libdevice_exp10_kernel(out_ptr, x_ptr):
+    from triton.language.extra import libdevice
+
+    tl.store(out_ptr, libdevice.exp10(tl.load(x_ptr)))
+
+
+def test_libdevice_log1p_matches_its_definition(device):
+    """``libdevice.log1p`` (vLLM's resample kernel): the interpreter has no libdevice (each stub returns
+    None); the shim computes it with numpy. Compiled on a GPU, the GPU's own log1pf. Both within 2 ulp
+    of the fp64 value, -inf at -1, NaN below (vLLM feeds it -ratio with ratio up to inf)."""
+    x = torch.tensor([0.0, 1e-8, -1e-8, 0.3, -0.5, -0.999, 3.0, 1e6, -1.0, -2.0, float("inf"), float("-inf")])
+    out = torch.empty_like(x, device=device.torch_device)
+    _libdevice_log1p_kernel[(1,)](out, x.to(device.torch_device), x.numel(), BLOCK=16)
+    got, want = out.cpu(), torch.log1p(x.double())
+    ok = torch.isfinite(want)
+    ulp = (want[ok].float().nextafter(torch.tensor(float("inf"))) - want[ok].float()).double()
+    assert ((got[ok].double() - want[ok]).abs() <= 2 * ulp).all(), (got, want)
+    assert got[-4] == float("-inf") and torch.isnan(got[-3]) and got[-2] == float("inf") and torch.isnan(got[-1])
+
+
+def test_libdevice_without_a_numpy_form_is_refused_by_name(device):
+    if not device.interpreted:
+        pytest.skip("the refusal is the interpreter's; compiled libdevice calls are the GPU's")
+    x, out = torch.ones(1), torch.zeros(1)
+    with pytest.raises(Exception, match="kernel _libdevice_exp10_kernel: libdevice.exp10 .*is refused on the CPU"):
+        _libdevice_exp10_kernel[(1,)](out, x)

@@ -5,6 +5,7 @@ every mutant failing it), typed errors, the strategies."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 
 import numpy as np
@@ -293,3 +294,105 @@ def test_kill_matrix_kills_every_mutant_on_the_targeted_cases(registry, device):
     survivors, broken = killmatrix.verdict(rows)
     assert not survivors and not broken
     assert {r.subject for r in rows if r.kind == "mutant"} == {f"{OP}/{m}" for m in MUTANT_PROOF}
+
+
+# ----------------------------------------------------------------------------- the benchmark on the CPU
+
+HAVE_SGLANG = importlib.util.find_spec("sglang") is not None  # the bench compares SGLang's sampler where installed
+
+
+def test_bench_bytes_are_the_rows_up_to_each_stop():
+    """Hand count: request 0 stops at n = 0 (row 0 and its q row), request 1 accepts all L = 4 drafts
+    (rows 0..4, no q row), request 2 stops at n = 2 (rows 0..2, q row 2, two accepted q(x))."""
+    from cases.spec_sampling import bench as sb
+
+    s = sb.Shape(B=3, V=1000)
+    rows, q_rows, accepted_qx = 1 + 5 + 3, 2, 0 + 4 + 2
+    small = 3 * 4 * 8 + 3 * 4 + 15 * 4 + 15 * 4 + 3 * 4  # drafts, temperature, uniforms, output_ids, accept_length
+    assert sb.bytes_moved(s, [0, 4, 2]) == rows * 1000 * 2 + q_rows * 1000 * 4 + accepted_qx * 4 + small
+
+
+def _fake_timings(monkeypatch):
+    from harness.bench import perf
+    from harness.gpu import profiling
+
+    monkeypatch.setattr(profiling, "time_quantiles_us", lambda fn, warmup=25, rep=100: (1.0, 2.0, 3.0))
+    monkeypatch.setattr(profiling, "count_launches", lambda fn, warmup=1: 1)
+    monkeypatch.setattr(perf, "compile_static", lambda fn: fn)
+
+
+def _bench_ctx(device):
+    from harness.bench import perf
+    from harness.parity.suite import provenance
+
+    return perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
+
+
+def test_bench_run_loop_on_tiny_shapes(device, monkeypatch, tmp_path):
+    """The benchmark's run loop with the measurement faked (every callable still runs once, the fused
+    kernel under the interpreter): one PerfRow per impl, the wide CSV, 0 mismatches with the cleared
+    uniforms, the stops' histogram and the bytes from the chain's lengths; no vLLM column made up.
+    Planted: the fused kernel launched without the uniforms (its own draws) is counted as mismatching."""
+    import pandas as pd
+
+    from cases.spec_sampling import bench as sb
+    from harness.bench import perf
+    from harness.bench import perf_rows as pr
+
+    _fake_timings(monkeypatch)
+    shape_list = [sb.Shape(B=3, V=300), sb.Shape(B=5, V=4097)]
+    rows = perf.run_shapes(sb, shape_list, _bench_ctx(device), tmp_path)
+    assert [r.impl for r in rows] == list(sb.IMPLS) * 2 and {r.op for r in rows} == {OP}
+    wide = pd.read_csv(tmp_path / "spec_sampling_bench.csv")
+    assert wide["mismatches"].tolist() == [0, 0] and wide["V"].tolist() == [300, 4097]
+    hist = [[int(k) for k in h.split("/")] for h in wide["accept_hist"]]
+    assert [sum(h) for h in hist] == [3, 5]
+    assert wide["rows_read"].tolist() == [sum((n + 1) * k for n, k in enumerate(h)) for h in hist]
+    assert wide[["vllm_us", "vllm_over_fused_seeded", "sglang_us", "sglang_over_fused"]].isna().all(axis=None)
+    assert (wide[["vllm_launches", "sglang_launches"]] == -1).all(axis=None)  # no peer timed under the interpreter
+    assert wide["sglang_mismatches"].tolist() == ([0, 0] if HAVE_SGLANG else [-1, -1])  # compared wherever installed
+    assert not pr.launch_failures(rows, {OP: sb.EXPECTED_LAUNCHES})
+    plain = fused.launch
+    monkeypatch.setattr(fused, "launch", lambda **kw: plain(**{**kw, "uniforms": None, "seed": 7}))
+    perf.run_shapes(sb, [sb.Shape(B=64, V=50)], _bench_ctx(device), tmp_path)
+    assert pd.read_csv(tmp_path / "spec_sampling_bench.csv")["mismatches"][0] > 0
+
+
+def test_bench_peer_is_measured_beside_ours(device, monkeypatch, tmp_path):
+    """vLLM's sampler (when installed, on a GPU) is timed in the same loop: its own PerfRows, its wide
+    columns and its table column against both fused variants."""
+    import pandas as pd
+
+    from cases.spec_sampling import bench as sb
+    from harness.bench import perf
+    from harness.bench import perf_rows as pr
+
+    _fake_timings(monkeypatch)
+    monkeypatch.setattr(sb, "_peers", lambda kw, dev: {p: (lambda: None) for p in sb.PEERS})
+    rows = perf.run_shapes(sb, [sb.Shape(B=2, V=100)], _bench_ctx(device), tmp_path)
+    assert [r.impl for r in rows] == [*sb.IMPLS, *sb.PEERS]
+    wide = pd.read_csv(tmp_path / "spec_sampling_bench.csv")
+    assert wide["vllm_us"][0] == 2.0 and wide["vllm_over_fused_seeded"][0] == 1.0 and wide["vllm_launches"][0] == 1
+    assert wide["sglang_us"][0] == 2.0 and wide["sglang_over_fused"][0] == 1.0 and wide["sglang_launches"][0] == 1
+    t = pr.table(pd.DataFrame([dataclasses.asdict(r) for r in rows]), {OP: perf.ours(sb)})
+    assert t["impl"].tolist() == ["fused", "fused-seeded"]
+    assert t["x_vllm-rejection-sampled_eager"].tolist() == t["x_sglang-chain-sampling_eager"].tolist() == [1.0, 1.0]
+
+
+def test_bench_without_a_gpu_says_so_and_exits_0(monkeypatch, tmp_path, capsys):
+    from cases.spec_sampling import bench as sb
+    from harness import devices
+    from harness.bench import perf
+
+    monkeypatch.setattr(devices, "gpu_present", lambda: False)  # also on a GPU runner
+    out = tmp_path / "runs"
+    assert sb.main(["--out", str(out), "--quick"]) == 0
+    text = capsys.readouterr().out
+    assert "nothing was measured" in text and "would run:" in text and "spec_sampling: 2 shapes x 4 impls" in text
+    assert not out.exists()
+    seen = {}
+    monkeypatch.setattr(perf, "run_ops", lambda mods, **kw: seen.update(kw) or 0)
+    sb.main(["--out", str(out), "--b", "8", "--v", "32000", "--v", "151936"])
+    assert [s.case for s in seen["shapes"][OP]] == ["B=8,L=4,V=32000", "B=8,L=4,V=151936"]
+    assert {s.case for s in sb.shapes(True)} == {"B=1,L=4,V=151936", "B=256,L=4,V=151936"}
+    assert {(s.B, s.V) for s in sb.shapes(False)} == {(b, v) for b in (1, 8, 64, 256) for v in (32000, 128256, 151936)}

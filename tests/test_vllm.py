@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -249,3 +250,142 @@ def test_finding_6_the_allowance_was_too_tight(registry, device, name):
     case = parse_case(c.VerifyAttentionCase, FINDING_6)
     rec, _ = _numeric(registry, device, impl, case)
     assert rec.passed and rec.err / rec.allowed <= 0.55, rec
+
+
+# ----------------------------------------------------------------------------- speculative sampling (T > 0)
+
+SAMPLED_TRIALS = 500  # per request: 1,000-1,500 of vLLM's per-request programs per case under the interpreter, ~20 s
+
+
+def _sampled():
+    return next(i for i in vllm.IMPLS() if i.name == "vllm-rejection-sampled")
+
+
+def _dist_case(registry, name, trials=SAMPLED_TRIALS):
+    """A distributional catalog case of spec_sampling with fewer trials: the check's false-alarm bound
+    (1e-6 per record) holds at any count; only its power shrinks (each plant below fails it anyway)."""
+    case = {c.name: c for c in registry.ops["spec_sampling"].catalog()}[name]
+    return dataclasses.replace(case, trials=trials)
+
+
+def _distribution(registry, device, impl, case) -> dict:
+    from harness.parity import distribution
+
+    return {r.check: r for r in distribution.run(registry.ops["spec_sampling"], impl, case, device)}
+
+
+def test_draft_logits_cache_gives_back_q():
+    """vLLM divides the cached draft logits by T and takes their softmax: T · log q gives q back (q = 0 as
+    -inf); a one-hot q at its draft is told apart from a q with more mass."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.softmax(torch.randn(2, 3, 50, generator=g), -1)
+    q[0, 1, :10] = 0
+    q[0, 1] /= q[0, 1].sum()
+    t = torch.tensor([0.6, 1.3])
+    cache = vllm.draft_logits_cache(q, t)
+    torch.testing.assert_close(torch.softmax(cache.values / t[:, None, None], -1), q, rtol=1e-5, atol=1e-7)
+    assert cache.row_mapping is None and torch.isneginf(cache.values[0, 1, :10]).all()
+    d = torch.tensor([[3, 7, 1], [0, 0, 49]])
+    onehot = torch.nn.functional.one_hot(d, 50).float()
+    assert vllm.one_hot_drafts(onehot, d) and not vllm.one_hot_drafts(q, d)
+    assert not vllm.one_hot_drafts(onehot, d.flip(1))  # one-hot, but not at its draft
+
+
+def test_request_seeds_are_distinct_and_reproducible():
+    a, b = vllm.request_seeds(7, 1000), vllm.request_seeds(7, 1000)
+    assert torch.equal(a, b) and a.unique().numel() == 1000 and (a < 0).any() and (a > 0).any()
+    assert not torch.equal(a, vllm.request_seeds(8, 1000))
+
+
+@needs_vllm
+def test_sampled_refuses_given_uniforms(registry, device):
+    """vLLM draws its own randomness: exact cases (uniforms given) are refused with the reason, and a direct
+    call with uniforms is a typed error naming the argument."""
+    from reference.checks import UnsupportedError
+
+    impl = _sampled()
+    spec = registry.ops["spec_sampling"]
+    exact = {c.name: c for c in spec.catalog()}["far-drafts"]
+    assert "uniforms given" in impl.handles(exact, device)
+    assert impl.handles(_dist_case(registry, "dist-far-v8"), device) is True
+    kw = spec.build_inputs(exact, device)
+    with pytest.raises(UnsupportedError, match="uniforms"):
+        impl.fn(**kw)
+
+
+@pytest.mark.long  # ~25 s each on the CPU interpreter (vLLM's kernels: one program per request)
+@needs_vllm
+@pytest.mark.parametrize("name", ["dist-far-v8", "dist-onehot-v8"])  # the draft-logits cache; no cache (one-hot)
+def test_sampled_passes_the_distributional_check(registry, device, name):
+    recs = _distribution(registry, device, _sampled(), _dist_case(registry, name))
+    assert set(recs) == {"distribution:output_ids", "distribution:accept_length"}
+    assert all(r.passed for r in recs.values()), recs
+
+
+def _planted_kernels(tmp_path, old: str, new: str):
+    """A copy of vLLM's rejection_sampler_utils with one planted change, imported from its own file
+    (Triton reads a kernel's source from its file)."""
+    import importlib.util
+
+    src = Path(vllm.load()["rejection_sampler_utils"].__file__).read_text()
+    assert src.count(old) == 1, "vLLM's kernel changed: re-plant"
+    path = tmp_path / "planted_rejection_sampler_utils.py"
+    path.write_text(src.replace(old, new))
+    spec = importlib.util.spec_from_file_location("vllm.v1.worker.gpu.spec_decode.planted_rejection_sampler_utils", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+RESIDUAL = '''        residual_logits = tl.where(
+            ratio < 1.0,
+            target_log_probs + tldevice.log1p(-ratio),
+            float("-inf"),
+        ).to(tl.float32)'''
+
+
+@pytest.mark.long  # ~25 s each on the CPU interpreter (vLLM's kernels: one program per request)
+@needs_vllm
+def test_planted_residual_from_q_fails(registry, device, tmp_path):
+    """vLLM's _resample_kernel with the residual taken from q (its draft log-probs) instead of
+    log max(p - q, 0): the distributional check fails it."""
+    import functools
+
+    mod = _planted_kernels(tmp_path, RESIDUAL, "        residual_logits = draft_log_probs.to(tl.float32)  # PLANTED")
+    impl = dataclasses.replace(_sampled(), name="planted-residual-from-q",
+                               fn=functools.partial(vllm.rejection_sampled, kernels=mod))
+    recs = _distribution(registry, device, impl, _dist_case(registry, "dist-far-v8"))
+    assert not recs["distribution:output_ids"].passed, recs
+
+
+@pytest.mark.long  # ~25 s each on the CPU interpreter (vLLM's kernels: one program per request)
+@needs_vllm
+def test_planted_cache_without_temperature_fails(registry, device):
+    """An adapter bug: log q cached as vLLM's draft logits without the factor T (vLLM divides by T on
+    load, so the drafter's q becomes softmax(log q / T)): the distributional check fails it."""
+    import functools
+    import types
+
+    def log_q(q, t):
+        return types.SimpleNamespace(values=torch.log(q), row_mapping=None)
+
+    impl = dataclasses.replace(_sampled(), name="planted-cache-log-q",
+                               fn=functools.partial(vllm.rejection_sampled, cache_fn=log_q))
+    recs = _distribution(registry, device, impl, _dist_case(registry, "dist-near-v16"))
+    assert not recs["distribution:output_ids"].passed, recs
+
+
+@needs_vllm
+def test_sampled_bench_call_runs_vllms_step(registry, device):
+    """The benchmark's peer: vLLM's device work alone (copy, temperature, rejection_sample), the accepted
+    drafts then one token per request."""
+    spec = registry.ops["spec_sampling"]
+    kw = spec.build_inputs({c.name: c for c in spec.catalog()}["far-drafts"], device)
+    calls = vllm.sampled_bench_calls(kw)
+    sampled, num_sampled = calls["vllm-rejection-sampled"]()
+    B, L = kw["draft_tokens"].shape
+    assert sampled.shape == (B, L + 1) and ((num_sampled >= 1) & (num_sampled <= L + 1)).all()
+    for b in range(B):
+        n = int(num_sampled[b]) - 1
+        assert torch.equal(sampled[b, :n].cpu(), kw["draft_tokens"][b, :n].cpu().long())
+        assert 0 <= int(sampled[b, n]) < kw["target_logits"].shape[-1]

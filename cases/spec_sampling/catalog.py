@@ -16,7 +16,7 @@ with probability p(x); the residual is p without x); ``sparse`` = ``near`` cut t
 entries (a top-k drafter: q = 0 almost everywhere). Drafts are drawn from q, as a drafter does.
 
 Randomness (``mode``): ``exact`` cases give the uniforms (B, L + 1), drawn and then moved at least
-1e-4 away from every decision boundary of the fp64 walk (``_clear_of_boundaries``: u_j from p/q,
+1e-4 away from every decision boundary of the fp64 walk (``clear_of_boundaries``: u_j from p/q,
 u_L to the middle of its token's CDF interval when that interval is narrower than ``MARGIN`` · S),
 so implementations that round differently still decide alike; ``distribution`` cases give none
 (the implementation draws its own from ``seed``) and the distributional check runs ``trials``
@@ -166,7 +166,7 @@ def draw_drafts(q: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return torch.multinomial(q.reshape(-1, V).double(), 1, generator=g).reshape(B, L)
 
 
-def _clear_of_boundaries(u: np.ndarray, p: np.ndarray, q: np.ndarray, d: np.ndarray) -> np.ndarray:
+def clear_of_boundaries(u: np.ndarray, p: np.ndarray, q: np.ndarray, d: np.ndarray) -> np.ndarray:
     """The uniforms moved at least ``MARGIN`` (relative) from every boundary of the fp64 walk: u_j
     off p_j(x_j)/q_j(x_j); u_L to the middle of its token's CDF interval when that interval is
     narrower than ``3 · MARGIN`` of the total, or to the widest interval's middle."""
@@ -212,7 +212,7 @@ def build_inputs(case: SpecSamplingCase, device) -> dict:
         return {**kw, "uniforms": None, "seed": case.seed}
     p64, _ = oracle.sampling_tables(x, t, q)
     u = torch.rand(B, L + 1, generator=g).double().numpy()
-    u = _clear_of_boundaries(u, p64, q.double().numpy(), d.numpy())
+    u = clear_of_boundaries(u, p64, q.double().numpy(), d.numpy())
     return {**kw, "uniforms": torch.from_numpy(u).float().to(dev), "seed": None}
 
 

@@ -51,7 +51,6 @@ def _spec() -> OpSpec:
         doc="chain speculative sampling at temperature > 0: accept draft x with probability min(1, p(x)/q(x)), "
             "else a token from the normalised max(p - q, 0); a bonus from p after a full chain; ids padded with -1",
         kill=KILL,
-        bench="",  # no GPU benchmark yet (docs/spec_sampling.md)
         distribution=DistributionPlan(applies=dist.applies, batches=dist.batches, verdict=dist.verdict),
         role="sampler",  # the sampled gate's speculative sampler (harness.e2e.gate)
         nightly_group="acceptance",  # a light acceptance op: one parity step for the group

@@ -7,8 +7,9 @@ chain, side by side in one run, eager and replayed from a CUDA graph.
 
 Shapes: B requests in 1..256 × L = 4 drafts (L + 1 = 5 target rows each), vocabularies of the
 32K / 160K / 256K classes (32,000 Llama-2, 160,000, 256,000), bf16 logits as an LM head hands them
-over: a (B·(L + 1), V) slice of a buffer whose rows are V + 128 wide (row stride > V). Every draft
-is the target's argmax, so every request accepts all L drafts (every implementation reads every row).
+over: a (B·(L + 1), V) slice of a buffer whose rows are V + 128 wide (row stride > V;
+``wide_rows.lm_head_logits``). Every draft is the target's argmax, so every request accepts all L
+drafts (every implementation reads every row).
 
 Per implementation: p20/p50/p80 (``harness.gpu.profiling.time_quantiles_us``), the median replayed
 from a CUDA graph (``graph_time_us``), ratios to the reference chain and to torch.compile of it,
@@ -43,7 +44,6 @@ WARMUP_MS, REP_MS = 10, 50
 GRAPH_REP_MS = 20  # do_bench_cudagraph's rep per graph timing
 EXTRA_TIMINGS = 0
 L = 4
-ROW_PAD = 128  # the LM head's buffer is this much wider than the vocabulary
 B_FULL, V_FULL = (1, 64, 256), (32000, 160000, 256000)
 # the quick set (the nightly's bench step): one request at the largest vocabulary (one program streams
 # it all), a full batch at both ends; 3 shapes, so every op's quick plan together stays within
@@ -67,12 +67,8 @@ class Shape:
 
 
 def shapes(quick: bool, b: list[int] | None = None, v: list[int] | None = None) -> list[Shape]:
-    """The benchmarked shapes; ``b`` / ``v`` replace the profile's batch / vocabulary lists (the
-    quick set's are those its shapes use)."""
-    if quick and not b and not v:
-        return [Shape(B, V) for B, V in QUICK]
-    bq, vq = sorted({B for B, _ in QUICK}), sorted({V for _, V in QUICK})
-    return [Shape(B, V) for B in (b or (bq if quick else B_FULL)) for V in (v or (vq if quick else V_FULL))]
+    """The benchmarked shapes (``wide_rows.batch_vocab_shapes``)."""
+    return wr.batch_vocab_shapes(Shape, QUICK, B_FULL, V_FULL, quick, b, v)
 
 
 def bytes_moved(s: Shape) -> int:
@@ -93,9 +89,7 @@ before_modules: list = []
 
 def _inputs(s: Shape, dev) -> dict:
     """Strided bf16 logits, every draft the target's argmax (all accepted), qo_indptr of L + 1 rows each."""
-    g = torch.Generator(device=dev).manual_seed(s.B * 1000 + s.V)
-    buf = torch.randn(s.T, s.V + ROW_PAD, device=dev, generator=g).bfloat16()
-    logits = buf[:, :s.V]
+    logits = wr.lm_head_logits(s.T, s.V, seed=s.B * 1000 + s.V, device=dev)
     target = torch.argmax(logits, dim=-1).view(s.B, s.L + 1)
     return dict(target_logits=logits, draft_tokens=target[:, :s.L].contiguous().flatten(),
                 qo_indptr=torch.arange(0, s.T + 1, s.L + 1, dtype=torch.int32, device=dev))

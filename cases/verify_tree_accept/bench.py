@@ -6,10 +6,10 @@ reference seven-launch chain vs torch.compile of that chain, side by side in one
 Shapes: B requests in 1..64, each an EAGLE-2 tree of top-k 8, 5 steps and N = 64 draft tokens
 (S = 6: at most 5 accepted), vocabularies of the 32K / 128K / 152K classes (32,000 Llama-2,
 128,256 Llama-3, 151,936 Qwen), bf16 logits as an LM head hands them over: a (B·N, V) slice of a
-buffer whose rows are V + 128 wide. The tokens are planted so that every request accepts a path
-as deep as its tree (``accept="all"``, the matching child anywhere in its sibling list): the fused
-kernel reads the rows of that path, at most S of a request's N (the chain takes the argmax of
-all B·N rows).
+buffer whose rows are V + 128 wide (``wide_rows.lm_head_logits``). The tokens are planted so that
+every request accepts a path as deep as its tree (``accept="all"``, the matching child anywhere in
+its sibling list): the fused kernel reads the rows of that path, at most S of a request's N (the
+chain takes the argmax of all B·N rows).
 
 Per implementation: p20/p50/p80 (``harness.gpu.profiling.time_quantiles_us``), ratios to the
 reference chain and to torch.compile of it, achieved bandwidth against the measured copy
@@ -38,7 +38,6 @@ EXPECTED_LAUNCHES = {"fused": 1}
 WARMUP_MS, REP_MS = 10, 50
 EXTRA_TIMINGS = 0
 TOPK, DEPTH, N = 8, 5, 64  # an EAGLE-2/3 tree as deployed
-ROW_PAD = 128  # the LM head's buffer is this much wider than the vocabulary
 B_FULL, V_FULL = (1, 8, 64), (32000, 128256, 151936)
 # the quick set (the nightly's bench step): one request at the largest vocabulary (one program walks it),
 # a full batch at the largest
@@ -61,12 +60,8 @@ class Shape:
 
 
 def shapes(quick: bool, b: list[int] | None = None, v: list[int] | None = None) -> list[Shape]:
-    """The benchmarked shapes; ``b`` / ``v`` replace the profile's batch / vocabulary lists (the
-    quick set's are those its shapes use)."""
-    if quick and not b and not v:
-        return [Shape(B, V) for B, V in QUICK]
-    bq, vq = sorted({B for B, _ in QUICK}), sorted({V for _, V in QUICK})
-    return [Shape(B, V) for B in (b or (bq if quick else B_FULL)) for V in (v or (vq if quick else V_FULL))]
+    """The benchmarked shapes (``wide_rows.batch_vocab_shapes``)."""
+    return wr.batch_vocab_shapes(Shape, QUICK, B_FULL, V_FULL, quick, b, v)
 
 
 def bytes_moved(s: Shape, path_rows: int) -> int:
@@ -85,9 +80,7 @@ def _inputs(s: Shape, dev) -> dict:
     its tree goes (the tokens planted against the device's argmax)."""
     from cases.verify_tree_accept import catalog as c
 
-    g = torch.Generator(device=dev).manual_seed(s.B * 1000 + s.V)
-    buf = torch.randn(s.T, s.V + ROW_PAD, device=dev, generator=g).bfloat16()
-    logits = buf[:, :s.V]
+    logits = wr.lm_head_logits(s.T, s.V, seed=s.B * 1000 + s.V, device=dev)
     case = c.VerifyTreeAcceptCase(B=s.B, topk=TOPK, depth=DEPTH, N=s.N, V=s.V, accept="all", seed=s.B + s.V)
     tree = c.tree_tensors(case, torch.argmax(logits, dim=-1).cpu())
     return dict(target_logits=logits, **{k: t.to(dev) for k, t in tree.items()}, num_speculative_tokens=case.S)

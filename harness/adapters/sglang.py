@@ -4,6 +4,9 @@
   sglang-shared-kv     verify_attention  ``verify_shared_kv_fwd`` (verify_mla.py): grouped shared-KV, MLA too
   sglang-qk-norm-rope  qk_norm_rope      ``fused_qk_norm_rope_swa_store`` (fused_qk_norm_rope_store.py),
                                          bf16 ring store in decode (``bf16_store=True``)
+  sglang-chain-sampling spec_sampling    ``chain_speculative_sampling_triton`` (speculative/reject_sampling.py):
+                                         the chain rejection sampler EAGLE's verify runs with rejection
+                                         sampling on, the uniforms (SGLang's "coins") given: exact
 
 Written as any user's adapter is (docs/plugins.md): it sees the op's keyword arguments and the case,
 calls the vendor's own entry point and the vendor's own ``can_handle``, and refuses, with the reason,
@@ -11,7 +14,8 @@ what the kernel declines. Each declares the roundings of its design (``precision
   split-KV   P rounded to the value dtype before P·V (bf16, or fp8 with fp8 KV), q cast to the fp8 KV
              dtype: ``bf16-p+fp8-q``; its split partials are fp32;
   shared-KV  the same plus split partials stored in bf16: ``bf16-p+bf16-partials+fp8-q``;
-  qk         norm and RoPE in fp32, one bf16 rounding: exact; it normalises ``kv`` in place (``may_write``).
+  qk         norm and RoPE in fp32, one bf16 rounding: exact; it normalises ``kv`` in place (``may_write``);
+  sampling   integer outputs from given uniforms: exact (the uniforms are cleared of every decision boundary).
 
 Importing the kernels without SGLang's serving stack: ``pip install --no-deps sglang==0.5.23`` puts the
 kernel files on disk, but ``import sglang`` runs ``sglang/__init__.py``, which imports the whole runtime
@@ -39,10 +43,11 @@ import types
 import torch
 
 from harness.registry import Impl
+from reference.checks import UnsupportedError
 
 VERSION = "0.5.23"  # the release the adapters, their refusals and cases/ledgers/sglang.py were checked against
 _FILES = ("sglang.kernels.ops.attention.verify_splitkv", "sglang.kernels.ops.attention.verify_mla",
-          "sglang.kernels.ops.attention.fused_qk_norm_rope_store")
+          "sglang.kernels.ops.attention.fused_qk_norm_rope_store", "sglang.kernels.ops.speculative.reject_sampling")
 _LAYOUT = "sglang.kernels.ops.attention.dsv4.unified_kv_kernels.layout"  # imported by the qk file; torch only
 
 
@@ -69,7 +74,7 @@ class SGLangUnavailable(ImportError):
 
 @functools.cache
 def load() -> dict[str, types.ModuleType]:
-    """The three kernel modules of the installed sglang, keyed by file stem."""
+    """The four kernel modules of the installed sglang, keyed by file stem."""
     stand_in(SHIMMED, [m.rsplit(".", 1)[0] for m in (*_FILES, _LAYOUT)])
     return {m.rsplit(".", 1)[1]: importlib.import_module(m) for m in _FILES}
 
@@ -243,8 +248,71 @@ def _qk_norm_rope(*, q, kv, kv_norm_weight, q_norm_weight, eps, rope_dim, cos, s
     return {"q_out": q_out, "kv_out": kv}  # kv normalised and rotated in place
 
 
+# ----------------------------------------------------------------------------- chain speculative sampling
+
+def _chain_sampling_can_handle(case, device) -> bool | str:
+    if case.mode == "distribution":
+        return ("no uniforms: SGLang's kernel takes its coins as inputs (drawn outside it by torch.rand); the exact "
+                "cases judge it with the coins given")
+    return True
+
+
+def _chain_sampling_step(*, target_logits, temperature, draft_probs, draft_tokens, uniforms, kernels=None):
+    """EAGLE's verify with rejection sampling on (``eagle_utils.py``) for a chain, as a zero-argument callable
+    doing the device work (the target probabilities softmax(logits / T), ``sampling_softmax``'s torch path,
+    then ``chain_speculative_sampling_triton``) -> (predicts (B, L + 1) int32, accept_token_num (B,) int32).
+    Built once: the chain as SGLang's tree layout of one path (``candidates`` (B, L + 1): slot 0 the last
+    verified token, which the kernel never reads, then the drafts; ``retrive_index`` b·(L + 1) + i), the
+    coins ``uniform_samples`` (B, L + 1) (column j decides draft j) and ``uniform_samples_for_final_sampling``
+    (B,): ``uniforms[:, :L]`` and ``uniforms[:, L]``. ``kernels``: another module of SGLang's
+    ``reject_sampling`` (default: the installed one; tests plant bugs in a copy)."""
+    mod = kernels or load()["reject_sampling"]
+    B, Lp1, _ = target_logits.shape
+    dev = target_logits.device
+    candidates = torch.cat((torch.zeros(B, 1, dtype=torch.long, device=dev), draft_tokens.long()), 1)
+    retrive_index = torch.arange(B * Lp1, dtype=torch.long, device=dev).view(B, Lp1)
+    coins = torch.cat((uniforms[:, :-1], torch.zeros(B, 1, device=dev)), 1).contiguous()  # (B, L + 1) as SGLang's
+    final = uniforms[:, -1].contiguous()
+
+    def step():
+        probs = torch.softmax(target_logits.float() / temperature[:, None, None], dim=-1)  # (B, L + 1, V)
+        predicts = torch.full((B * Lp1,), -1, dtype=torch.int32, device=dev)
+        accept_index = torch.full((B, Lp1), -1, dtype=torch.int32, device=dev)
+        n = torch.zeros((B,), dtype=torch.int32, device=dev)
+        mod.chain_speculative_sampling_triton(predicts, accept_index, n, candidates, retrive_index, None, None, coins,
+                                              final, probs, draft_probs, 1.0, 1.0, True)
+        return predicts.view(B, Lp1), n
+    return step
+
+
+def chain_sampling(*, target_logits, temperature, draft_probs, draft_tokens, uniforms=None, seed=None, kernels=None):
+    """The op through SGLang's chain sampler (``_chain_sampling_step``): SGLang writes ``predicts`` at the
+    accepted path's slots, the drafts then the sampled token; the rest of ``output_ids`` is -1. The coins
+    are the kernel's inputs (SGLang draws them outside it, with ``torch.rand`` or from per-request seeds),
+    so ``uniforms`` must be given."""
+    if uniforms is None:
+        raise UnsupportedError("uniforms", "SGLang's chain sampler takes its coins as inputs: give the uniforms")
+    predicts, n = _chain_sampling_step(target_logits=target_logits, temperature=temperature, draft_probs=draft_probs,
+                                       draft_tokens=draft_tokens, uniforms=uniforms, kernels=kernels)()
+    keep = torch.arange(predicts.shape[1], device=n.device)[None, :] <= n.long()[:, None]
+    return {"output_ids": torch.where(keep, predicts, -1), "accept_length": n}
+
+
+def sampling_bench_calls(kw: dict) -> dict:
+    """{"sglang-chain-sampling": a zero-argument callable} running SGLang's verify sampling for a chain
+    (``_chain_sampling_step``: softmax, ``chain_speculative_sampling_triton``) on spec_sampling keyword
+    arguments ``kw`` (uniforms given), for the benchmark (cases/spec_sampling/bench.py). {} when sglang is
+    not installed."""
+    try:
+        load()
+    except SGLangUnavailable:
+        return {}
+    return {"sglang-chain-sampling": _chain_sampling_step(
+        **{k: kw[k] for k in ("target_logits", "temperature", "draft_probs", "draft_tokens", "uniforms")})}
+
+
 def IMPLS() -> list[Impl]:
-    """The three adapters (a zero-argument callable: ``--impl`` imports no sglang until it runs)."""
+    """The four adapters (a zero-argument callable: ``--impl`` imports no sglang until it runs)."""
     load()
     doc = f"SGLang {installed_version() or '?'} (checked against {VERSION}) "
     return [
@@ -256,6 +324,9 @@ def IMPLS() -> list[Impl]:
              _attention("verify_mla", "verify_shared_kv_fwd", "_VMLA_CACHE"),
              can_handle=_attention_can_handle("verify_mla", _shared_kv_why_not, _shared_kv_declines_after),
              precision="bf16-p+bf16-partials+fp8-q", doc=doc + "verify_shared_kv_fwd: grouped heads, bf16 partials"),
+        Impl("spec_sampling", "sglang-chain-sampling", "external", chain_sampling,
+             can_handle=_chain_sampling_can_handle,
+             doc=doc + "chain_speculative_sampling_triton: EAGLE's rejection sampler on a chain, coins given"),
         Impl("qk_norm_rope", "sglang-qk-norm-rope", "external", _qk_norm_rope, can_handle=_qk_can_handle,
              may_write=("kv",), doc=doc + "fused_qk_norm_rope_swa_store, bf16 ring store in decode, "
                                                 "paged fp8 store on non-unified layers"),

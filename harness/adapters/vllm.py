@@ -2,6 +2,11 @@
 
   vllm-rejection-greedy  verify_accept     ``rejection_sample`` (v1/worker/gpu/spec_decode/rejection_sampler_utils.py)
                                            at temperature 0: vLLM's GPU model runner's greedy verify
+  vllm-rejection-sampled spec_sampling     the same ``rejection_sample`` at temperature > 0 after vLLM's
+                                           ``apply_temperature``: standard speculative sampling, q as the
+                                           draft-logits cache (T · log q) or none for one-hot drafts. It draws
+                                           its own randomness (module section "speculative sampling"), so the
+                                           exact cases are refused and the distributional check judges it
   vllm-unified           verify_attention  ``unified_attention`` (v1/attention/ops/triton_unified_attention.py): the
                                            2D kernel or the split-KV 3D kernel + ``reduce_segments``, as the
                                            Triton backend (v1/attention/backends/triton_attn.py) chooses, after
@@ -32,6 +37,9 @@ Precision, read from each kernel:
               ``tl.sum(p[:, None] * v, 0)`` / tl.dot on fp32 p: ``cache-drafts``
   mla-verify  tl.dot on bf16 q / K, P rounded to bf16 before tl.dot(P, V), one online softmax per split
               with a running max per 32-key tile: ``bf16-p+cache-drafts``
+  sampled     judged in distribution: the acceptance test in log space (log p > log u + log q), the
+              recovered / bonus token by Gumbel-max over max(p - q, 0) computed as log p + log1p(-q/p)
+              (libdevice.log1p: the interpreter shim computes it, harness.shim.LIBDEVICE)
   greedy      exact: integer outputs. NaN: the per-block argmax is ``tl.max(..., return_indices=True)``
               and the argmax across vocabulary blocks maps a NaN block maximum to -inf (vLLM's comment: a
               NaN breaks tl.argmax's index bounds), i.e. vLLM's policy is ``ignore``, not torch.argmax's
@@ -66,6 +74,7 @@ import triton.language as tl
 import triton.language.extra.libdevice as tldevice
 
 from harness.registry import Impl
+from reference.checks import UnsupportedError
 
 VERSION = "0.34.0"  # the release the adapters, their refusals and cases/ledgers/vllm.py were checked against
 _FILES = ("vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils",
@@ -263,6 +272,116 @@ def _rejection_greedy(*, target_logits, draft_tokens, qo_indptr):
     out[idx] = torch.where(keep, sampled, -1).to(torch.int32)
     n_out[idx] = (n - 1).to(torch.int32)
     return {"output_ids": out, "accept_length": n_out}
+
+
+# ----------------------------------------------------------------------------- speculative sampling (T > 0)
+#
+# How vLLM draws its randomness, and why the op's ``uniforms`` cannot be given to it: draft i of a request is
+# accepted iff log p(x) > log u + log q(x) with u = tl.rand(seed, position of logit i) (Philox keyed by the
+# request's seed and the token's position, drawn inside ``_rejection_kernel``); the recovered token after a
+# rejection, and the bonus token, is the argmax over the vocabulary of log max(p - q, 0) + Gumbel noise, the
+# noise a murmur3 hash of (seed, position, token) (``gumbel_block_argmax``) — V draws, not one inverse-CDF
+# uniform. Neither is an input of ``rejection_sample``, so no uniforms of ours can reproduce its outputs:
+# only the distribution of its outputs is comparable.
+
+POSITION0 = 4096  # each request's first verify row sits at this position (a prefix of 4,096 tokens)
+SEED_BITS = 63  # vLLM draws a request's seed in [-2**63, 2**63) when its sampling params give none
+
+
+def request_seeds(seed: int, B: int) -> torch.Tensor:
+    """(B,) int64: one seed per request, drawn from ``seed`` as vLLM's sampling states draw an unseeded
+    request's (``np.random.randint`` over int64): the requests of a call are independent streams."""
+    g = torch.Generator().manual_seed(int(seed))
+    return torch.randint(-(1 << SEED_BITS), (1 << SEED_BITS) - 1, (B,), generator=g, dtype=torch.int64)
+
+
+def one_hot_drafts(draft_probs: torch.Tensor, draft_tokens: torch.Tensor) -> bool:
+    """Whether every row of q is one-hot at its draft (q(x) = 1): a drafter without logits, which vLLM
+    verifies without a draft-logits cache."""
+    return bool((draft_probs.gather(-1, draft_tokens.long()[..., None]) == 1).all()
+                and ((draft_probs > 0).sum(-1) == 1).all())
+
+
+def draft_logits_cache(draft_probs: torch.Tensor, temperature: torch.Tensor) -> types.SimpleNamespace:
+    """vLLM's ``DraftLogitsCache`` for q: ``values`` (B, L, V) fp32 the *pre-temperature* draft logits
+    T · log q (vLLM divides by T on load: softmax(log q) = q for a normalised q; q = 0 is -inf), the
+    cache replicated (``row_mapping`` None: request state b at row b)."""
+    return types.SimpleNamespace(values=temperature[:, None, None] * torch.log(draft_probs), row_mapping=None)
+
+
+def _sampled_can_handle(case, device) -> bool | str:
+    if case.mode == "exact":
+        return ("uniforms given: vLLM draws its own randomness (the acceptance uniform from (seed, position), the "
+                "recovered and bonus tokens by Gumbel-max over the vocabulary); the distributional cases judge it")
+    return True
+
+
+def _sampled_step(*, target_logits, temperature, draft_probs, draft_tokens, seed: int, kernels=None,
+                  cache_fn=draft_logits_cache):
+    """vLLM's verify step at temperature > 0 on the op's inputs, as a zero-argument callable doing the
+    device work only (what ``RejectionSampler._verify`` launches): the logits copied to fp32 and divided by
+    each request's temperature by vLLM's ``apply_temperature`` (``sample/gumbel.py``), then
+    ``rejection_sample`` in its standard mode (Leviathan et al.; not block verification, not synthetic
+    rates, no watermark) -> (sampled (B, L + 1) int64, num_sampled (B,) int32 = accepted + 1). Built here
+    once, as the model runner holds them: request b is vLLM request state b with L + 1 logits at positions
+    POSITION0 + j and its own seed (``request_seeds``); q the draft-logits cache (``cache_fn``), none
+    for one-hot drafts (``one_hot_drafts``)."""
+    mod = kernels or load()["rejection_sampler_utils"]
+    gumbel = importlib.import_module("vllm.v1.worker.gpu.sample.gumbel")
+    B, Lp1, V = target_logits.shape
+    dev = target_logits.device
+    req = torch.arange(B, dtype=torch.int32, device=dev)
+    expanded = req.repeat_interleave(Lp1)  # (B·(L + 1),) the request state of each logit
+    local_pos = torch.arange(Lp1, dtype=torch.int32, device=dev).repeat(B)  # (B·(L + 1),)
+    pos = POSITION0 + local_pos.long()
+    cu = torch.arange(B + 1, dtype=torch.int32, device=dev) * Lp1
+    seeds = request_seeds(seed, B).to(dev)
+    cache = None if one_hot_drafts(draft_probs, draft_tokens) else cache_fn(draft_probs, temperature)
+    # the step's input ids: position start_b is the request's last token (never read), then its drafts
+    draft_sampled = torch.cat((torch.zeros(B, 1, dtype=torch.long, device=dev), draft_tokens.long()), 1).flatten()
+    rows = target_logits.reshape(B * Lp1, V)
+    masked = bool(torch.isneginf(rows).any())  # vLLM skips all -inf vocabulary blocks for such requests
+
+    def step():
+        logits = torch.empty((B * Lp1, V), dtype=torch.float32, device=dev).copy_(rows)
+        gumbel.apply_temperature(logits, expanded, temperature)
+        return mod.rejection_sample(logits, cache, draft_sampled, cu, pos=pos, idx_mapping=req,
+                                    expanded_idx_mapping=expanded, expanded_local_pos=local_pos,
+                                    temperature=temperature, seed=seeds, num_speculative_steps=Lp1 - 1,
+                                    skip_masked_vocab_blocks=masked)
+    return step
+
+
+def rejection_sampled(*, target_logits, temperature, draft_probs, draft_tokens, uniforms=None, seed=None,
+                      kernels=None, cache_fn=draft_logits_cache):
+    """The op through vLLM's verify at temperature > 0 (``_sampled_step``): the accepted drafts, then the
+    recovered or bonus token, -1 after. vLLM's randomness cannot be given: ``uniforms`` must be None;
+    ``seed`` (None: one from torch's generator) seeds the requests' seeds. ``kernels``: another module of
+    vLLM's ``rejection_sampler_utils`` (default the installed one; tests plant bugs in a copy);
+    ``cache_fn``: how q becomes the draft-logits cache (tests plant a wrong one)."""
+    if uniforms is not None:
+        raise UnsupportedError("uniforms", "vLLM's rejection_sample draws its own randomness from per-request seeds")
+    if seed is None:
+        seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+    sampled, num_sampled = _sampled_step(target_logits=target_logits, temperature=temperature,
+                                         draft_probs=draft_probs, draft_tokens=draft_tokens, seed=seed,
+                                         kernels=kernels, cache_fn=cache_fn)()
+    n = num_sampled.long()  # accepted + 1: the drafts kept, then the recovered or bonus token
+    keep = torch.arange(sampled.shape[1], device=n.device)[None, :] < n[:, None]
+    return {"output_ids": torch.where(keep, sampled, -1).to(torch.int32), "accept_length": (n - 1).to(torch.int32)}
+
+
+def sampled_bench_calls(kw: dict) -> dict:
+    """{"vllm-rejection-sampled": a zero-argument callable} running vLLM's verify step at temperature > 0
+    (``_sampled_step``: fp32 copy, temperature, ``rejection_sample``) on spec_sampling keyword arguments
+    ``kw``, for the benchmark (cases/spec_sampling/bench.py); the draft-logits cache, seeds and index
+    tensors built once beforehand, as the model runner holds them. {} when vllm is not installed."""
+    try:
+        load()
+    except VLLMUnavailable:
+        return {}
+    args = {k: kw[k] for k in ("target_logits", "temperature", "draft_probs", "draft_tokens")}
+    return {"vllm-rejection-sampled": _sampled_step(**args, seed=1)}
 
 
 # ----------------------------------------------------------------------------- the paged cache
@@ -639,7 +758,7 @@ def _mla_verify(**inputs):
 
 
 def IMPLS() -> list[Impl]:
-    """The four adapters (a zero-argument callable: ``--impl`` imports no vllm until it runs)."""
+    """The five adapters (a zero-argument callable: ``--impl`` imports no vllm until it runs)."""
     load()
     doc = f"vLLM {installed_version() or '?'} (checked against {VERSION}) "
     return [
@@ -647,6 +766,10 @@ def IMPLS() -> list[Impl]:
         # -inf): NaN policy 'ignore', checked exactly against the chain under that policy
         Impl("verify_accept", "vllm-rejection-greedy", "external", _rejection_greedy, nan_policy="ignore",
              doc=doc + "rejection_sample at temperature 0 (greedy verify of the GPU model runner)"),
+        # vLLM draws its own randomness (the acceptance uniform from (seed, position), the recovered and bonus
+        # tokens by Gumbel-max): exact cases refused, judged by the distributional check
+        Impl("spec_sampling", "vllm-rejection-sampled", "external", rejection_sampled, can_handle=_sampled_can_handle,
+             doc=doc + "rejection_sample at temperature > 0 (standard speculative sampling, draft-logits cache)"),
         Impl("verify_attention", "vllm-unified", "external", _unified, can_handle=_unified_can_handle,
              precision="bf16-p+cache-drafts",
              doc=doc + "unified_attention (2D, or 3D + reduce_segments) over vLLM's paged cache, drafts stored first"),

@@ -1,13 +1,16 @@
-"""What an op benchmark's shapes and wide rows share: ``VerifyShape`` (a verify batch), ``Measured``
-(one shape's timings and bytes), and the wide-row columns every op has (``FUSED_VS_CHAIN_COLUMNS``,
-``wide_row_type``, ``fused_vs_chain``) with the progress line's head (``fused_line``).
-``harness.bench.perf`` re-exports them."""
+"""What an op benchmark's shapes and wide rows share: ``VerifyShape`` (a verify batch), the batch x
+vocabulary grids of the acceptance benchmarks (``batch_vocab_shapes``) and their LM-head logits
+(``lm_head_logits``), ``Measured`` (one shape's timings and bytes), and the wide-row columns every op
+has (``FUSED_VS_CHAIN_COLUMNS``, ``wide_row_type``, ``fused_vs_chain``) with the progress line's head
+(``fused_line``). ``harness.bench.perf`` re-exports them."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from harness.bench.perf_rows import Timing
 from reports.rows import PerfRow
@@ -29,6 +32,29 @@ class VerifyShape:
     @property
     def case(self) -> str:
         return f"B={self.B},L={self.L},H={self.H}{self.suffix}"
+
+
+def batch_vocab_shapes(make: Callable[[int, int], Any], quick_set: tuple, b_full: tuple, v_full: tuple, quick: bool,
+                       b: list[int] | None = None, v: list[int] | None = None) -> list:
+    """An acceptance benchmark's shapes, ``make(B, V)`` each: ``quick_set``'s (B, V) pairs with ``quick``,
+    else every B of ``b_full`` with every V of ``v_full``; ``b`` / ``v`` replace the batch / vocabulary
+    lists (the quick set's are the ones its pairs use)."""
+    if quick and not b and not v:
+        return [make(B, V) for B, V in quick_set]
+    bq, vq = sorted({B for B, _ in quick_set}), sorted({V for _, V in quick_set})
+    return [make(B, V) for B in (b or (bq if quick else b_full)) for V in (v or (vq if quick else v_full))]
+
+
+ROW_PAD = 128  # an LM head's logits buffer is this much wider than the vocabulary
+
+
+def lm_head_logits(rows: int, V: int, *, seed: int, device, scale: float = 1.0) -> torch.Tensor:
+    """(rows, V) bf16 logits as an LM head hands them over: ``randn · scale`` drawn on ``device``
+    (``torch.Generator`` seeded with ``seed``), a slice of a buffer whose rows are V + ROW_PAD wide
+    (row stride > V)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    buf = torch.randn(rows, V + ROW_PAD, device=device, generator=g)
+    return buf.mul_(scale).bfloat16()[:, :V]
 
 
 @dataclass(frozen=True)
