@@ -285,6 +285,13 @@ def test_a_selection_that_matches_nothing_is_a_usage_error_and_keeps_the_last_cs
     assert sorted(p.name for p in tmp_path.iterdir()) == ["parity.csv"]  # no temporary file left either
 
 
+def _as_at_a_terminal() -> None:
+    """The run's process as a terminal starts it, whatever started the tests: SIGINT at its default. A suite
+    started as a background job of a shell without job control (``cmd &`` in a script) inherits SIGINT ignored,
+    and so would the run, which a Ctrl-C then never reaches (both tests hung 120 s so, 2026-12-07)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupted_run(tmp_path, how: signal.Signals, stall_after: int):
     """A run of the ``tests.plugins.stalls`` plugin over a previous good CSV, sent ``how`` once the plugin has
     stalled after ``stall_after`` calls: (exit status, stderr, the CSV's bytes before)."""
@@ -295,7 +302,8 @@ def _interrupted_run(tmp_path, how: signal.Signals, stall_after: int):
     env = subprocess_env(VP_TEST_CALLS=str(calls), VP_TEST_STALL_AFTER=str(stall_after))
     p = subprocess.Popen([sys.executable, "-m", "harness", "run", "--device", "cpu", "--op", "verify_accept",
                           "--impl", "tests.plugins.stalls:STALLS", "--generated", "3", "--quiet", "--csv", str(csv)],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=_as_at_a_terminal)
     deadline = time.monotonic() + 300
     while len(calls.read_text().splitlines()) <= stall_after:  # the plugin is in its stall: the run is mid-way
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
