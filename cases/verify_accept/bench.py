@@ -52,18 +52,8 @@ QUICK = ((1, 160000), (64, 32000), (64, 160000))
 
 
 @dataclass(frozen=True)
-class Shape:
-    B: int  # requests
-    V: int  # vocabulary
+class Shape(wr.ChainShape):
     L: int = L
-
-    @property
-    def T(self) -> int:  # target rows
-        return self.B * (self.L + 1)
-
-    @property
-    def case(self) -> str:
-        return f"B={self.B},L={self.L},V={self.V}"
 
 
 def shapes(quick: bool, b: list[int] | None = None, v: list[int] | None = None) -> list[Shape]:

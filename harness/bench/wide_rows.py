@@ -34,6 +34,23 @@ class VerifyShape:
         return f"B={self.B},L={self.L},H={self.H}{self.suffix}"
 
 
+@dataclass(frozen=True)
+class ChainShape:
+    """B requests, each a chain of L drafts (L + 1 target rows), over a vocabulary of V: the chain
+    acceptance benches' shape (each names its own L as the default)."""
+    B: int  # requests
+    V: int  # vocabulary
+    L: int  # drafts per request
+
+    @property
+    def T(self) -> int:  # target rows
+        return self.B * (self.L + 1)
+
+    @property
+    def case(self) -> str:
+        return f"B={self.B},L={self.L},V={self.V}"
+
+
 def batch_vocab_shapes(make: Callable[[int, int], Any], quick_set: tuple, b_full: tuple, v_full: tuple, quick: bool,
                        b: list[int] | None = None, v: list[int] | None = None) -> list:
     """An acceptance benchmark's shapes, ``make(B, V)`` each: ``quick_set``'s (B, V) pairs with ``quick``,
