@@ -146,6 +146,35 @@ class Backend:
         kv_indptr = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
         return torch.tensor([0] + ends, dtype=torch.int32, device=device), kv_indptr, idx.to(torch.int32)
 
+    # ------------------------------------------------------------------ draft trees (Family.topk > 1)
+    def tree_positions(self, r: int, start: int, parents: list[int]) -> list[int]:
+        """Positions of a draft tree's chunk (nodes 1 … L of ``parents``, node 0 the last committed
+        token at ``start`` − 1): the committed length + the node's depth − 1."""
+        depth = [0] * len(parents)
+        for i in range(1, len(parents)):
+            depth[i] = depth[parents[i]] + 1
+        return [start + d - 1 for d in depth[1:]]
+
+    def tree_mask(self, fam: timeline_family.Family, trees: list[list[int]], device) -> tuple[torch.Tensor | None, int]:
+        """(custom_mask (Σ L_b²,) bool, topk) that verify attention is handed for a batch of draft
+        trees: chunk token i sees chunk token j when j is i or an ancestor of i (row-major per request,
+        verify_attention's layout); the history is seen by every token."""
+        out = []
+        for parents in trees:
+            L = len(parents) - 1
+            m = torch.zeros(L + 1, L + 1, dtype=torch.bool)
+            for i in range(1, L + 1):  # a parent's row is complete before its children's
+                m[i] = m[parents[i]]
+                m[i, i] = True
+            out.append(m[1:, 1:].reshape(-1))
+        return torch.cat(out).to(device), fam.topk
+
+    def commit_path(self, kv, r: int, start: int, nodes: list[int]) -> None:
+        """After a draft tree's accept: request r's table from ``start`` holds the chunk's slots in
+        chunk order; it keeps the accepted path's (``nodes``: chunk indices in path order) and frees
+        the others (``reference.kv_model.KVModel.keep_path``)."""
+        kv.keep_path(r, start, nodes)
+
     # ------------------------------------------------------------------ rollback
     def rollback(self, kv, r: int, new_len: int) -> None:
         """After accept: request r keeps ``new_len`` tokens; the rejected drafts leave its table

@@ -87,6 +87,7 @@ def _spec() -> OpSpec:
             "accept_index padded with -1",
         kill=KILL,
         gpu=GPU,
+        role="tree-accept",  # the accept step of the tree timeline families (cases.timelines): the path committed
         nightly_group="acceptance",  # a light acceptance op: one parity step for the group
         parity_weight=0.5,  # integer outputs compared exactly, like verify_accept: cheap per case
         interpreter_generated=150,
