@@ -11,6 +11,9 @@ Decisions (each one method, so that a wrong one is one override):
                  1-source decode stores its token before attending;
   rollback       ``rollback(kv, r, n)`` after accept(n): the rejected drafts leave the slot table;
   positions      ``positions(r, start, width)``: what the prepare op (RoPE) is handed;
+  draft trees    (``Family.topk`` > 1) ``tree_positions`` (committed length + depth − 1),
+                 ``tree_mask`` (attention's custom_mask), ``commit_path`` (the accepted path's slots
+                 kept in path order, the rest freed);
   slots          ``alloc`` (the logical ``out_cache_loc`` of new tokens), ``physical`` (where they are
                  written: the pool's translation), ``read_slots`` / ``read_meta`` (the page table
                  attention reads: qo_indptr, kv_indptr, kv_indices);

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from cases import base, timeline_family
 from cases import timelines as tl
 from cases.mutants import timelines as mt
+from harness.backend import CLEAN
 from harness.timelines import path as path_mod
 from harness.timelines import runner as timeline
 from harness.timelines import tree
+from harness.timelines.launches import ACCEPT_VOCAB
 from harness.timelines.prepare import accept_spec
 from reference import kv_model
 
@@ -71,9 +73,9 @@ def test_draft_tree_has_its_size_depth_and_fan_out(L, topk, depth, seed):
     for i in range(1, L + 1):  # row i: itself and its ancestors (the root is history)
         seen = {j + 1 for j in range(L) if mask[i - 1, j]}
         assert seen == {i} | set(tree.ancestors(parents, i))
-    got, topk_handed = timeline.CLEAN.tree_mask(FAM, [parents], "cpu")
+    got, topk_handed = CLEAN.tree_mask(FAM, [parents], "cpu")
     assert topk_handed == FAM.topk and torch.equal(got, mask.reshape(-1)), "the clean backend's mask is the truth's"
-    assert timeline.CLEAN.tree_positions(0, 7, parents) == [7 + k - 1 for k in lv[1:]]
+    assert CLEAN.tree_positions(0, 7, parents) == [7 + k - 1 for k in lv[1:]]
 
 
 @settings(max_examples=25, deadline=None)
@@ -84,7 +86,7 @@ def test_acceptance_inputs_make_the_tree_ops_accept_the_chosen_path(L, seed, B, 
     g = torch.Generator().manual_seed(seed)
     trees = [tree.draft_tree(L, FAM.topk, FAM.depth, g) for _ in range(B)]
     paths = [tree.choose_path(p, data.draw(st.integers(0, FAM.depth)), g) for p in trees]
-    args, want = tree.accept_inputs(trees, paths, FAM.depth + 1, timeline.ACCEPT_VOCAB, g, "cpu")
+    args, want = tree.accept_inputs(trees, paths, FAM.depth + 1, ACCEPT_VOCAB, g, "cpu")
     spec = accept_spec("tree-accept")
     for fn in (spec.reference, spec.oracle):
         out = fn(**args)
@@ -162,3 +164,16 @@ def test_tree_mutant_is_caught_by_its_check_and_only_where_its_bug_shows(registr
     assert on_spine <= got if on_spine else not got, f"{name} on a chain-shaped tree:\n{_explain(spine_bad)}"
     if name == "path-tree-mask-dropped":
         assert "attn:o" not in got, "causal attention over a chain-shaped tree is its tree attention"
+
+
+def test_the_backend_commits_the_path_the_tree_acceptance_op_accepted(registry, device):
+    """A tree acceptance op that walks first children only (a registered mutant) accepts a shorter path
+    where the script's goes through a later sibling: ``accept:n`` / ``accept:path`` flag it, and the
+    backend, committing the op's path, holds other rows than the truth (``state``)."""
+    t = CATALOG[f"{FAMILY}/accept-0-to-L"]
+    clean = path_mod.clean_path(registry, FAMILY)
+    assert clean.accept.key == "verify_tree_accept/fused"  # the tree family's accept role
+    path = dataclasses.replace(clean, accept=registry.impls["verify_tree_accept/mutant-first-child-only"])
+    bad = path_mod.failures(_run(path, t, device))
+    flagged = {s.record.check.split(":r")[0] for s in bad}
+    assert {"accept:n", "accept:path", "state:table"} <= flagged, _explain(bad)

@@ -22,6 +22,10 @@ Checks per (step, layer), each a ``harness.compare.Record`` tagged with its fami
                        the chunk, under the family's draft rule (tolerance: harness.tolerance);
             accept:n   (verify steps, layer -1) the path's acceptance op on target logits whose greedy
                        acceptance is the script's: the n the backend then rolls back to;
+            accept:path, input:tree-mask  (a tree family's verify: ``harness.timelines.tree``) the
+                       tree acceptance op's accepted rows are the script's path, the path whose slots
+                       the backend then commits in path order; the mask attention is handed is each
+                       node's ancestors (the oracle takes the truth's);
             state      after the step, every committed row in the window sits where the slot
                        table says, byte-exact (and in a non-unified layer's own cache); the slot table
                        holds exactly the committed tokens (``state:table``).
