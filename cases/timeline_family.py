@@ -40,3 +40,34 @@ class Family:
     nightly_weight: float = 1.0
     # a small twin of another family: the nightly runs it in that family's step, with its workers
     nightly_with: str = ""
+    # a draft *tree* (EAGLE-2/3 at top-k > 1): each verify chunk of L nodes is a tree of this depth, at most
+    # ``topk`` children a node, attended under its tree mask and accepted by the op of role ``tree-accept``
+    # (the accepted root-to-node path is what the backend commits). 1: a chain (the accept role, L drafts)
+    topk: int = 1
+    depth: int = 0  # a tree family's tree depth (its longest acceptable path); 0 for a chain
+
+    def __post_init__(self):
+        if self.topk < 1:
+            raise ValueError(f"family {self.name!r}: topk: expected >= 1, got {self.topk}")
+        if self.topk > 1:
+            # a ring puts each token at the slot of its position (r·C + p mod C): the siblings of a tree
+            # share positions, so they would share (overwrite) one slot. A tree needs slots of its own
+            # per node: the paged layout, where every node gets a fresh slot and the accepted path's slots
+            # are kept in path order (reference.kv_model.KVModel.keep_path)
+            if self.layout != "paged":
+                raise ValueError(f"family {self.name!r}: a draft tree (topk={self.topk}) needs the paged layout: "
+                                 f"on a {self.layout!r} layout siblings at one position share one slot")
+            if self.depth < 1:
+                raise ValueError(f"family {self.name!r}: a draft tree (topk={self.topk}) needs depth >= 1, "
+                                 f"got {self.depth}")
+        elif self.depth:
+            raise ValueError(f"family {self.name!r}: depth {self.depth} without a tree (topk 1): a chain's depth is L")
+
+    @property
+    def tree(self) -> bool:
+        """Whether its verify chunks are draft trees (topk > 1)."""
+        return self.topk > 1
+
+    def max_nodes(self) -> int:
+        """The most nodes a tree of ``depth`` levels and at most ``topk`` children a node holds (its L)."""
+        return sum(self.topk ** k for k in range(1, self.depth + 1))

@@ -4,7 +4,10 @@ A timeline is a script of batches, each one forward mode over some of the reques
   ``P:r.c``  prefill (extend) a chunk of c tokens for request r
   ``D:r``    decode one token (1-source: store, then attend over the ring)
   ``V:r.a``  target-verify L tokens (2-source) and accept the first a of them, 0 <= a <= L;
-             the rest are rejected and rolled back: their KV must never be visible again.
+             the rest are rejected and rolled back: their KV must never be visible again. On a
+             tree family (``Family.topk`` > 1) the L tokens are a draft tree of ``Family.depth``
+             levels and the accepted ones a root-to-node path of a nodes, 0 <= a <= depth
+             (``harness.timelines.tree``).
 Batches are ``;``-separated, requests inside one batch ``+``-separated, e.g.
 ``P:0.5+1.2;V:0.3+1.0;D:0+1``. A request in no batch idles; requests at different positions
 share a batch ("mixed"); ``pad`` padded tokens (loc = -1) ride along in every prepare launch.
@@ -38,6 +41,14 @@ FAMILIES |= {
     # DSpark draft attention: several KV heads, non-causal drafts (seed 003), ring
     "dspark-noncausal": Family("dspark-noncausal", "ring", "projection", H=8, Hkv=4, D=64, Dv=64, rope_dim=0,
                                causal=False, model_family="dspark-draft", verify_store="pre"),
+    # Qwen3.5 GQA under an EAGLE draft tree (top-k 2, depth 3; SGLang's EAGLE-2/3 default is a tree): the
+    # verify chunk's L nodes attend under the tree mask (verify_attention's custom_mask; its gate takes the
+    # generic path at topk > 1), the tree acceptance op picks a root-to-node path and the backend keeps
+    # exactly that path's slots in path order. Paged (a ring would put siblings in one slot: Family). In
+    # qwen35-gqa's nightly step: one layer's worth of work, a twin's
+    "qwen35-gqa-tree": Family("qwen35-gqa-tree", "paged", "projection", H=4, Hkv=1, D=64, Dv=64, rope_dim=0,
+                              causal=True, model_family="qwen3.5", verify_store="post", topk=2, depth=3,
+                              nightly_with="qwen35-gqa"),
 }
 
 
@@ -94,6 +105,10 @@ def max_len(t: Timeline) -> int:
 def validate(t: Timeline) -> None:
     if t.family not in FAMILIES:
         raise ValueError(f"family: expected one of {sorted(FAMILIES)}, got {t.family!r}")
+    fam = FAMILIES[t.family]
+    if fam.tree and not fam.depth <= t.L <= fam.max_nodes():
+        raise ValueError(f"L: family {fam.name} verifies trees of depth {fam.depth}, top-k {fam.topk}: "
+                         f"{fam.depth} <= L <= {fam.max_nodes()}, got {t.L}")
     seen = set()
     for mode, items in parse_steps(t.steps):
         for r, a in items:
@@ -105,6 +120,8 @@ def validate(t: Timeline) -> None:
                 raise ValueError(f"request {r}: {mode} before its prefill")
             if mode == "target_verify" and not 0 <= a <= t.L:
                 raise ValueError(f"request {r}: accepted {a} outside [0, L={t.L}]")
+            if mode == "target_verify" and fam.tree and a > fam.depth:
+                raise ValueError(f"request {r}: accepted {a} past the tree's depth {fam.depth} (family {fam.name})")
 
 
 # ----------------------------------------------------------------------------- named timelines
@@ -122,8 +139,28 @@ _SCRIPTS = {
 }
 
 
+# a tree family's (top-k 2, depth 3): V:r.a accepts a root-to-node path of a nodes, 0 <= a <= depth
+_TREE_SCRIPTS = {
+    # every accepted depth 0..3 once (the path mutants' timeline: ``cases.mutants.timelines.PATH_TIMELINE``),
+    # a decode between (it reads the committed path as history), L = 6 nodes of a possible 14
+    "accept-0-to-L": ("P:0.5;V:0.0;V:0.1;D:0;V:0.2;V:0.3;D:0", 6, 6),
+    # the fullest tree (14 nodes: every node has top-k children), two requests
+    "full-tree": ("P:0.4+1.3;V:0.3+1.2;D:0+1;V:0.1+1.3;V:0.3+1.0", 14, 6),
+    # a chain-shaped tree (L = depth: the spine only, one child a node)
+    "spine-only": ("P:0.2;V:0.3;V:0.1;D:0;V:0.2", 3, 4),
+    # three requests at different positions, padding, prefill and decode between verify batches, the
+    # window shorter than the history
+    "mixed-padded": ("P:0.6;P:1.1;V:0.2+1.3;P:2.3;D:0+1+2;V:0.0+1.3+2.1;V:1.2+2.3;D:0+2", 5, 5),
+}
+
+
 def _named(family: str) -> list[Timeline]:
     out = []
+    if FAMILIES[family].tree:
+        for name, (steps, L, W) in _TREE_SCRIPTS.items():
+            out.append(Timeline(family=family, steps=steps, L=L, window=W, pad=2 if name == "mixed-padded" else 0,
+                                seed=len(out), name=f"{family}/{name}"))
+        return out
     for name, (steps, L, W) in _SCRIPTS.items():
         if FAMILIES[family].q_weight and name != "accept-0-to-L":
             continue  # a q-weighted twin's one script (every accept count, decode between): the rest is its twin's
@@ -163,7 +200,12 @@ def timelines(draw, *, family: str | None = None, max_requests: int = 3, max_bat
     batches over random subsets of the prefilled requests with random accept counts."""
     fam = family or draw(st.sampled_from(sorted(FAMILIES)))
     B = draw(st.integers(1, max_requests))
-    L = draw(st.integers(1, max_width))
+    tree = FAMILIES[fam]
+    if tree.tree:  # L nodes (depth … its widest); accepts 0 … depth
+        L = draw(st.integers(tree.depth, min(tree.max_nodes(), max(tree.depth, 2 * max_width))))
+    else:
+        L = draw(st.integers(1, max_width))
+    top = tree.depth if tree.tree else L
     W = draw(st.integers(2, 9))
     order = list(range(B))
     batches, live = [], []
@@ -181,9 +223,9 @@ def timelines(draw, *, family: str | None = None, max_requests: int = 3, max_bat
         if draw(st.integers(0, 3)) == 0:
             batches.append("D:" + "+".join(str(r) for r in sorted(subset)))
         else:
-            batches.append("V:" + "+".join(f"{r}.{draw(st.integers(0, L))}" for r in sorted(subset)))
+            batches.append("V:" + "+".join(f"{r}.{draw(st.integers(0, top))}" for r in sorted(subset)))
     if not any(b.startswith("V") for b in batches):
-        batches.append("V:" + f"{live[0]}.{draw(st.integers(0, L))}")
+        batches.append("V:" + f"{live[0]}.{draw(st.integers(0, top))}")
     t = Timeline(family=fam, steps=";".join(batches), L=L, window=W, pad=draw(st.integers(0, 2)),
                  translated=draw(st.booleans()), resolve_loc=draw(st.integers(0, 3)) > 0,
                  seed=draw(st.integers(0, 2 ** 16)))

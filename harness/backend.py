@@ -11,6 +11,9 @@ Decisions (each one method, so that a wrong one is one override):
                  1-source decode stores its token before attending;
   rollback       ``rollback(kv, r, n)`` after accept(n): the rejected drafts leave the slot table;
   positions      ``positions(r, start, width)``: what the prepare op (RoPE) is handed;
+  draft trees    (``Family.topk`` > 1) ``tree_positions`` (committed length + depth − 1),
+                 ``tree_mask`` (attention's custom_mask), ``commit_path`` (the accepted path's slots
+                 kept in path order, the rest freed);
   slots          ``alloc`` (the logical ``out_cache_loc`` of new tokens), ``physical`` (where they are
                  written: the pool's translation), ``read_slots`` / ``read_meta`` (the page table
                  attention reads: qo_indptr, kv_indptr, kv_indices);
@@ -145,6 +148,35 @@ class Backend:
         idx = self.read_slots(kv, torch.tensor(flat, dtype=torch.int64, device=device))
         kv_indptr = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
         return torch.tensor([0] + ends, dtype=torch.int32, device=device), kv_indptr, idx.to(torch.int32)
+
+    # ------------------------------------------------------------------ draft trees (Family.topk > 1)
+    def tree_positions(self, r: int, start: int, parents: list[int]) -> list[int]:
+        """Positions of a draft tree's chunk (nodes 1 … L of ``parents``, node 0 the last committed
+        token at ``start`` − 1): the committed length + the node's depth − 1."""
+        depth = [0] * len(parents)
+        for i in range(1, len(parents)):
+            depth[i] = depth[parents[i]] + 1
+        return [start + d - 1 for d in depth[1:]]
+
+    def tree_mask(self, fam: timeline_family.Family, trees: list[list[int]], device) -> tuple[torch.Tensor | None, int]:
+        """(custom_mask (Σ L_b²,) bool, topk) that verify attention is handed for a batch of draft
+        trees: chunk token i sees chunk token j when j is i or an ancestor of i (row-major per request,
+        verify_attention's layout); the history is seen by every token."""
+        out = []
+        for parents in trees:
+            L = len(parents) - 1
+            m = torch.zeros(L + 1, L + 1, dtype=torch.bool)
+            for i in range(1, L + 1):  # a parent's row is complete before its children's
+                m[i] = m[parents[i]]
+                m[i, i] = True
+            out.append(m[1:, 1:].reshape(-1))
+        return torch.cat(out).to(device), fam.topk
+
+    def commit_path(self, kv, r: int, start: int, nodes: list[int]) -> None:
+        """After a draft tree's accept: request r's table from ``start`` holds the chunk's slots in
+        chunk order; it keeps the accepted path's (``nodes``: chunk indices in path order) and frees
+        the others (``reference.kv_model.KVModel.keep_path``)."""
+        kv.keep_path(r, start, nodes)
 
     # ------------------------------------------------------------------ rollback
     def rollback(self, kv, r: int, new_len: int) -> None:

@@ -108,9 +108,10 @@ class DistributionPlan:
 
 
 # "prepare": a timeline family's prepare step; "attn": the attention of every family; "accept": the
-# acceptance after every verify step (the n a timeline's backend rolls back to); "sampler": the speculative
-# sampler of the end-to-end engine at temperature > 0 (harness.e2e.engine, the sampled gate)
-ROLES = ("", "prepare", "attn", "accept", "sampler")
+# acceptance after every verify step (the n a timeline's backend rolls back to); "tree-accept": the acceptance
+# after a tree family's verify step (the path its backend commits); "sampler": the speculative sampler of the
+# end-to-end engine at temperature > 0 (harness.e2e.engine, the sampled gate)
+ROLES = ("", "prepare", "attn", "accept", "tree-accept", "sampler")
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,20 @@ class KVModel:
             self.free.extend(reversed(dropped))
         self.visible_len[r] = new_len
 
+    def keep_path(self, r: int, start: int, nodes: list[int]) -> None:
+        """After a draft tree's accept (paged only): request r's table entries from ``start`` hold the
+        tree's chunk slots in chunk order; keep those of ``nodes`` (chunk indices, the accepted path in
+        path order) at ``start``, ``start`` + 1, … and free the rest (SGLang: the accepted nodes'
+        ``out_cache_loc`` entries go to the request's token table, the others are evicted)."""
+        if self.spec.layout != "paged":
+            raise ValueError(f"keep_path: a draft tree needs the paged layout, got {self.spec.layout!r}")
+        chunk = self.table[r][start:]
+        kept = [chunk[i] for i in nodes]
+        dropped = [s for i, s in enumerate(chunk) if i not in set(nodes)]
+        self.table[r][start:] = kept
+        self.free.extend(reversed(dropped))
+        self.visible_len[r] = len(self.table[r])
+
     def physical(self, logical: torch.Tensor) -> torch.Tensor:
         """(T,) logical slots -> physical rows; negative (padding) stays -1 (seed 001's pool)."""
         return KVPool(self.buffers[0], self.slot_map).physical(logical)

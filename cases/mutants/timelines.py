@@ -63,6 +63,39 @@ class UntranslatedHistoryRead(PathMutant):
         return logical
 
 
+# ----------------------------------------------------------------------------- draft-tree commits (Family.topk > 1)
+
+class TreeChainCommit(PathMutant):
+    """A chain's rollback after a tree verify: the first a chunk slots stay, whatever the path."""
+
+    def commit_path(self, kv, r, start, nodes):
+        kv.rollback(r, start + len(nodes))
+
+
+class TreePathReversed(PathMutant):
+    def commit_path(self, kv, r, start, nodes):
+        kv.keep_path(r, start, nodes[::-1])
+
+
+class TreeRejectedSiblingKept(PathMutant):
+    """The evict mask misses one rejected node: a sibling of a path node (or, nothing accepted, a
+    rejected first-level node) stays in the table after the path."""
+
+    def commit_path(self, kv, r, start, nodes):
+        rejected = [i for i in range(len(kv.table[r]) - start) if i not in nodes]
+        kv.keep_path(r, start, nodes + rejected[:1])
+
+
+class TreeMaskDropped(PathMutant):
+    def tree_mask(self, fam, trees, device):
+        return None, 1  # the flattened tree under the family's causal rule
+
+
+class TreePositionsByIndex(PathMutant):
+    def tree_positions(self, r, start, parents):
+        return list(range(start, start + len(parents) - 1))
+
+
 PATH_MUTANTS = [
     StoreBeforeAttention(
         "path-store-before-attention", families=("dsv4-mqa-ring", "dspark-noncausal", "qwen35-gqa"),
@@ -91,6 +124,28 @@ PATH_MUTANTS = [
         doc="seed 001 on the read side: attention indexes the pool with logical slots while the prepare "
             "wrote the physical rows",
         catches=("visible_kv", "attn:o")),
+    TreeChainCommit(
+        "path-tree-chain-commit", families=("qwen35-gqa-tree",), uses=("attn",),
+        doc="a chain's rollback after a tree verify: the first a chunk slots are kept instead of the accepted "
+            "path's (the path is a root-to-node walk, its nodes rarely the first a)",
+        catches=("state", "visible_kv", "attn:o")),
+    TreePathReversed(
+        "path-tree-path-reversed", families=("qwen35-gqa-tree",), uses=("attn",),
+        doc="the accepted path's slots committed in reverse order: the history's rows at the wrong positions",
+        catches=("state", "visible_kv", "attn:o")),
+    TreeRejectedSiblingKept(
+        "path-tree-rejected-sibling-kept", families=("qwen35-gqa-tree",), uses=("attn",),
+        doc="the evict mask misses a rejected sibling: its slot stays in the request's table after the path",
+        catches=("state:table", "visible_kv", "attn:o")),
+    TreeMaskDropped(
+        "path-tree-mask-dropped", families=("qwen35-gqa-tree",), uses=("attn",),
+        doc="tree verify attended without the tree mask (topk 1, causal over the flattened tree): each node "
+            "sees every earlier node, siblings and cousins included",
+        catches=("input:tree-mask", "attn:o")),
+    TreePositionsByIndex(
+        "path-tree-positions-by-index", families=("qwen35-gqa-tree",), uses=("attn",),
+        doc="tree nodes positioned by their index in the chunk instead of their depth (RoPE of a chain)",
+        catches=("input:positions",)),
 ]
 
 

@@ -18,10 +18,12 @@ OP = "verify_tree_accept"
 
 # kill matrix: the targeted catalog subset, one case per mutant's bug (a later duplicate sibling, the
 # accepted child last in its list, a path through non-consecutive nodes, cousins carrying the target
-# token, rows permuted within their block)
+# token, rows permuted within their block), and the draft-tree timeline (role tree-accept)
 KILL = KillPlan(clean=("reference", "fused"),
                 cases=("duplicate-siblings", "match-last-sibling", "bfs-path-any-sibling", "cousin-decoys",
-                       "shuffled-rows"))
+                       "shuffled-rows"),
+                # the tree family's accept step: the path its backend commits (a path through a later sibling)
+                timelines=("qwen35-gqa-tree/accept-0-to-L",))
 
 STAGES = ("row_argmax", "gather_targets", "tree_parents", "match", "first_matches", "accept_path", "write_predicts")
 
@@ -87,6 +89,7 @@ def _spec() -> OpSpec:
             "accept_index padded with -1",
         kill=KILL,
         gpu=GPU,
+        role="tree-accept",  # the accept step of the tree timeline families (cases.timelines): the path committed
         nightly_group="acceptance",  # a light acceptance op: one parity step for the group
         parity_weight=0.5,  # integer outputs compared exactly, like verify_accept: cheap per case
         interpreter_generated=150,

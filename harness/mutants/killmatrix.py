@@ -92,7 +92,7 @@ def _timelines(paths_and_timelines, dev, *, stop_at_kill: bool) -> tuple[str, st
 def _op_paths(reg: Registry, impl: Impl):
     named = {t.name: t for t in tl.catalog()}
     spec = reg.ops[impl.op]
-    slot = spec.role if spec.role in ("attn", "accept") else "prepare"
+    slot = {"attn": "attn", "accept": "accept", "tree-accept": "accept"}.get(spec.role, "prepare")
     for tname in spec.kill.timelines if spec.kill else ():
         t = named[tname]
         path = path_mod.clean_path(reg, t.family)

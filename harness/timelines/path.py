@@ -11,6 +11,7 @@ from cases import timelines as tl
 from harness import compare
 from harness.backend import CLEAN, Backend
 from harness.registry import Impl, Registry
+from harness.timelines.prepare import accept_role
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,8 @@ class Path:
     family: str
     prepare: Impl | None  # implementation of the family's prepare op (None: plain projections)
     attn: Impl  # implementation of the attention op (role "attn") for decode and verify steps
-    accept: Impl | None = None  # implementation of the acceptance op (role "accept"; None: its reference)
+    # implementation of the acceptance op (role "accept", a tree family's "tree-accept"; None: its reference)
+    accept: Impl | None = None
     backend: Backend = CLEAN
     doc: str = ""
     # the end-to-end engine at temperature > 0: the speculative step's sampler (a spec_sampling implementation;
@@ -43,7 +45,7 @@ def clean_path(reg: Registry, family: str, *, prepare: str = "fused", attn: str 
     the clean one shows in the name (``family:prepare+attn:backend``)."""
     fam = tl.FAMILIES[family]
     p = None if fam.prepare == "projection" else reg.impls[f"{fam.prepare}/{prepare}"]
-    acc_op = reg.by_role("accept")
+    acc_op = reg.by_role(accept_role(fam))  # a tree family's: the tree acceptance op
     acc = None
     if acc_op:
         op = acc_op[0].name

@@ -2,7 +2,7 @@
 (the family without a fused prepare: plain q/k/v projections, the backend storing the rows) and the
 adapters of the ops of role ``prepare`` (``cases/<op>/prepare.py``, ``OpSpec.timeline``), looked
 up by ``prepare_of``; ``attention_spec`` is the registry's one op of role ``attn``, ``accept_spec``
-its one op of role ``accept`` (the timelines' accept(n) step)."""
+its one op of role ``accept`` (the timelines' accept(n) step) or ``tree-accept`` (a tree family's)."""
 from __future__ import annotations
 
 import functools
@@ -145,10 +145,16 @@ def attention_spec() -> OpSpec:
 
 
 @functools.cache
-def accept_spec() -> OpSpec:
-    """The acceptance after every verify step: the built-in op of role ``accept``."""
-    (spec,) = [s for s in builtin_specs().values() if s.role == "accept"]
+def accept_spec(role: str = "accept") -> OpSpec:
+    """The acceptance after every verify step: the built-in op of role ``accept`` (``tree-accept``: after
+    a tree family's, ``accept_role``)."""
+    (spec,) = [s for s in builtin_specs().values() if s.role == role]
     return spec
+
+
+def accept_role(fam: timeline_family.Family) -> str:
+    """The role of the op that accepts ``fam``'s verify steps: ``tree-accept`` for a draft tree."""
+    return "tree-accept" if fam.tree else "accept"
 
 
 def row_shape(fam: timeline_family.Family) -> tuple[int, ...]:

@@ -22,6 +22,10 @@ Checks per (step, layer), each a ``harness.compare.Record`` tagged with its fami
                        the chunk, under the family's draft rule (tolerance: harness.tolerance);
             accept:n   (verify steps, layer -1) the path's acceptance op on target logits whose greedy
                        acceptance is the script's: the n the backend then rolls back to;
+            accept:path, input:tree-mask  (a tree family's verify: ``harness.timelines.tree``) the
+                       tree acceptance op's accepted rows are the script's path, the path whose slots
+                       the backend then commits in path order; the mask attention is handed is each
+                       node's ancestors (the oracle takes the truth's);
             state      after the step, every committed row in the window sits where the slot
                        table says, byte-exact (and in a non-unified layer's own cache); the slot table
                        holds exactly the committed tokens (``state:table``).
@@ -65,7 +69,8 @@ from harness.timelines.prepare import (  # noqa: F401  (re-exported: the adapter
     prepare_of,
     row_shape,
 )
-from harness.timelines.launches import ACCEPT_VOCAB, accept, attend  # noqa: F401  (ACCEPT_VOCAB: re-export)
+from harness.timelines.launches import ACCEPT_VOCAB, accept, accept_tree, attend  # noqa: F401  (ACCEPT_VOCAB: re-export)
+from harness.timelines import tree as tree_mod
 from harness.timelines.path import Path, StepRecord, clean_path, failures  # noqa: F401  (clean_path: re-export)
 from reference import kv_model
 
@@ -116,6 +121,7 @@ class TimelineRun:
         self.n = [0] * self.B  # the truth: committed tokens per request (the script's accepts)
         self.held = [0] * self.B  # the backend's: tokens it keeps per request (its acceptance op's n)
         self.accept_g = torch.Generator().manual_seed(3000 + t.seed)  # drafts and target logits only
+        self.tree_g = tree_mod.generator(t)  # a tree family's trees and accepted paths
         self._batch = compare.Batch()  # the step's staged checks, made together at its end (``_flush``)
         self._slots: list[tuple[int, int]] = []  # (index in records, index in the batch)
         self._loc: list[int] = []  # the step's physical write slots then its padding (-1), on the host
@@ -198,10 +204,17 @@ class TimelineRun:
     def _step(self, step: int, mode: str, items: list[tuple[int, int]]):
         fam, t, kv, be = self.fam, self.t, self.kv, self.backend
         widths = [a if mode == "extend" else 1 if mode == "decode" else t.L for _, a in items]
+        # a tree family's verify: per request its draft tree (parents over L + 1 nodes, node 0 the last
+        # committed token) and the path the script accepts (node ids), both from the timeline's seed
+        trees, paths = tree_mod.step_trees(t, items, self.tree_g) if mode == "target_verify" and fam.tree else ({}, {})
         truth, positions, logical, owners = [], [], [], []
         for (r, _), c in zip(items, widths):
-            truth += range(self.n[r], self.n[r] + c)
-            pos = list(be.positions(r, self.held[r], c))
+            if r in trees:  # a node at level k: position n + k - 1
+                truth += [self.n[r] + k - 1 for k in tree_mod.levels(trees[r])[1:]]
+                pos = list(be.tree_positions(r, self.held[r], trees[r]))
+            else:
+                truth += range(self.n[r], self.n[r] + c)
+                pos = list(be.positions(r, self.held[r], c))
             if len(pos) != c:
                 raise ValueError(f"backend {be.name}: positions of request {r}: {len(pos)} for a chunk of {c}")
             positions += pos
@@ -225,16 +238,32 @@ class TimelineRun:
         pad = t.pad
         xp = (torch.randn(pad, fam.d_model, generator=self.w.g) * t.act_scale).to(torch.bfloat16).to(self.device)
         chunk_rows = []
+        tree = None
+        if trees:  # the mask the backend hands attention, and the truth's (each token: itself + its ancestors)
+            got_mask, topk = be.tree_mask(fam, [trees[r] for r, _ in items], self.device)
+            want_mask = torch.cat([tree_mod.truth_mask(trees[r]).reshape(-1) for r, _ in items]).to(self.device)
+            tree = (got_mask, topk, want_mask)
         for layer in range(fam.layers):
             for r in slot_checks:
                 self.record(step, mode, layer, "timeline", r)
-            o, rows = self._layer(step, mode, layer, x, xp, pos_t, truth_pos, loc_logical, loc_phys, owners)
+            o, rows = self._layer(step, mode, layer, x, xp, pos_t, truth_pos, loc_logical, loc_phys, owners, tree)
             chunk_rows.append(rows)
             x = (x.float() + o.reshape(T, -1).float() @ self.w.wo[layer]).to(torch.bfloat16)
-        kept = accept(self, step, items) if mode == "target_verify" else widths
+        if trees:
+            kept = accept_tree(self, step, items, trees, paths)
+        else:
+            kept = accept(self, step, items) if mode == "target_verify" else widths
         # the truth commits the script's accepts; the backend keeps its acceptance op's n and rolls back
         off = 0
         for (r, a), c, k in zip(items, widths, kept):
+            if r in trees:  # the truth: the path's rows in path order; the backend: the op's path's slots
+                for layer in range(fam.layers):
+                    kv.commit(layer, r, chunk_rows[layer][[off + u - 1 for u in paths[r]]])
+                self.n[r] += len(paths[r])
+                be.commit_path(kv, r, self.held[r], k)
+                self.held[r] += len(k)
+                off += c
+                continue
             keep_n = a if mode == "target_verify" else c
             for layer in range(fam.layers):
                 kv.commit(layer, r, chunk_rows[layer][off: off + keep_n])
@@ -256,7 +285,7 @@ class TimelineRun:
                     f"state:table:r{r}", ok, detail="" if ok else f"slot table {len(kv.table[r])} entries, visible "
                                                                   f"{kv.visible_len[r]}, committed {self.n[r]}"))
 
-    def _layer(self, step, mode, layer, x, xp, pos_t, truth_pos, loc_logical, loc_phys, owners):
+    def _layer(self, step, mode, layer, x, xp, pos_t, truth_pos, loc_logical, loc_phys, owners, tree=None):
         fam, be = self.fam, self.backend
         buf = self.kv.buffers[layer]
         T, pad = x.shape[0], xp.shape[0]
@@ -283,7 +312,7 @@ class TimelineRun:
         else:
             k_d, v_d = chunk_kv(fam, rows)
         o = attend(self, step, mode, layer, q, k_d, v_d, rows, buf, owners, loc_logical,
-                   as_history=pol.policy == "as-history", one_source=pol.one_source)
+                   as_history=pol.policy == "as-history", one_source=pol.one_source, tree=tree)
         if pol.backend_stores and not pol.store_first and pol.policy != "none":
             be.store(buf, loc_phys, rows)
         return o, rows

@@ -17,6 +17,7 @@ from cases import timelines as tl
 from harness import backend as backend_mod
 from harness.timelines import runner as timeline
 from harness.timelines import path as path_mod
+from harness.timelines.prepare import accept_role
 from harness.usage import UsageError
 
 
@@ -54,7 +55,8 @@ def check_path(reg, family: str, prepare: str, attn: str, accept: str = "", flag
     """``prepare+attn[+accept]`` names registered implementations for ``family``'s ops
     (``harness.timelines.runner.clean_path``)."""
     op = tl.FAMILIES[family].prepare  # "projection": plain projections, the prepare name is not used
-    slots = [(op, prepare), (reg.attention().name, attn)] + [(s.name, accept) for s in reg.by_role("accept") if accept]
+    role = accept_role(tl.FAMILIES[family])
+    slots = [(op, prepare), (reg.attention().name, attn)] + [(s.name, accept) for s in reg.by_role(role) if accept]
     for slot, name in slots:
         impls = reg.impls.values() if slot == "projection" else reg.for_op(slot)
         if name not in {i.name for i in impls}:
