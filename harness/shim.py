@@ -162,10 +162,20 @@ def install() -> None:
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         def up(h):
-            if h.dtype.scalar in (tl.bfloat16, tl.float16):
-                data = _to_torch(h.data, _torch_dtype(h.dtype.scalar)).float().numpy()
-                return it.TensorHandle(data, tl.float32)
-            return h
+            """Operands exactly in fp32, so that numpy multiplies fp32 by fp32 (BLAS) and accumulates in fp32 as
+            the compiled dot does: bf16 by its bits (as ``_convert_float``'s exact upcast), fp16 by numpy's exact
+            cast, fp8 through fp16 as the interpreter decodes it (a float16 matmul in numpy is a loop ~8x slower
+            than fp32's, with the same result: numpy computes in the fp32 ``dtype`` either way)."""
+            sca = h.dtype.scalar
+            if sca is tl.bfloat16:
+                data = (np.asarray(h.data).astype(np.uint32) << np.uint32(16)).view(np.float32)
+            elif sca is tl.float16:
+                data = np.asarray(h.data).astype(np.float32)
+            elif sca.is_floating() and sca.primitive_bitwidth == 8:
+                data = it._convert_float(h.data, sca, tl.float16, None).view(np.float16).astype(np.float32)
+            else:
+                return h
+            return it.TensorHandle(data.reshape(h.data.shape), tl.float32)
 
         return orig_dot(self, up(a), up(b), d, input_precision, max_num_imprecise_acc)
 
