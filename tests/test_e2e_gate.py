@@ -176,6 +176,8 @@ def test_kernel_problems_cut_only_the_fused_run_and_say_so(registry, device, tmp
     assert by["path-store-before-attention"].verdict == "fail"
 
 
+@pytest.mark.slow  # 27-34 s on the 2-core CPU (2026-12-07): the nightly runs it (VP_TESTS=all); pull requests run
+# a cut kernel run judged and labelled on its problems in test_kernel_problems_cut_only_the_fused_run_and_say_so
 @pytest.mark.long
 def test_a_cut_run_is_judged_on_exactly_its_problems(registry, device, monkeypatch):
     """A kernel run on the first k of n problems gets the row a whole run on those k problems gets:

@@ -344,6 +344,9 @@ RESIDUAL = '''        residual_logits = tl.where(
         ).to(tl.float32)'''
 
 
+@pytest.mark.slow  # 17 s on the 2-core CPU (2026-12-07): the nightly runs it (VP_TESTS=all); pull requests keep the
+# clean check of vLLM's sampler (test_sampled_passes_the_distributional_check) and the same bug planted in our kernel
+# (test_spec_sampling.py's mutant-residual-from-q, killed by the distributional check)
 @pytest.mark.long  # ~25 s each on the CPU interpreter (vLLM's kernels: one program per request)
 @needs_vllm
 def test_planted_residual_from_q_fails(registry, device, tmp_path):
@@ -358,6 +361,8 @@ def test_planted_residual_from_q_fails(registry, device, tmp_path):
     assert not recs["distribution:output_ids"].passed, recs
 
 
+@pytest.mark.slow  # 19 s on the 2-core CPU (2026-12-07): the nightly runs it (VP_TESTS=all); in pull requests a wrong
+# draft-logits cache fails the clean check over the cache (test_sampled_passes_the_distributional_check[dist-far-v8])
 @pytest.mark.long  # ~25 s each on the CPU interpreter (vLLM's kernels: one program per request)
 @needs_vllm
 def test_planted_cache_without_temperature_fails(registry, device):

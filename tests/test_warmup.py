@@ -30,6 +30,8 @@ def test_interpreter_has_nothing_to_warm(tmp_path):
     assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow  # 24-27 s on the 2-core CPU (2026-12-07): the nightly runs it (VP_TESTS=all) on the GPU it warms;
+# pull requests keep the plan's variants (test_warmup_finds_exactly_the_variants_the_parity_run_launches)
 @pytest.mark.long
 def test_dry_run_compiles_each_variant_once_and_a_second_run_only_hits_the_cache(tmp_path):
     """Every variant the plan launches lands in the cache once (one cubin per variant); a second
