@@ -340,7 +340,12 @@ def test_mutants_hide_where_the_catalog_would_miss_them(spec, registry, device, 
 
 def test_kill_plan_cases_are_the_mutants_proofs(spec):
     assert set(spec.kill.cases) == {case for case, _, _ in MUTANT_PROOF.values()}
-    assert set(spec.kill.clean) == {"reference", "fused"} and spec.kill.timelines == ()
+    assert set(spec.kill.clean) == {"reference", "fused"}
+    from cases import timelines as tl
+
+    # its timeline: a draft-tree family's, whose verify steps run this op (role tree-accept)
+    assert spec.kill.timelines == ("qwen35-gqa-tree/accept-0-to-L",)
+    assert all(tl.FAMILIES[name.split("/")[0]].tree for name in spec.kill.timelines)
 
 
 def test_kill_matrix_kills_every_mutant_on_the_targeted_cases(registry, device):
