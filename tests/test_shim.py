@@ -112,19 +112,20 @@ def test_raw_interpreter_defects_still_exist():
     assert int(f8[1]) != 0x50, "7.9 -> fp8 mantissa carry defect under the raw interpreter"
 
 
-def test_bf16_dot_is_upcast(device):
-    @triton.jit
-    def dot_kernel(o_ptr, a_ptr, b_ptr, N: tl.constexpr):
-        r = tl.arange(0, N)
-        a = tl.load(a_ptr + r[:, None] * N + r[None, :])
-        b = tl.load(b_ptr + r[:, None] * N + r[None, :])
-        tl.store(o_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))
+@triton.jit
+def _dot_kernel(o_ptr, a_ptr, b_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    a = tl.load(a_ptr + r[:, None] * N + r[None, :])
+    b = tl.load(b_ptr + r[:, None] * N + r[None, :])
+    tl.store(o_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))
 
+
+def test_bf16_dot_is_upcast(device):
     g = torch.Generator().manual_seed(1)
     a = torch.randn(16, 16, generator=g).bfloat16().to(device.torch_device)
     b = torch.randn(16, 16, generator=g).bfloat16().to(device.torch_device)
     o = torch.empty(16, 16, device=device.torch_device)
-    dot_kernel[(1,)](o, a, b, N=16)
+    _dot_kernel[(1,)](o, a, b, N=16)
     want = a.double().cpu() @ b.double().cpu()
     assert ((o.cpu().double() - want).abs() / (want.abs() + 1e-3)).max() < 1e-3
 
@@ -134,18 +135,11 @@ def test_dot_of_each_input_format_is_exact_on_integers(device, dtype):
     """``tl.dot`` of bf16 / fp16 / fp8 operands holding small integers (each exact in the format, every
     product and partial sum exact in fp32) equals the fp64 product bit for bit: an operand decoded wrongly
     on its way to fp32 (the shim's upcast before numpy's fp32 matmul) shows as a wrong integer."""
-    @triton.jit
-    def dot_kernel(o_ptr, a_ptr, b_ptr, N: tl.constexpr):
-        r = tl.arange(0, N)
-        a = tl.load(a_ptr + r[:, None] * N + r[None, :])
-        b = tl.load(b_ptr + r[:, None] * N + r[None, :])
-        tl.store(o_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))
-
     g = torch.Generator().manual_seed(2)
     a = torch.randint(-8, 9, (16, 16), generator=g).to(dtype)
     b = torch.randint(-8, 9, (16, 16), generator=g).to(dtype)
     o = torch.empty(16, 16, device=device.torch_device)
-    dot_kernel[(1,)](o, a.to(device.torch_device), b.to(device.torch_device), N=16)
+    _dot_kernel[(1,)](o, a.to(device.torch_device), b.to(device.torch_device), N=16)
     want = a.double() @ b.double()
     assert torch.equal(o.cpu().double(), want)
 

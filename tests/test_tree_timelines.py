@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cases import base, timeline_family
+from cases.verify_tree_accept.catalog import layout
 from cases import timelines as tl
 from cases.mutants import timelines as mt
 from harness.backend import CLEAN
@@ -98,7 +99,7 @@ def test_named_tree_timelines_cover_every_depth_a_later_sibling_and_chain_steps(
     got = [(t.name, s, r, parents, path) for t in CATALOG.values() for s, r, parents, path in tree.timeline_trees(t)]
     depths = {len(path) for *_, path in got}
     assert depths == set(range(FAM.depth + 1)), depths
-    later = [x for x in got if any(tree.layout(x[3])[0][x[3][u]] != u for u in x[4])]
+    later = [x for x in got if any(layout(x[3])[0][x[3][u]] != u for u in x[4])]
     assert later, "some accepted path goes through a sibling other than the first"
     assert any(t.pad for t in CATALOG.values()) and any(t.L == FAM.max_nodes() for t in CATALOG.values())
     assert any(t.L == FAM.depth for t in CATALOG.values()), "a chain-shaped tree"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from cases import timelines as tl
+from cases.verify_tree_accept.catalog import layout  # (next_token, next_sibling): the op's own layout
 
 
 def generator(t: tl.Timeline) -> torch.Generator:
@@ -111,20 +112,6 @@ def truth_mask(parents: list[int]) -> torch.Tensor:
         for j in [i] + ancestors(parents, i):
             m[i - 1, j - 1] = True
     return m
-
-
-def layout(parents: list[int]) -> tuple[list[int], list[int]]:
-    """(next_token, next_sibling) of the nodes: first child and next sibling, −1 for none."""
-    nt, ns, last = [-1] * len(parents), [-1] * len(parents), {}
-    for i, p in enumerate(parents):
-        if p < 0:
-            continue
-        if p in last:
-            ns[last[p]] = i
-        else:
-            nt[p] = i
-        last[p] = i
-    return nt, ns
 
 
 def choose_path(parents: list[int], a: int, g: torch.Generator) -> list[int]:
