@@ -9,8 +9,10 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # imported where a frame is made: the processes that only make rows (parity workers, `list`)
+    import pandas as pd  # do not pay pandas' (and pyarrow's) ~0.4 s import
 
 # Row statuses that fail a run: ``timeout`` is a case (or timeline) that gave no result within its
 # time limit (``--case-timeout-s``; its worker was killed): never a pass, never a slow pass.
@@ -99,6 +101,8 @@ def git_sha(root: Path | None = None) -> str:
 
 def to_frame(rows: list, row_type: type = ParityRow) -> pd.DataFrame:
     """Rows -> frame in column order; no rows -> the empty frame of ``row_type``."""
+    import pandas as pd
+
     if not rows:
         return pd.DataFrame(columns=[f.name for f in dataclasses.fields(row_type)])
     return pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=[f.name for f in dataclasses.fields(type(rows[0]))])
@@ -134,6 +138,8 @@ def is_parquet(path: str | Path) -> bool:
 def to_parquet(frame: pd.DataFrame, path: str | Path) -> None:
     """``frame`` as Parquet (zstd): its text columns but ``FREE_TEXT`` as pandas categoricals, so that
     Parquet keeps them dictionary-encoded (and ``pd.read_parquet`` gives them back as categoricals)."""
+    import pandas as pd
+
     text = [c for c in frame.columns if c not in FREE_TEXT and not pd.api.types.is_numeric_dtype(frame[c])
             and not isinstance(frame[c].dtype, pd.CategoricalDtype)]
     frame.astype({c: "category" for c in text}).to_parquet(path, engine="pyarrow", compression="zstd", index=False)
