@@ -204,10 +204,7 @@ def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
              f"mismatches {sgl_bad})" if PEERS[1] in t else "")
     line = (f"{wr.fused_line(m, rows['fused'])} | seeded {seeded.p50_us:7.2f} us{vllm} | stops n=0..{s.L} "
             f"{m.extra['accept_hist']} | mismatches {bad}")
-    if bad:
-        line += f"\n  MISMATCH {s.case}: {bad} output elements of the fused kernel differ from the chain's"
-    if sgl_bad > 0:
-        line += f"\n  MISMATCH {s.case}: {sgl_bad} output elements of SGLang's sampler differ from the chain's"
+    line += wr.mismatch_line(s.case, bad) + wr.mismatch_line(s.case, sgl_bad, "SGLang's sampler")
     return row, line
 
 

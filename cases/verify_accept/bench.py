@@ -145,8 +145,7 @@ def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     line = (f"{wr.fused_line(m, rows['fused'])} | graph fused {t['fused'].graph_us:7.2f} us, compiled "
             f"{t['compiled'].graph_us:7.2f} us" + (f", before {before.graph_us:7.2f} us" if "before" in t else "")
             + f" | mismatches {bad}")
-    if bad:
-        line += f"\n  MISMATCH {s.case}: {bad} output elements of the fused kernel differ from the chain's"
+    line += wr.mismatch_line(s.case, bad)
     return row, line
 
 

@@ -132,8 +132,7 @@ def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     row = BenchRow(B=s.B, N=s.N, V=s.V, T=s.T, bytes_moved=m.bytes_moved, **wr.fused_vs_chain(m, rows["fused"]),
                    path_rows=m.extra["path_rows"], mismatches=bad)
     line = f"{wr.fused_line(m, rows['fused'])} | path rows {m.extra['path_rows']} | mismatches {bad}"
-    if bad:
-        line += f"\n  MISMATCH {s.case}: {bad} output elements of the fused kernel differ from the chain's"
+    line += wr.mismatch_line(s.case, bad)
     return row, line
 
 

@@ -108,6 +108,12 @@ def fused_vs_chain(m: Measured, fused: PerfRow) -> dict:
                 reference_launches=t["reference"].launches, compiled_launches=t["compiled"].launches)
 
 
+def mismatch_line(case: str, n: int, who: str = "the fused kernel") -> str:
+    """The progress line's tail when ``who``'s outputs differ from the chain's in ``n`` elements (n > 0),
+    else nothing: the line a mismatching benchmark shape ends with."""
+    return f"\n  MISMATCH {case}: {n} output elements of {who} differ from the chain's" if n > 0 else ""
+
+
 def fused_line(m: Measured, fused: PerfRow) -> str:
     """The progress line's head: the fused p50, its share of the copy roof, its ratios to the chain
     and to torch.compile."""
