@@ -63,7 +63,9 @@ def test_a_short_warmup_leaves_its_time_to_the_correctness_steps(tmp_path):
     t0 = __import__("time").time()
     nightly_steps.run_steps([warm, par], tmp_path, poll_s=0.05, progress=lambda m: None, t0=t0)
     assert warm.rc == 0 and par.rc == 0
-    assert 2.0 < par.budget_s < 3.0, par.budget_s  # 4 s from the start, minus the warmup's ~1 s
+    # 4 s from the start, minus what the warmup took (its 1 s sleep and its interpreter's start, slower on a
+    # loaded runner: 2.03 s beside 15 other test workers on the H100, 2026-12-07)
+    assert par.budget_s == pytest.approx(4.0 - (par.t0 - t0), abs=0.25) and par.budget_s <= 3.0, par.budget_s
 
 
 def _kinds(step):

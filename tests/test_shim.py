@@ -8,6 +8,8 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice  # a module global, as vLLM's kernels have theirs (compiled
+# Triton refuses an import statement inside a kernel)
 
 from harness import shim
 
@@ -136,10 +138,10 @@ def test_dot_of_each_input_format_is_exact_on_integers(device, dtype):
     product and partial sum exact in fp32) equals the fp64 product bit for bit: an operand decoded wrongly
     on its way to fp32 (the shim's upcast before numpy's fp32 matmul) shows as a wrong integer."""
     g = torch.Generator().manual_seed(2)
-    a = torch.randint(-8, 9, (16, 16), generator=g).to(dtype)
-    b = torch.randint(-8, 9, (16, 16), generator=g).to(dtype)
-    o = torch.empty(16, 16, device=device.torch_device)
-    _dot_kernel[(1,)](o, a.to(device.torch_device), b.to(device.torch_device), N=16)
+    a = torch.randint(-8, 9, (32, 32), generator=g).to(dtype)  # K = 32: compiled fp8 dots need K >= 32
+    b = torch.randint(-8, 9, (32, 32), generator=g).to(dtype)
+    o = torch.empty(32, 32, device=device.torch_device)
+    _dot_kernel[(1,)](o, a.to(device.torch_device), b.to(device.torch_device), N=32)
     want = a.double() @ b.double()
     assert torch.equal(o.cpu().double(), want)
 
@@ -596,8 +598,6 @@ def test_remembered_promotions_are_the_interpreters(device):
 
 @triton.jit
 def _libdevice_log1p_kernel(out_ptr, x_ptr, N, BLOCK: tl.constexpr):
-    from triton.language.extra import libdevice
-
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     tl.store(out_ptr + offs, libdevice.log1p(tl.load(x_ptr + offs, mask=mask, other=0.0)), mask=mask)
@@ -605,8 +605,6 @@ def _libdevice_log1p_kernel(out_ptr, x_ptr, N, BLOCK: tl.constexpr):
 
 @triton.jit
 def _libdevice_exp10_kernel(out_ptr, x_ptr):
-    from triton.language.extra import libdevice
-
     tl.store(out_ptr, libdevice.exp10(tl.load(x_ptr)))
 
 
