@@ -39,7 +39,10 @@ stubs that the compiler resolves per backend; run as Python each stub returns No
 'dtype'"). The shim computes the functions in ``LIBDEVICE`` with numpy in the argument's own type
 (fp32 or fp64: libdevice's ``__nv_log1pf`` / ``__nv_log1p`` are accurate to ~1 ulp, numpy's too, so
 the values can differ in the last bit), and refuses every other stub (``InterpreterConstructError``,
-naming it) instead of letting it return None (``_install_libdevice``).
+naming it) instead of letting it return None (``_install_libdevice``). It does so only while an
+interpreted launch runs (in the launch's patch scope, as the interpreter patches ``triton.language``):
+a kernel compiled in the same process sees the real libdevice, since the compiler refuses a Python
+function where a libdevice extern should be.
 
 Kernels that upcast to fp32 right after loading (ours) compute the same with or without these.
 The GPU run is the judge: ``tests/test_shim.py`` checks on a GPU that compiled
@@ -439,9 +442,20 @@ def _install_libdevice(it, tl) -> None:
         call.__name__ = name
         return call
 
-    for name, member in vars(libdevice).items():
-        if callable(member) and not name.startswith("_") and getattr(member, "__module__", "") == libdevice.__name__:
-            setattr(libdevice, name, computed(name, LIBDEVICE[name]) if name in LIBDEVICE else refused(name))
+    stand_ins = {name: computed(name, LIBDEVICE[name]) if name in LIBDEVICE else refused(name)
+                 for name, member in vars(libdevice).items()
+                 if callable(member) and not name.startswith("_")
+                 and getattr(member, "__module__", "") == libdevice.__name__}
+    orig_patch_lang = it._patch_lang
+
+    def patch_lang(fn):
+        scope = orig_patch_lang(fn)
+        for name, stand_in in stand_ins.items():
+            if getattr(libdevice, name) is not stand_in:  # a nested helper's call: the launch's scope has them
+                scope.set_attr(libdevice, name, stand_in)
+        return scope
+
+    it._patch_lang = patch_lang
 
 
 def installed() -> bool:

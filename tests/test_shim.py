@@ -622,6 +622,17 @@ def test_libdevice_log1p_matches_its_definition(device):
     assert got[-4] == float("-inf") and torch.isnan(got[-3]) and got[-2] == float("inf") and torch.isnan(got[-1])
 
 
+def test_the_shim_leaves_libdevice_alone_outside_an_interpreted_launch():
+    """Installed in a process that also compiles kernels (a GPU test worker that ran an interpreter test),
+    the shim must leave compiled kernels the real libdevice: on the H100 (2026-12-07) a module-wide stand-in
+    made Triton refuse ``libdevice.log1p`` ("Unsupported function referenced"). Its stand-ins live in an
+    interpreted launch's patch scope only."""
+    shim.install()
+    members = {n: m for n, m in vars(libdevice).items() if callable(m) and not n.startswith("_")}
+    assert "log1p" in members and all(m.__module__ == libdevice.__name__ for m in members.values()
+                                      if hasattr(m, "__module__") and not isinstance(m, type)), members
+
+
 def test_libdevice_without_a_numpy_form_is_refused_by_name(device):
     if not device.interpreted:
         pytest.skip("the refusal is the interpreter's; compiled libdevice calls are the GPU's")
