@@ -41,7 +41,7 @@ def _failed(recs):
 
 # ----------------------------------------------------------------------------- where the kernels cannot run
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA device")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA refusal: this machine has a CUDA device")
 @pytest.mark.parametrize("op, name", [(FP8, "k3-verify-b1-l3-h8"), (QK, "dsv4-verify-b1-l3-h8")])
 def test_refused_in_one_line_without_a_cuda_device(registry, device, op, name):
     res, recs = _run(registry, device, REAL[op], name)
@@ -75,7 +75,7 @@ def test_nothing_missing_is_an_empty_line(monkeypatch):
     assert jit.missing("fp8") == "" and jit.missing("qk") == ""
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA device")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA refusal: this machine has a CUDA device")
 def test_the_build_command_says_what_is_missing(capsys):
     assert jit.main([]) == 0
     out = capsys.readouterr().out.strip().splitlines()
