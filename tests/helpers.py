@@ -14,6 +14,15 @@ from harness.parity import runners
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def harness_cli(args, *, cwd=ROOT, env: dict[str, str] | None = None, timeout: float = 600):
+    """``python -m harness *args`` as a user runs it from ``cwd`` with ``env`` (default: this process's), output
+    captured as text (``subprocess.CompletedProcess``). A fresh process, forked from ``tests.zygote`` where the
+    machine has no CUDA device (without the ~2 s of ``import torch`` each)."""
+    from tests import zygote
+
+    return zygote.run_harness(args, cwd=cwd, env=dict(os.environ) if env is None else env, timeout=timeout)
+
+
 def subprocess_env(*front: str | Path, **extra: str) -> dict[str, str]:
     """The environment of a CLI subprocess: this checkout (and ``front``) first on PYTHONPATH,
     the caller's PYTHONPATH kept after it (a runner that provides packages through PYTHONPATH

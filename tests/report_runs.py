@@ -14,7 +14,7 @@ from harness.ops import default_registry
 from harness.parity import suite
 from harness.registry import Registry
 from reports.rows import to_frame
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import harness_cli, subprocess_env
 
 OP = "qk_norm_rope"
 CASES = ("neox", "with-q-weight", "neox-decode-q-weight", "tiny-rows-decode")
@@ -48,12 +48,9 @@ TIMELINE_MUTANT = "path-store-before-attention"  # seed 000: kernel parity passe
 
 def timeline_cli(*args, timeout=600):
     """``python -m harness timelines --device cpu ...`` as a user runs it."""
-    import subprocess
-    import sys
 
-    return subprocess.run([sys.executable, "-m", "harness", "timelines", "--device", "cpu", *map(str, args)], cwd=ROOT,
-                          env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=timeout)
+    return harness_cli(["timelines", "--device", "cpu", *args], env=subprocess_env(OMP_NUM_THREADS="1"),
+                       timeout=timeout)
 
 
 def timeline_csvs(tmp):

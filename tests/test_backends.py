@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
 from harness import backend as backend_mod
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import ROOT, harness_cli, subprocess_env
 
 PLUGIN = "tests.plugins.backends_buggy"
 SMALL_MIXED = "timeline:family=dsv4-mqa-mixed,steps=P:0.3+1.2;V:0.1+1.3;D:0+1,L=3,window=5,pad=1,seed=1"
@@ -44,8 +42,7 @@ PLANTS = {
 
 
 def _cli(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, env=subprocess_env(OMP_NUM_THREADS="1"), timeout=timeout)
+    return harness_cli(args, env=subprocess_env(OMP_NUM_THREADS="1"), timeout=timeout)
 
 
 def _flagged(frame: pd.DataFrame) -> dict[str, set[str]]:

@@ -9,13 +9,12 @@ import time
 
 import pandas as pd
 import pytest
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import ROOT, harness_cli, subprocess_env
 
 
 def _run(*args, timeout=900, env=None):
     env = subprocess_env(**(env or {}))  # VP_DEVICE as chosen by conftest
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    return harness_cli(args, env=env, timeout=timeout)
 
 
 def test_list():
@@ -276,9 +275,8 @@ def test_a_selection_that_matches_nothing_is_a_usage_error_and_keeps_the_last_cs
     run before); with ``--shard`` the check was skipped, and a header-only CSV was written, exit 0."""
     csv = tmp_path / "parity.csv"
     csv.write_bytes(b"op,impl\nverify_accept,fused\n")
-    r = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--op", "verify_accept",
-                        "--case", "nomatch-xyz", "--quiet", "--csv", str(csv), *extra], cwd=ROOT, capture_output=True,
-                       text=True, env=subprocess_env(), timeout=300)
+    r = harness_cli(["run", "--device", "cpu", "--op", "verify_accept", "--case", "nomatch-xyz", "--quiet", "--csv",
+                     str(csv), *extra], env=subprocess_env(), timeout=300)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "--case nomatch-xyz" in lines[0], (r.returncode, r.stderr)
     assert csv.read_bytes() == b"op,impl\nverify_accept,fused\n"
@@ -376,8 +374,7 @@ def test_repro_of_a_partial_case_id_prints_the_case_it_runs():
     from harness.ids import parse_case_id
     from harness.ops import default_registry
 
-    r = subprocess.run([sys.executable, "-m", "harness", "repro", "qk_norm_rope:T=4,H=8", "--device", "cpu"],
-                       cwd=ROOT, capture_output=True, text=True, env=subprocess_env(), timeout=600)
+    r = harness_cli(["repro", "qk_norm_rope:T=4,H=8", "--device", "cpu"], env=subprocess_env())
     assert r.returncode == 0, r.stdout + r.stderr
     first = r.stdout.splitlines()[0]
     assert first.startswith("case: qk_norm_rope:T=4,H=8,D=") and "defaults" in first, first

@@ -3,15 +3,13 @@ the interpreter accepts code that compilers reject (e.g. a variable changing dty
 the branches of an ``if``, which it took a compile to catch in qk_norm_rope)."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from harness.gpu.compile import TARGETS
 from harness.ops import BUILTIN
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import harness_cli, subprocess_env
 
 
 # one test per target: with an empty Triton cache qk_norm_rope's 42 variants took 264 s for all three
@@ -21,8 +19,7 @@ from tests.helpers import ROOT, subprocess_env
 @pytest.mark.parametrize("op", BUILTIN)
 def test_kernels_compile_for_nvidia_and_amd(op, target):
     env = {k: v for k, v in subprocess_env().items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "harness", "compile", "--op", op, "--target", target], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=1200)
+    r = harness_cli(["compile", "--op", op, "--target", target], env=env, timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert f"kernel variants for {target}" in r.stdout, r.stdout[-4000:]
 
@@ -74,8 +71,7 @@ KERNEL_PLUGIN = textwrap.dedent('''
 def _compile(tmp_path, *args):
     (tmp_path / "vendor_kernels.py").write_text(KERNEL_PLUGIN)
     env = {k: v for k, v in subprocess_env().items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-m", "harness", "compile", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=1200)
+    return harness_cli(["compile", *args], cwd=tmp_path, env=env, timeout=1200)
 
 
 def test_plugin_kernels_compile_with_impl(tmp_path):

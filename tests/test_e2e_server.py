@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from harness.e2e import client
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import ROOT, harness_cli, subprocess_env
 
 PROV = dict(git_sha="t", device="cpu", arch="interpreter", fp8_format="e4m3fn", torch="", triton="", shim="",
             profile="test", seed=0)
@@ -79,9 +79,8 @@ def test_client_retries_are_bounded():
 def test_gate_cli_ab_mode(servers, tmp_path):
     out = tmp_path / "ab.csv"
     env = subprocess_env(HF_HUB_OFFLINE="1")
-    res = subprocess.run([sys.executable, "-m", "harness", "gate", "--device", "cpu", "--ab", servers[0], servers[1],
-                          "--problems", "3", "--fewshot", "1", "--csv", str(out)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=180)
+    res = harness_cli(["gate", "--device", "cpu", "--ab", servers[0], servers[1], "--problems", "3", "--fewshot", "1",
+                       "--csv", out], env=env, timeout=180)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     import pandas as pd
 

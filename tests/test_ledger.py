@@ -2,8 +2,6 @@
 and a known failure that stops happening fails as ``ledger:<id>``."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pandas as pd
@@ -17,7 +15,7 @@ from reports import summary
 from harness.ledger import KnownFailure
 from harness.registry import Impl
 from reference.qk_norm_rope import chain as r
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import harness_cli, subprocess_env
 
 OP = "qk_norm_rope"
 
@@ -119,12 +117,11 @@ PLUGIN = textwrap.dedent('''
 def test_cli_run_with_a_ledger_exits_0_on_known_failures_only(tmp_path):
     (tmp_path / "vp_ledger_plugin.py").write_text(PLUGIN)
     env = subprocess_env(tmp_path)
-    args = [sys.executable, "-m", "harness", "run", "--op", OP, "--impl", "vp_ledger_plugin:VENDOR", "--generated", "0",
+    args = ["run", "--op", OP, "--impl", "vp_ledger_plugin:VENDOR", "--generated", "0",
             "--case", "odd-tokens", "--csv", str(tmp_path / "rows.csv"), "--quiet"]
-    plain = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    plain = harness_cli(args, env=env, timeout=600)
     assert plain.returncode == 1 and "FAIL vendor" in plain.stdout, plain.stdout + plain.stderr
-    led = subprocess.run(args + ["--ledger", "vp_ledger_plugin:LEDGER"], cwd=ROOT, capture_output=True, text=True,
-                         env=env, timeout=600)
+    led = harness_cli(args + ["--ledger", "vp_ledger_plugin:LEDGER"], env=env, timeout=600)
     assert led.returncode == 0, led.stdout + led.stderr
     assert "KNOWN vendor [odd-tokens]: 1 cases" in led.stdout and "FAIL" not in led.stdout
     assert set(pd.read_csv(tmp_path / "rows.csv")["status"]) <= {"pass", "known"}

@@ -26,7 +26,7 @@ from harness.ops import default_registry
 from harness.parity import runners
 from harness.registry import ENTRY_POINT_GROUP, Impl, Registry, can_handle_takes_inputs
 from harness.parity.suite import Planned, repro_line
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import ROOT, harness_cli, subprocess_env
 
 
 PLUGIN = textwrap.dedent('''
@@ -97,6 +97,8 @@ def _cli(args, cwd, timeout=600, exe=(sys.executable, "-m", "harness"), **env):
     """The CLI as a user runs it from ``cwd``: this checkout importable, the plugin only from ``cwd``."""
     environ = subprocess_env(OMP_NUM_THREADS="1", **env)
     environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), environ.get("PATH", "")])
+    if tuple(exe) == (sys.executable, "-m", "harness"):
+        return harness_cli(args, cwd=cwd, env=environ, timeout=timeout)
     return subprocess.run([*exe, *map(str, args)], cwd=cwd, capture_output=True, text=True, env=environ,
                           timeout=timeout)
 

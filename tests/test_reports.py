@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pandas as pd
@@ -12,7 +11,7 @@ import pytest
 
 from reports import diff, frames, html, junit
 from reports.rows import PerfRow
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import harness_cli, subprocess_env
 from tests.report_runs import OP, TIMELINE, TIMELINE_MUTANT, run_frame, timeline_csvs
 
 KEY = ["op", "impl", "case", "check"]
@@ -150,8 +149,7 @@ def test_kill_matrix_counts_cases_per_check(runs):
 
 def _report(*args):
     env = subprocess_env()
-    return subprocess.run([sys.executable, "-m", "harness", "report", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=300)
+    return harness_cli(["report", *args], env=env, timeout=300)
 
 
 @pytest.mark.long
@@ -211,9 +209,8 @@ def test_per_op_table_counts_failing_rows_per_check(runs):
 
 def test_cli_run_writes_junit_beside_the_csv(tmp_path):
     env = subprocess_env()
-    r = subprocess.run([sys.executable, "-m", "harness", "run", "--op", OP, "--impl", "fused", "--generated", "0",
-                        "--case", "one-token", "--quiet", "--csv", str(tmp_path / "r.csv"), "--junit",
-                        str(tmp_path / "r.xml")], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    r = harness_cli(["run", "--op", OP, "--impl", "fused", "--generated", "0", "--case", "one-token", "--quiet",
+                     "--csv", tmp_path / "r.csv", "--junit", tmp_path / "r.xml"], env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = pd.read_csv(tmp_path / "r.csv")
     cases = ET.parse(tmp_path / "r.xml").getroot().findall(".//testcase")
@@ -306,7 +303,6 @@ def test_cli_report_timelines_fail_once_with_the_runs_repro(runs, tmp_path):
 def test_git_sha_names_uncommitted_code(tmp_path):
     """A dirty tree's sha carries a hash of its diff: the same changes give the same sha, other
     changes another one, a clean tree none."""
-    import subprocess
 
     from reports.rows import git_sha
 

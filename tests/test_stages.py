@@ -4,15 +4,13 @@ prints the table."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pandas as pd
 
 from cases import profiles
 from harness.parity import stages
 from harness.parity import suite
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import harness_cli, subprocess_env
 
 
 def test_every_stage_is_timed_and_impl_is_the_first_calls_time(registry, device):
@@ -39,10 +37,9 @@ def test_every_stage_is_timed_and_impl_is_the_first_calls_time(registry, device)
 
 
 def test_run_stage_times_prints_the_table(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--op", "qk_norm_rope",
-                        "--generated", "0", "--case", "one-token-one-head", "--quiet", "--stage-times",
-                        "--csv", str(tmp_path / "s.csv")], cwd=ROOT, capture_output=True, text=True,
-                       env=subprocess_env(OMP_NUM_THREADS="1"), timeout=300)
+    r = harness_cli(["run", "--device", "cpu", "--op", "qk_norm_rope", "--generated", "0", "--case",
+                     "one-token-one-head", "--quiet", "--stage-times", "--csv", tmp_path / "s.csv"],
+                    env=subprocess_env(OMP_NUM_THREADS="1"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     table = r.stdout.split("stage times", 1)[1]
     assert all(f"qk_norm_rope {s} " in " ".join(table.split()) for s in ("inputs", "oracle", "impl", "rows"))

@@ -10,15 +10,14 @@ import textwrap
 
 import pytest
 
-from tests.helpers import ROOT, subprocess_env
+from tests.helpers import ROOT, harness_cli, subprocess_env
 
 PLAN = ["--op", "qk_norm_rope", "--generated", "0", "--case", "dsv4-"]  # 11 catalog cases, decode and verify
 
 
 def _cli(args, tmp_path, timeout=600):
     env = subprocess_env(OMP_NUM_THREADS="1", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, env=env, timeout=timeout)
+    return harness_cli(args, env=env, timeout=timeout)
 
 
 def _cubins(tmp_path) -> set[str]:

@@ -22,7 +22,7 @@ from harness import pool
 from harness.parity import suite
 from reports import summary
 from harness.registry import Impl
-from tests.helpers import subprocess_env
+from tests.helpers import harness_cli, subprocess_env
 
 HANG_PLUGIN = textwrap.dedent('''
     import os
@@ -82,8 +82,7 @@ def _env(**extra):
 
 
 def _cli(args, cwd, timeout=300, **extra):
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, env=_env(**extra), timeout=timeout)
+    return harness_cli(args, cwd=cwd, env=_env(**extra), timeout=timeout)
 
 
 # ----------------------------------------------------------------------------- completion order
