@@ -48,7 +48,6 @@ TIMELINE_MUTANT = "path-store-before-attention"  # seed 000: kernel parity passe
 
 def timeline_cli(*args, timeout=600):
     """``python -m harness timelines --device cpu ...`` as a user runs it."""
-
     return harness_cli(["timelines", "--device", "cpu", *args], env=subprocess_env(OMP_NUM_THREADS="1"),
                        timeout=timeout)
 
