@@ -15,7 +15,8 @@ from tests.helpers import harness_cli, subprocess_env
 
 REPORT = textwrap.dedent('''
     import json, os, sys
-    print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "probe": os.environ.get("VP_PROBE"),
+    import torch
+    print(json.dumps({"threads": torch.get_num_threads(), "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "probe": os.environ.get("VP_PROBE"),
                       "interpret": os.environ.get("TRITON_INTERPRET"), "triton": "triton" in sys.modules,
                       "stdin": sys.stdin.read()}))
     sys.stdout.flush()
@@ -48,6 +49,15 @@ def test_a_child_sees_its_own_argv_cwd_environment_and_no_triton(stand_in):
     assert seen["probe"] == "42" and seen["interpret"] == "1" and not seen["triton"] and seen["stdin"] == ""
     r = harness_cli(["run", "0"], cwd=stand_in, env={k: v for k, v in env.items() if k != "VP_PROBE"}, timeout=300)
     assert r.returncode == 0 and json.loads(r.stdout)["probe"] is None  # nothing left from the previous run
+
+
+def test_a_child_has_the_thread_count_its_environment_asks_for(stand_in):
+    """OpenMP reads OMP_NUM_THREADS when torch loads, in the zygote: a child asking for another count gets a
+    zygote started with it. Planted: one zygote for every environment (the child ran cpu_count threads)."""
+    plain = {k: v for k, v in subprocess_env().items() if k != "OMP_NUM_THREADS"}
+    assert harness_cli(["run", "0"], cwd=stand_in, env=plain, timeout=300).returncode == 0  # a zygote without it
+    r = harness_cli(["run", "0"], cwd=stand_in, env={**plain, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert r.returncode == 0 and json.loads(r.stdout)["threads"] == 1, (r.stdout, r.stderr)
 
 
 def test_an_uncaught_exception_is_exit_1_with_its_traceback(stand_in):

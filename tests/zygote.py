@@ -3,7 +3,8 @@
 A CLI test's process spends ~1.6-2 s of its ~2.5 s of start-up importing torch and numpy (2-core CI
 machine, 2026-12-07); the suite starts about a hundred of them. A zygote is a fresh interpreter, started
 once per test worker, that imports those two (not Triton, nothing of the harness, nothing of pytest) and
-then forks one child per run. The child takes the run's environment, working directory, ``sys.path``
+then forks one child per run; one zygote per value of the environment torch reads when it loads
+(``IMPORT_TIME_ENV``: thread counts). The child takes the run's environment, working directory, ``sys.path``
 (the directory first, then ``PYTHONPATH``, then the interpreter's own) and standard streams
 (``/dev/null`` in, files out), and runs the ``harness`` package as ``__main__`` exactly as ``-m``
 does, then exits through the interpreter's normal shutdown: the exit code, an uncaught exception's
@@ -86,12 +87,24 @@ def usable() -> bool:
     return not torch.cuda.is_available()
 
 
-class Zygote:
-    """One zygote process (module docstring); ``run`` is ``subprocess.run(capture_output=True, text=True)``
-    of ``python -m harness *args``."""
+# read when torch loads, not later: OpenMP's and torch's thread counts (a child given OMP_NUM_THREADS=1 by a
+# zygote started without it ran 2 intra-op threads on the 2-core machine, and the suite slowed by ~10 %)
+IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_", "PYTORCH_")
 
-    def __init__(self):
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+def import_time_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The part of ``env`` that torch reads at import: one zygote per distinct value of it."""
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)))
+
+
+class Zygote:
+    """One zygote process (module docstring), started with ``imported`` (``import_time_env``) as that part
+    of its environment; ``run`` is ``subprocess.run(capture_output=True, text=True)`` of ``python -m harness
+    *args``."""
+
+    def __init__(self, imported: tuple[tuple[str, str], ...]):
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and not k.startswith(IMPORT_TIME_ENV)}
+        env.update(imported)
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
         self.buf = b""
@@ -134,18 +147,19 @@ class Zygote:
             self.proc.wait()
 
 
-_ZYGOTE: Zygote | None = None
+_ZYGOTES: dict[tuple, Zygote] = {}  # by import_time_env
 
 
 def run_harness(args, *, cwd, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """``python -m harness *args`` in ``cwd`` with exactly ``env``, output captured as text: through the
-    zygote where ``usable()``, else a plain subprocess."""
-    global _ZYGOTE
+    zygote started with ``env``'s import-time part where ``usable()``, else a plain subprocess."""
     args = [str(a) for a in args]
     if not usable():
         return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout)
-    if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
-        _ZYGOTE = Zygote()
-        atexit.register(_ZYGOTE.close)
-    return _ZYGOTE.run(args, cwd=cwd, env=env, timeout=timeout)
+    key = import_time_env(env)
+    z = _ZYGOTES.get(key)
+    if z is None or z.proc.poll() is not None:
+        z = _ZYGOTES[key] = Zygote(key)
+        atexit.register(z.close)
+    return z.run(args, cwd=cwd, env=env, timeout=timeout)
