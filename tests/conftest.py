@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import os
 
-import pytest
+# One intra-op thread in every test process unless the caller sets its own: xdist runs a worker per core, and
+# torch's default of a thread per core in each worker oversubscribes the machine. Set before torch loads here
+# and inherited by the xdist workers and the tests' subprocesses. On the 2-core CI machine, 2026-12-07,
+# tests/test_verify_attention.py + tests/test_qk_norm_rope.py with -n 2 took 203 s with torch's default and
+# 69 s with one thread (test_threads.py holds it).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from cases import profiles
-from harness import devices
+import pytest  # noqa: E402
+
+from cases import profiles  # noqa: E402
+from harness import devices  # noqa: E402
 
 DEVICE = devices.select(os.environ.get("VP_DEVICE", "auto"))
 PROFILE = profiles.load_hypothesis_profile()
