@@ -394,3 +394,35 @@ def test_sampled_bench_call_runs_vllms_step(registry, device):
         n = int(num_sampled[b]) - 1
         assert torch.equal(sampled[b, :n].cpu(), kw["draft_tokens"][b, :n].cpu().long())
         assert 0 <= int(sampled[b, n]) < kw["target_logits"].shape[-1]
+
+
+def test_online_chain_makes_no_per_head_copy_of_the_prefix(device):
+    """The one-pass chain reads the prefix per KV head, a group's queries stacked as rows of one product.
+    Planted: a per-head copy of the prefix keys (the H100 nightly's K3 case, 200K keys x 128 heads, asked
+    for 55 GiB) makes a tensor of H x n x D elements and fails."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    Largest.numel = max(Largest.numel, t.numel())
+            return out
+
+    H, L, n, D, Dv = 32, 2, 512, 64, 48
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(L, H, D, generator=g).to(torch.bfloat16)
+    k = torch.randn(L, 1, D, generator=g).to(torch.bfloat16)
+    v = torch.randn(L, 1, Dv, generator=g).to(torch.bfloat16)
+    kb = torch.randn(n, 1, D, generator=g).to(torch.bfloat16)
+    vb = torch.randn(n, 1, Dv, generator=g).to(torch.bfloat16)
+    inp = dict(q=q, k=k, v=v, k_buffer=kb, v_buffer=vb, qo_indptr=torch.tensor([0, L]),
+               kv_indptr=torch.tensor([0, n]), kv_indices=torch.arange(n), sm_scale=D ** -0.5)
+    split = r.verify_attention(**inp)["o"].float()
+    with Largest():
+        one_pass = r.verify_attention(**inp, online_tile=32)["o"].float()
+    assert Largest.numel < H * n * D, Largest.numel  # scores are H x L x (n + L); a per-head copy H x n x D
+    assert (split - one_pass).abs().max().item() <= 2 ** -7
