@@ -38,6 +38,10 @@ Gates, as SGLang's dispatch has them, each refusal with its reason:
        normalised row to bf16 and rotate those bf16 values (the unfused model's two steps' rounding), one more
        rounding of the RoPE dims than the reference chain's fused launch.
 
+The benchmarks time them through the same gate and translation (``qk_bench_call``, ``fp8_bench_call``: the
+translation done once before the timed call, SGLang's entry points called bare, as the model calls them; or the
+refusal's one line): ``python -m cases.qk_norm_rope.bench --vs-sglang`` and ``python -m cases.mla_fp8_prepare.bench``.
+
 ``harness.adapters.sglang_jit_emulation`` holds the three kernels written in torch from their sources; the same
 adapters run over it on the CPU (``impls(Kernels)``), which checks the translation above against the reference.
 """
