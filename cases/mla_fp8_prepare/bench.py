@@ -31,9 +31,9 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -223,10 +223,10 @@ def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     graph_over = {impl: pr.ratio(g[impl], g["fused"]) for impl in IMPLS if impl != "fused"}
     frac = pr.bandwidth(m.bytes_moved, g["fused"], m.extra["copy_gbps"])[1]
     jit = t.get(JIT, pr.NOT_MEASURED)
-    jit_cols = dict(sglang_jit_us=jit.p50_us, sglang_jit_graph_us=jit.graph_us,
-                    fused_over_sglang_jit=pr.ratio(t["fused"].p50_us, jit.p50_us),
-                    fused_over_sglang_jit_graph=pr.ratio(g["fused"], jit.graph_us),
-                    sglang_jit_refused=m.extra["jit_refused"])
+    jit_cols = {"sglang_jit_us": jit.p50_us, "sglang_jit_graph_us": jit.graph_us,
+                "fused_over_sglang_jit": pr.ratio(t["fused"].p50_us, jit.p50_us),
+                "fused_over_sglang_jit_graph": pr.ratio(g["fused"], jit.graph_us),
+                "sglang_jit_refused": m.extra["jit_refused"]}
     row = BenchRow(B=s.B, L=L, T=s.T, H=s.H, bytes_moved=m.bytes_moved, aten5_us=t["aten5"].p50_us,
                    aten5_over_fused=aten5_over_fused, aten5_launches=t["aten5"].launches,
                    **wr.fused_vs_chain(m, fused),
