@@ -358,3 +358,69 @@ def test_qk_norm_rope_without_peers_leaves_their_columns_nan(device, fake_measur
     perf.run_shapes(qk_norm_rope, [qk_norm_rope.Shape(B=1, H=8)], ctx, tmp_path)
     wide = pd.read_csv(tmp_path / "qk_norm_rope_bench.csv")
     assert wide[["sglang_us", "sglang_graph_us", "sglang_over_fused_graph"]].isna().all(axis=None)
+
+
+# ----------------------------------------------------------------------------- SGLang's JIT CUDA kernel beside mla_fp8_prepare
+
+@pytest.mark.parametrize("machine", ["this", "rocm"])
+def test_mla_jit_peer_refused_in_one_line_its_columns_nan_with_the_reason(machine, device, fake_measurement,
+                                                                          tmp_path, monkeypatch, capsys):
+    """Where SGLang's JIT kernel cannot run (no CUDA device or nvcc here; ROCm), the plan says so in one line
+    (``sglang_jit.missing``), never an error; the run measures the rest and leaves its columns NaN with that
+    reason. Planted: the refusal removed (the kernel called as if it ran) fails: an error, or another reason."""
+    from harness.adapters import sglang_jit
+    from harness.parity.suite import provenance
+
+    if machine == "rocm":
+        monkeypatch.setattr(sglang_jit, "_is_hip", lambda: True)
+    lacks = sglang_jit.missing("fp8")
+    if not lacks:
+        pytest.skip("this machine runs SGLang's JIT kernels: the refusal is the CPU's and ROCm's")
+    assert "\n" not in lacks and (lacks.startswith("ROCm") if machine == "rocm" else True)
+    gpu = devices.gpu_present()
+    monkeypatch.setattr(devices, "gpu_present", lambda: False)
+    assert mla_fp8_prepare.main(["--out", str(tmp_path / "plan"), "--quick"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if mla_fp8_prepare.JIT in line and "refused" in line]
+    assert said == [f"  mla_fp8_prepare: {mla_fp8_prepare.JIT} refused on this machine: {lacks}"]
+    monkeypatch.setattr(devices, "gpu_present", lambda: gpu)
+
+    ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
+    shapes = [mla_fp8_prepare.Shape(B=1, H=8), mla_fp8_prepare.Shape(B=2, H=8)]
+    rows = perf.run_shapes(mla_fp8_prepare, shapes, ctx, tmp_path)
+    assert [r.impl for r in rows if r.mode == "eager"] == list(mla_fp8_prepare.IMPLS) * 2  # the rest measured
+    assert mla_fp8_prepare.JIT not in capsys.readouterr().out  # said once, by the plan
+    wide = pd.read_csv(tmp_path / "bench.csv")
+    jit_cols = ["sglang_jit_us", "sglang_jit_graph_us", "fused_over_sglang_jit", "fused_over_sglang_jit_graph"]
+    assert wide[jit_cols].isna().all(axis=None) and (wide["fused_graph_us"] == 4.0).all()
+    assert wide["sglang_jit_refused"].tolist() == [lacks, lacks]
+
+
+def test_mla_jit_peer_is_measured_beside_ours(device, fake_measurement, tmp_path, monkeypatch, capsys):
+    """Where it runs (here: the adapter over the kernel's torch emulation, nothing missing), the JIT kernel is
+    timed in the same loop: its PerfRows, its wide columns (ours / it) and the table's x_ column; a shape its
+    gate declines keeps the gate's reason, said once. Planted: the peer left out of the timing fails."""
+    from harness.adapters import sglang_jit
+    from harness.adapters import sglang_jit_emulation as emu
+    from harness.parity.suite import provenance
+
+    monkeypatch.setattr(sglang_jit, "missing", lambda kernel: "")
+    monkeypatch.setattr(sglang_jit, "sglang", lambda: emu.KERNELS)
+    ctx = perf.Context(dev=device, prov=provenance(device, perf.QUICK, 0), copy_gbps=100.0, sms=4)
+    rows = perf.run_shapes(mla_fp8_prepare, [mla_fp8_prepare.Shape(B=1, H=8)], ctx, tmp_path)
+    for mode in pr.MODES:
+        assert [r.impl for r in rows if r.mode == mode] == list(mla_fp8_prepare.IMPLS) + [mla_fp8_prepare.JIT]
+    wide = pd.read_csv(tmp_path / "bench.csv", keep_default_na=False)
+    assert wide["sglang_jit_us"][0] == 2.0 and wide["sglang_jit_graph_us"][0] == 4.0
+    assert wide["fused_over_sglang_jit"][0] == 1.0 and wide["fused_over_sglang_jit_graph"][0] == 1.0
+    assert wide["sglang_jit_refused"][0] == ""
+    t = pr.table(pd.DataFrame([dataclasses.asdict(r) for r in rows]), {"mla_fp8_prepare": perf.ours(mla_fp8_prepare)})
+    assert t[f"x_{mla_fp8_prepare.JIT}"].tolist() == [1.0]
+
+    # a pool the gate declines (e4m3fnuz: covered_fp8 takes e4m3fn pools only): its reason, once, in every row
+    fnuz = devices.Device(device.kind, device.name, device.arch, "e4m3fnuz", device.shim)
+    ctx = dataclasses.replace(ctx, dev=fnuz)
+    perf.run_shapes(mla_fp8_prepare, [mla_fp8_prepare.Shape(B=1, H=8), mla_fp8_prepare.Shape(B=2, H=8)], ctx, tmp_path)
+    said = [line for line in capsys.readouterr().out.splitlines() if "not measured" in line]
+    assert len(said) == 1 and "float8_e4m3fn (or uint8)" in said[0], said
+    wide = pd.read_csv(tmp_path / "bench.csv")
+    assert wide["sglang_jit_us"].isna().all() and wide["sglang_jit_refused"].str.contains("e4m3fn").all()

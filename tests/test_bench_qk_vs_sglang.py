@@ -79,6 +79,53 @@ def test_cpu_smoke_run_writes_the_table(tmp_path, capsys, monkeypatch, device):
     assert (frame["bytes_differing_sglang"] == 0).all()  # the same fp32 math, one bf16 rounding
 
 
+@pytest.mark.parametrize("machine", ["this", "rocm"])
+def test_jit_refused_in_one_line_its_columns_nan_with_the_reason(machine, tmp_path, capsys, monkeypatch, device):
+    """Where SGLang's JIT kernels cannot run (no CUDA device here; ROCm), one line says what is missing
+    (``sglang_jit.missing``), never an error; the rest is timed and the table keeps their columns, NaN, with
+    the reason. Planted: the refusal removed (the kernels called as if they ran) fails."""
+    from harness.adapters import sglang_jit
+
+    if not device.interpreted:
+        pytest.skip("the bench's no-GPU path runs under the interpreter")
+    if machine == "rocm":
+        monkeypatch.setattr(sglang_jit, "_is_hip", lambda: True)
+    lacks = sglang_jit.missing("qk")
+    if not lacks:
+        pytest.skip("this machine runs SGLang's JIT kernels: the refusal is the CPU's and ROCm's")
+    monkeypatch.setattr("harness.devices.gpu_present", lambda: False)
+    assert b.main(["--vs-sglang", "--out", str(tmp_path), "--T", "1", "--H", "1", "--no-sglang"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"  {vs.JIT}:")]
+    assert said == [f"  {vs.JIT}: refused on this machine: {lacks}"]
+    frame = pd.read_csv(tmp_path / "qk_norm_rope_vs_sglang.csv")
+    assert list(frame["mode"]) == ["verify", "decode"] and frame["graph_ours_us"].notna().all()
+    jit_cols = [f"graph_{vs.JIT}_us", f"eager_{vs.JIT}_us", f"graph_ours_over_{vs.JIT}", f"eager_ours-wrapper_over_{vs.JIT}"]
+    assert frame[jit_cols].isna().all(axis=None)
+    assert frame[f"{vs.JIT}_refused"].tolist() == [lacks, lacks]
+
+
+def test_jit_timed_beside_ours_where_the_adapter_covers_the_row(device):
+    """SGLang's JIT kernels (here the adapter over their torch emulation) timed beside ours, graph and eager,
+    with ours / them, on the verify rows; the decode rows keep the adapter's reason, said once. Planted: the
+    JIT callable left out of a timer, the reason said per row, or a decode row without it fails."""
+    from harness.adapters import sglang_jit_emulation as emu
+
+    said = []
+    rows = vs.vs_measure(["verify", "decode"], [1, 2], [1], [None], with_sglang=False, with_compiled=False,
+                         graph_timer=lambda fn: (fn(), 3.0)[1], eager_timer=lambda fns: {n: (f(), 6.0)[1] for n, f in fns.items()},
+                         copy_gbps=0.0, device=device.torch_device, progress=said.append, jit_kernels=emu.KERNELS)
+    verify, decode = rows[:2], rows[2:]
+    assert all(r.graph_us[vs.JIT] == 3.0 and r.eager_us[vs.JIT] == 6.0 and not r.refused for r in verify)
+    assert all(vs.JIT not in r.graph_us and vs.JIT not in r.eager_us and "verify mode only" in r.refused[vs.JIT]
+               for r in decode)
+    assert [line for line in said if line.startswith(f"  {vs.JIT}:")] == [
+        f"  {vs.JIT}: not timed from decode T=1 H=1 on: {decode[0].refused[vs.JIT]}"]
+    assert f"graph best ours/{vs.JIT} 1.00" in vs.vs_line(verify[0]) and f"ours-wrapper/{vs.JIT} 1.00" in vs.vs_line(verify[0])
+    frame = vs.vs_frame(rows)
+    assert frame[f"graph_ours_over_{vs.JIT}"].tolist()[:2] == [1.0, 1.0] and frame[f"graph_ours_over_{vs.JIT}"][2:].isna().all()
+    assert frame[f"{vs.JIT}_refused"].tolist()[:2] == ["", ""] and frame[f"{vs.JIT}_refused"][2:].str.contains("verify mode").all()
+
+
 QK_WRAPPER = Path(b.__file__).parents[2] / "fused" / "qk_norm_rope" / "wrapper.py"
 # this tree's imports -> those of the layout of trees before 2026-12-07: fused/qk_norm_rope.py beside
 # fused/kernels/qk_norm_rope.py and fused/qk_norm_rope_dispatch.py, the reference one module

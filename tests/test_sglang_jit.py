@@ -145,6 +145,55 @@ def test_refusals_say_why(registry, device, op, name, reason):
     assert reason in res.refused, res.refused
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def test_the_bench_calls_compute_what_the_adapters_compute(registry, device):
+    """What the benchmarks time (``qk_bench_call``, ``fp8_bench_call``) over the emulation: the adapters' bytes
+    on the same inputs, the caller's tensors untouched (the kernel normalises its own kv copy in place, a
+    second call that copy again; the pool its own). Planted: a bench call that hands the kernel the caller's
+    kv, or skips the translation (sin + i·cos, logical rows), fails."""
+    from cases.mla_fp8_prepare import catalog as fc
+    from cases.qk_norm_rope import catalog as qc
+
+    for name in ("dsv4-verify-b1-l3-h8", "kv-contiguous"):  # kv a strided slice (copied), and contiguous
+        kw = qc.build_inputs(_case(registry, QK, name), device)
+        kv_before = kw["kv"].clone()
+        q_out, kv_out = jit.qk_bench_call(kw, emu.KERNELS)()  # the second call: the first was the build's
+        assert torch.equal(_bytes(kw["kv"]), _bytes(kv_before)), name
+        once = EMULATED[QK].fn(**{**kw, "kv": kv_before.clone(), "q_out": None})
+        twice = EMULATED[QK].fn(**{**kw, "kv": once["kv_out"].clone(), "q_out": None})
+        assert torch.equal(_bytes(q_out), _bytes(once["q_out"])), name
+        assert torch.equal(_bytes(kv_out), _bytes(twice["kv_out"])), name
+
+    case = _case(registry, FP8, "translated-pool")
+    kw = fc.build_inputs(case, device)
+    pool = kw["kv_buffer"].clone()
+    q8 = jit.fp8_bench_call({**kw, "kv_buffer": pool}, emu.KERNELS)()
+    want = fc.build_inputs(case, device)
+    want_q8 = EMULATED[FP8].fn(**want)["q8"]
+    assert torch.equal(_bytes(q8), _bytes(want_q8)) and torch.equal(_bytes(pool), _bytes(want["kv_buffer"]))
+    assert not torch.equal(_bytes(pool), _bytes(kw["kv_buffer"]))  # the rows went to the bench's pool, not the caller's
+
+
+@pytest.mark.parametrize("op, name, reason", [(QK, "dsv4-decode-b1-h16", "verify mode only"),
+                                              (FP8, "descale-0.37", "unscaled")])
+def test_the_bench_calls_refuse_as_the_adapters_do(registry, device, op, name, reason):
+    from cases.mla_fp8_prepare import catalog as fc
+    from cases.qk_norm_rope import catalog as qc
+
+    case = _case(registry, op, name)
+    if op == QK:
+        got = jit.qk_bench_call(qc.build_inputs(case, device), emu.KERNELS)
+    else:
+        got = jit.fp8_bench_call(fc.build_inputs(case, device), emu.KERNELS)
+    assert isinstance(got, str) and reason in got and "\n" not in got, got
+    lacks = dataclasses.replace(emu.KERNELS, missing=lambda kernel: "no nvcc ($CUDA_HOME, PATH or /usr/local/cuda)")
+    fn = jit.qk_bench_call if op == QK else jit.fp8_bench_call
+    assert fn((qc if op == QK else fc).build_inputs(case, device), lacks).startswith("no nvcc")  # the machine first
+
+
 def test_the_norm_rope_templates_gate():
     assert all(jit.norm_rope_compiles(D, 64) == "" for D in (64, 128, 256, 512, 1024))
     assert jit.norm_rope_compiles(512, 32).startswith("rope_dim 32")

@@ -16,12 +16,22 @@ launches of one call (``count_launches``). The fused kernel must be exactly 1 la
 script exits 1 otherwise. Writes DIR/bench.csv (wide, one row per shape: the eager columns, then
 the ``*_graph_*`` ones), DIR/meta.json, DIR/perf.csv (PerfRow, ``mode`` eager and graph) and
 DIR/table.csv (``harness.bench.perf_rows.table``, also printed). Without a GPU it says so and exits 0.
+
+Beside them, where this machine runs it (``PEERS``): SGLang's JIT-compiled CUDA kernel
+``set_mla_kv_concat_q_fp8`` (``harness.adapters.sglang_jit.fp8_bench_call``: the adapter's loading, gate
+and physical rows), eager and graph-replayed, with ours over it (``fused_over_sglang_jit``, ``_graph``;
+< 1: ours faster). It has no k scale (SGLang's fp8 MLA path has none): it casts k unscaled, as ``aten5``
+does, on the same tensors and its own copy of the pool; its q8 is allocated per call, as SGLang's call
+does. It needs a CUDA GPU of SM90+, nvcc, ninja and the ``sglang-jit`` extra; elsewhere (the CPU, ROCm)
+one line of the plan says what is missing and its columns are NaN with that reason
+(``sglang_jit_refused``); a shape its gate declines keeps the gate's reason there, said once.
 """
 from __future__ import annotations
 
 import functools
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +48,9 @@ EXPECTED_LAUNCHES = {"fused": 1}
 WARMUP_MS, REP_MS = 25, 100
 GRAPH_REP_MS = 20  # do_bench_cudagraph's rep per graph timing
 EXTRA_TIMINGS = 0
+# measured beside IMPLS where this machine runs it (not in IMPLS): SGLang's JIT-compiled CUDA kernel
+JIT = "sglang-jit-fp8-prepare"
+PEERS = (JIT,)
 B_FULL, H_FULL = (1, 8, 64), (8, 16, 32, 64)
 B_QUICK, H_QUICK = (1, 64), (16, 64)
 L = 4
@@ -81,6 +94,11 @@ class BenchRow:
     compiled_over_fused_graph: float
     aten5_over_fused_graph: float
     fused_graph_frac_of_copy: float
+    sglang_jit_us: float  # SGLang's JIT CUDA kernel (PEERS), p50; NaN where not measured (sglang_jit_refused)
+    sglang_jit_graph_us: float
+    fused_over_sglang_jit: float  # ours / it, eager p50; < 1: ours faster
+    fused_over_sglang_jit_graph: float
+    sglang_jit_refused: str  # why it was not measured here ("" when it was)
 
 
 def _inputs(T: int, H: int, dev, fp8_dtype=torch.float8_e4m3fn) -> dict:
@@ -151,17 +169,51 @@ def _compiled_chain():
     return perf.compile_static(_chain)
 
 
+def refused_peers() -> dict[str, str]:
+    """{peer: the one line saying what this machine lacks to run it} (``harness.adapters.sglang_jit.missing``);
+    the plan prints it, and those peers' columns are NaN with that reason."""
+    from harness.adapters import sglang_jit
+
+    lacks = sglang_jit.missing("fp8")
+    return {JIT: lacks} if lacks else {}
+
+
+def jit_call(kw: dict) -> Callable[[], object] | str:
+    """SGLang's ``set_mla_kv_concat_q_fp8`` on the shape's tensors, given to the adapter as the op's inputs
+    without a k scale (``fp8_bench_call``; its own copy of the pool): a zero-argument callable, or the one-line
+    reason it is not measured (a first call that raises is such a reason too, never the bench's error)."""
+    from harness.adapters import sglang_jit
+
+    inputs = {**{k: kw[k] for k in ("q_nope", "q_rope", "k_nope", "k_rope")}, "kv_buffer": kw["kv_buffer"].clone(),
+              "out_cache_loc": kw["loc"], "slot_map": None, "fp8_policy": "saturate", "kv_descale": None,
+              "save_kv_cache": True}
+    try:
+        return sglang_jit.fp8_bench_call(inputs)
+    except Exception as exc:  # noqa: BLE001 - a build or launch failure: said in its row, the rest still runs
+        return f"the first call raised {type(exc).__name__}: {str(exc)[:200]}"
+
+
 WIDE_CSV = "bench.csv"
 
 
 def measurements(shape_list: list[wr.VerifyShape], ctx: perf.Context):
     compiled_chain = _compiled_chain()
+    lacks = refused_peers().get(JIT, "")  # said once by the plan
+    said = {lacks}
     for s in shape_list:
         kw = _inputs(s.T, s.H, ctx.dev.torch_device, ctx.dev.fp8_dtype)
-        t = perf.measure(_implementations(kw, compiled_chain), ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS,
-                         graph_rep_ms=GRAPH_REP_MS)
-        del kw
-        yield wr.Measured(s, t, _bytes_moved(s.T, s.H), {"copy_gbps": ctx.copy_gbps})
+        impls = _implementations(kw, compiled_chain)
+        jit = lacks or jit_call(kw)
+        if isinstance(jit, str):
+            if jit not in said:
+                print(f"  {JIT}: not measured from {s.case} on: {jit}", flush=True)
+                said.add(jit)
+        else:
+            impls[JIT] = jit
+        t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS, graph_rep_ms=GRAPH_REP_MS)
+        del kw, impls
+        yield wr.Measured(s, t, _bytes_moved(s.T, s.H), {"copy_gbps": ctx.copy_gbps,
+                                                          "jit_refused": jit if isinstance(jit, str) else ""})
 
 
 def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
@@ -170,14 +222,22 @@ def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     g = {impl: t[impl].graph_us for impl in IMPLS}
     graph_over = {impl: pr.ratio(g[impl], g["fused"]) for impl in IMPLS if impl != "fused"}
     frac = pr.bandwidth(m.bytes_moved, g["fused"], m.extra["copy_gbps"])[1]
+    jit = t.get(JIT, pr.NOT_MEASURED)
+    jit_cols = {"sglang_jit_us": jit.p50_us, "sglang_jit_graph_us": jit.graph_us,
+                "fused_over_sglang_jit": pr.ratio(t["fused"].p50_us, jit.p50_us),
+                "fused_over_sglang_jit_graph": pr.ratio(g["fused"], jit.graph_us),
+                "sglang_jit_refused": m.extra["jit_refused"]}
     row = BenchRow(B=s.B, L=L, T=s.T, H=s.H, bytes_moved=m.bytes_moved, aten5_us=t["aten5"].p50_us,
                    aten5_over_fused=aten5_over_fused, aten5_launches=t["aten5"].launches,
                    **wr.fused_vs_chain(m, fused),
                    **{f"{impl}_graph_us": g[impl] for impl in IMPLS},
                    **{f"{impl}_over_fused_graph": x for impl, x in graph_over.items()},
-                   fused_graph_frac_of_copy=frac)
+                   fused_graph_frac_of_copy=frac, **jit_cols)
     graph = (f"graph: fused {g['fused']:7.2f} us ({frac:5.1%} of copy) | "
              + " | ".join(f"x{x:5.2f} vs {impl}" for impl, x in graph_over.items()))
+    if JIT in t:
+        graph += (f"\n    {JIT}: graph {jit.graph_us:7.2f} us, eager {jit.p50_us:7.2f} us | fused/it graph "
+                  f"{row.fused_over_sglang_jit_graph:5.2f}, eager {row.fused_over_sglang_jit:5.2f}")
     return row, f"{wr.fused_line(m, fused)} | x{aten5_over_fused:5.2f} vs aten5\n    {graph}"
 
 

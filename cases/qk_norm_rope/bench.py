@@ -19,7 +19,7 @@ DIR/qk_norm_rope_bench.csv (wide, one row per shape) and DIR/perf.csv (PerfRow).
 it says so and exits 0.
 
     python -m cases.qk_norm_rope.bench --vs-sglang --out DIR [--T ..] [--H ..] [--modes verify decode]
-        [--configs default,2x4,8x8] [--before OLD/fused/qk_norm_rope/wrapper.py]
+        [--configs default,2x4,8x8] [--before OLD/fused/qk_norm_rope/wrapper.py] [--no-sglang] [--no-sglang-jit]
 
 Ours against SGLang's own ``fused_qk_norm_rope_swa_store`` (``harness.adapters.sglang.load``: the
 installed wheel's kernel file), DeepSeek-V4 shapes, T 1..4096 x H 8..128, verify (no store) and
@@ -28,7 +28,12 @@ each ``--configs`` (BLOCK_T x num_warps), ``--before``'s kernel, SGLang's, the r
 torch.compile of it (verify only), each with its % of the copy bandwidth; eager (a back-to-back
 loop, what a caller pays): our public wrapper with its value checks (the default) and with
 ``checked=False``, against SGLang's call. Each row also counts the output bytes (q_out, kv_out,
-ring) in which the other configs and ``--before`` differ from ours. Writes
+ring) in which the other configs and ``--before`` differ from ours. Beside SGLang's Triton kernel, its
+JIT-compiled CUDA kernels ``fused_q_norm_rope`` + ``fused_norm_rope_inplace`` (``sglang-jit``: DeepSeek-V4's
+target verify, through ``harness.adapters.sglang_jit.qk_bench_call``), graph and eager, with ours / them
+(``graph_ours_over_sglang-jit``, ``eager_ours-wrapper_over_sglang-jit``); they need a CUDA GPU, nvcc, ninja and
+the ``sglang-jit`` extra: elsewhere one line says what is missing, and rows they do not cover (decode) keep the
+adapter's reason, said once; their columns are then NaN (``sglang-jit_refused``: why). Writes
 DIR/qk_norm_rope_vs_sglang.csv. Without a GPU: the same path at whatever size is asked, under the
 interpreter with wall-clock timers (a smoke test; the times mean nothing).
 """

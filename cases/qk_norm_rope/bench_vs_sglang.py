@@ -1,13 +1,15 @@
 """``python -m cases.qk_norm_rope.bench --vs-sglang``: ours against SGLang's own
-``fused_qk_norm_rope_swa_store`` (``harness.adapters.sglang.load``), graph-replayed and eager, on
-DeepSeek-V4 shapes (the flags and the table: ``cases.qk_norm_rope.bench``'s docstring), each row
-with the output bytes in which the other configs, ``--before`` and SGLang differ from ours.
+``fused_qk_norm_rope_swa_store`` (``harness.adapters.sglang.load``) and its JIT-compiled CUDA kernels
+``fused_q_norm_rope`` + ``fused_norm_rope_inplace`` (``harness.adapters.sglang_jit.qk_bench_call``: the
+adapter's loading, gate and translation), graph-replayed and eager, on DeepSeek-V4 shapes (the flags and the
+table: ``cases.qk_norm_rope.bench``'s docstring), each row with the output bytes in which the other configs,
+``--before`` and SGLang's Triton kernel differ from ours.
 """
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -16,6 +18,7 @@ import triton.language as tl
 
 from harness import usage
 from harness.bench import before as before_module
+from harness.bench.perf_rows import ratio
 from cases.qk_norm_rope.bench_shape import D, EPS, R, ROPE_STYLE, reference_chain
 
 VS_T = (1, 5, 16, 64, 320, 1280, 4096)
@@ -24,6 +27,8 @@ VS_MODES = ("verify", "decode")  # decode: the in-kernel bf16 ring store (both k
 VS_MAX_POS = 8192
 # graph columns that are not the op (their % of copy bandwidth is not printed)
 NOT_THE_OP = ("floor",)
+JIT = "sglang-jit"  # SGLang's JIT-compiled CUDA kernels (harness.adapters.sglang_jit), verify mode only
+PEERS = ("sglang", JIT)  # the columns ours is stated against (ours / peer; < 1: ours faster)
 
 
 @triton.jit
@@ -42,7 +47,10 @@ def add_arguments(ap) -> None:
     vs.add_argument("--configs", default="default",
                     help="our kernel's (BLOCK_T)x(num_warps) candidates side by side, e.g. 'default,2x4,8x8'")
     vs.add_argument("--rep-ms", type=usage.positive_int, default=10, help="do_bench_cudagraph's rep per timing (ms)")
-    vs.add_argument("--no-sglang", action="store_true")
+    vs.add_argument("--no-sglang", action="store_true", help="leave out SGLang's Triton kernel")
+    vs.add_argument("--no-sglang-jit", action="store_true",
+                    help="leave out SGLang's JIT-compiled CUDA kernels (they need a CUDA GPU, nvcc, ninja and the "
+                         "sglang-jit extra; elsewhere their columns are NaN with the reason)")
     vs.add_argument("--before", type=Path, help="another fused/qk_norm_rope/wrapper.py (e.g. the previous commit's): timed "
                                                 "beside ours and its output bytes compared")
     vs.add_argument("--no-compiled", action="store_true", help="leave out torch.compile of the chain")
@@ -59,6 +67,7 @@ class VsRow:
     eager_us: dict  # impl -> us per call of a back-to-back eager loop, the impls' loops interleaved
     # (ours-wrapper, ours-device-checked, ours-unchecked, ours-launch, sglang)
     differ: dict  # impl -> bytes of (q_out, kv_out, ring) that differ from ours (default config): before, ours@..
+    refused: dict = field(default_factory=dict)  # peer -> the one-line reason it was not timed here (its columns NaN)
 
 
 def vs_bytes(mode: str, T: int, H: int) -> int:
@@ -186,12 +195,28 @@ def byte_differences(kw: dict, configs: list, before=None, sglang_mod=None) -> d
     return {name: sum(int((a != b).sum()) for a, b in zip(ref, run(fn))) for name, fn in others.items()}
 
 
+def jit_call(kw: dict, mode: str, kernels):
+    """SGLang's JIT norm+RoPE kernels (``kernels``, a ``harness.adapters.sglang_jit.Kernels``) on the row's
+    inputs through the adapter (``qk_bench_call``): a zero-argument callable, or the one-line reason they do
+    not cover this row (a first call that raises is such a reason too, never the bench's error)."""
+    from harness.adapters import sglang_jit
+
+    try:
+        return sglang_jit.qk_bench_call({**kw, "forward_mode": "target_verify" if mode == "verify" else "decode"},
+                                        kernels)
+    except Exception as exc:  # noqa: BLE001 - a build or launch failure: said in its row, the rest still runs
+        return f"the first call raised {type(exc).__name__}: {str(exc)[:200]}"
+
+
 def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool, graph_timer, eager_timer,
-               copy_gbps: float, device: torch.device, progress=print, before=None, on_row=None) -> list[VsRow]:
+               copy_gbps: float, device: torch.device, progress=print, before=None, on_row=None,
+               jit_kernels=None) -> list[VsRow]:
     """Every (mode, T, H): each graph callable through ``graph_timer``, the eager ones through
     ``eager_timer`` ({name: callable} -> {name: us}, side by side). A callable that raises is
     reported and left out of its row. ``on_row(rows)`` after each row (the CSV is rewritten: a run
-    cut short keeps what it measured)."""
+    cut short keeps what it measured). ``jit_kernels``: SGLang's JIT kernels (``sglang_jit.sglang()``, or
+    the emulation's) timed as ``sglang-jit`` where the adapter covers the row; what the machine lacks for
+    them is said in one line, each other reason once, and kept in the row (``refused``); None: not asked."""
     sglang_mod = None
     if with_sglang:
         from harness.adapters import sglang as sg
@@ -200,6 +225,10 @@ def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool
             sglang_mod = sg.load()["fused_qk_norm_rope_store"]
         except sg.SGLangUnavailable as exc:
             progress(f"  sglang: {exc}; its columns are left out")
+    lacks = jit_kernels.missing("qk") if jit_kernels is not None else ""
+    if lacks:
+        progress(f"  {JIT}: refused on this machine: {lacks}")
+    said = {lacks}
     compiled_chain = torch.compile(reference_chain, dynamic=True) if with_compiled else None
     rows = []
     for mode in modes:
@@ -208,6 +237,16 @@ def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool
                 kw = vs_inputs(mode, T, H, device, seed=T * 1000 + H)
                 differ = byte_differences(kw, configs, before, sglang_mod)
                 graph, eager = vs_calls(kw, mode, configs, sglang_mod, compiled_chain, before)
+                refused = {}
+                if jit_kernels is not None:
+                    jit = lacks or jit_call(kw, mode, jit_kernels)
+                    if isinstance(jit, str):
+                        refused[JIT] = jit
+                        if jit not in said:
+                            progress(f"  {JIT}: not timed from {mode} T={T} H={H} on: {jit}")
+                            said.add(jit)
+                    else:
+                        graph[JIT] = eager[JIT] = jit
                 g, e = {}, {}
                 for name, fn in graph.items():
                     try:
@@ -222,7 +261,7 @@ def vs_measure(modes, Ts, Hs, configs, *, with_sglang: bool, with_compiled: bool
                     except Exception as exc:
                         progress(f"  {mode} T={T} H={H} {name} (eager): {type(exc).__name__}: {str(exc)[:200]}")
                 e = eager_timer(runs) if runs else {}
-                row = VsRow(mode, T, H, vs_bytes(mode, T, H), copy_gbps, g, e, differ)
+                row = VsRow(mode, T, H, vs_bytes(mode, T, H), copy_gbps, g, e, differ, refused)
                 progress(vs_line(row))
                 rows.append(row)
                 if on_row is not None:
@@ -240,13 +279,15 @@ def vs_line(r: VsRow) -> str:
     gs = " ".join(f"{k} {v:7.2f}" + ("" if k in NOT_THE_OP else f" ({pct(v):4.1f}%)") for k, v in r.graph_us.items())
     es = " ".join(f"{k} {v:7.1f}" for k, v in r.eager_us.items())
     ratios = ""
-    if "sglang" in r.graph_us:
-        best = min((v, k) for k, v in r.graph_us.items() if k.startswith("ours"))
-        ratios += f" | graph best {best[1]}/sglang {best[0] / r.graph_us['sglang']:.2f}"
-    if "sglang" in r.eager_us:
-        ratios += " | eager " + " ".join(f"{k}/sglang {r.eager_us[k] / r.eager_us['sglang']:.2f}"
-                                        for k in ("ours-wrapper", "ours-device-checked", "ours-unchecked", "ours-launch")
-                                        if k in r.eager_us)
+    for peer in PEERS:
+        if peer in r.graph_us:
+            best = min((v, k) for k, v in r.graph_us.items() if k.startswith("ours"))
+            ratios += f" | graph best {best[1]}/{peer} {best[0] / r.graph_us[peer]:.2f}"
+        if peer in r.eager_us:
+            ratios += " | eager " + " ".join(f"{k}/{peer} {r.eager_us[k] / r.eager_us[peer]:.2f}"
+                                            for k in ("ours-wrapper", "ours-device-checked", "ours-unchecked",
+                                                      "ours-launch") if k in r.eager_us)
+    ratios += "".join(f" | {peer} not timed" for peer in r.refused)
     if r.differ:
         ratios += " | bytes differing from ours: " + " ".join(f"{k} {v}" for k, v in r.differ.items())
     return f"{r.mode:6s} T={r.T:5d} H={r.H:3d} graph us: {gs} | eager us: {es}{ratios}"
@@ -264,6 +305,16 @@ def vs_frame(rows: list[VsRow]):
                 d[f"graph_{k}_frac_of_copy"] = (r.bytes_moved / (v * 1e-6) / 1e9 / r.copy_gbps if r.copy_gbps
                                                 else math.nan)
         d.update({f"eager_{k}_us": v for k, v in r.eager_us.items()})
+        for peer in r.refused:  # asked and not timed: NaN, never a made-up number, and why
+            d[f"graph_{peer}_us"] = d[f"eager_{peer}_us"] = math.nan
+        for peer in PEERS:  # ours (default config; the public wrapper eager) over the peer's; < 1: ours faster
+            if f"graph_{peer}_us" in d:
+                d[f"graph_ours_over_{peer}"] = ratio(r.graph_us.get("ours", math.nan), d[f"graph_{peer}_us"])
+            if f"eager_{peer}_us" in d:
+                d[f"eager_ours-wrapper_over_{peer}"] = ratio(r.eager_us.get("ours-wrapper", math.nan),
+                                                             d[f"eager_{peer}_us"])
+        if JIT in r.graph_us or JIT in r.eager_us or JIT in r.refused:
+            d[f"{JIT}_refused"] = r.refused.get(JIT, "")
         d.update({f"bytes_differing_{k}": v for k, v in r.differ.items()})
         out.append(d)
     return pd.DataFrame(out)
@@ -273,6 +324,7 @@ def vs_main(args) -> int:
     """``--vs-sglang``: the comparison table on this GPU (without one: a tiny run under the interpreter
     with wall-clock timers, which only shows the tool works)."""
     from harness import devices
+    from harness.adapters import sglang_jit
     from harness.gpu import profiling
 
     gpu = devices.gpu_present()
@@ -298,6 +350,7 @@ def vs_main(args) -> int:
                       args.no_compiled, graph_timer=graph_timer, eager_timer=eager_timer, copy_gbps=copy,
                       device=dev.torch_device, progress=lambda s: print(s, flush=True),
                       before=before_module.load_module(args.before) if args.before else None,
-                      on_row=lambda rows: vs_frame(rows).to_csv(path, index=False))
+                      on_row=lambda rows: vs_frame(rows).to_csv(path, index=False),
+                      jit_kernels=None if args.no_sglang_jit else sglang_jit.sglang())
     print(f"{len(rows)} rows -> {path} ({__import__('time').monotonic() - t0:.0f} s)")
     return 0

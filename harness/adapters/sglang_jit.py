@@ -38,6 +38,10 @@ Gates, as SGLang's dispatch has them, each refusal with its reason:
        normalised row to bf16 and rotate those bf16 values (the unfused model's two steps' rounding), one more
        rounding of the RoPE dims than the reference chain's fused launch.
 
+The benchmarks time them through the same gate and translation (``qk_bench_call``, ``fp8_bench_call``: the
+translation done once before the timed call, SGLang's entry points called bare, as the model calls them; or the
+refusal's one line): ``python -m cases.qk_norm_rope.bench --vs-sglang`` and ``python -m cases.mla_fp8_prepare.bench``.
+
 ``harness.adapters.sglang_jit_emulation`` holds the three kernels written in torch from their sources; the same
 adapters run over it on the CPU (``impls(Kernels)``), which checks the translation above against the reference.
 """
@@ -49,7 +53,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -354,6 +358,63 @@ def impls(kernels: Kernels) -> list[Impl]:
 def IMPLS() -> list[Impl]:
     """SGLang's JIT kernels (a zero-argument callable: nothing is imported or built until a case runs)."""
     return impls(sglang())
+
+
+# ----------------------------------------------------------------------------- the benchmarks' calls
+
+def _timed_entries(kernels: Kernels) -> Kernels:
+    """``kernels`` as a benchmark times them: SGLang's own entry points unwrapped (the first-call bookkeeping of
+    ``sglang()`` is not what the model's call pays; call them once through ``kernels`` first), the emulation's
+    as they are."""
+    if kernels.name != "sglang":
+        return kernels
+    mods = load()
+    return replace(kernels, set_mla_kv_concat_q_fp8=mods["set_mla_kv_concat_q"].set_mla_kv_concat_q_fp8,
+                   fused_q_norm_rope=mods["norm_rope"].fused_q_norm_rope,
+                   fused_norm_rope_inplace=mods["norm_rope"].fused_norm_rope_inplace)
+
+
+def qk_bench_call(inputs: dict, kernels: Kernels | None = None) -> Callable[[], tuple] | str:
+    """For the benchmarks (``cases/qk_norm_rope/bench_vs_sglang.py``): the two norm+RoPE kernels on qk_norm_rope
+    ``inputs`` (``forward_mode`` among them) as DeepSeek-V4 calls them, a zero-argument callable returning
+    (q_out, kv_out); or, where the adapter refuses them (``can_handle``: what the machine lacks first), its
+    one-line reason. ``qk_kernel_args`` translates once, outside the timed call, as the model holds its
+    ``freqs_cis`` and a contiguous kv: q_out allocated once, kv normalised in place on its own copy (the caller's
+    tensors stay untouched). The first call (the JIT build, timed in ``FIRST_CALLS``) is made here. ``kernels``:
+    default SGLang's (``sglang()``)."""
+    kernels = kernels or sglang()
+    why = _qk_can_handle(kernels)(None, None, inputs)
+    if why is not True:
+        return why
+    a = qk_kernel_args(q=inputs["q"], kv=inputs["kv"], cos=inputs["cos"], sin=inputs["sin"],
+                       positions=inputs["positions"], q_out=None)
+    kv = a["kv"].clone() if a["kv"] is inputs["kv"] else a["kv"]
+    weight, eps = inputs["kv_norm_weight"], float(inputs["eps"])
+
+    def call(k: Kernels) -> tuple:
+        k.fused_q_norm_rope(a["q"], a["q_out"], eps, a["freqs_cis"], a["positions"])
+        k.fused_norm_rope_inplace(kv, weight, eps, a["freqs_cis"], a["positions"])
+        return a["q_out"], kv
+
+    call(kernels)
+    return functools.partial(call, _timed_entries(kernels))
+
+
+def fp8_bench_call(inputs: dict, kernels: Kernels | None = None) -> Callable[[], torch.Tensor] | str:
+    """For the benchmarks (``cases/mla_fp8_prepare/bench.py``): ``set_mla_kv_concat_q_fp8`` on mla_fp8_prepare
+    ``inputs`` as the trtllm-mla backend calls it (``fp8_kernel_args``: the physical rows), a zero-argument
+    callable returning q8 (allocated by the kernel per call, as SGLang's call does); or, where the adapter
+    refuses them (``can_handle``: what the machine lacks, the policy, the k scale, padding, then
+    ``covered_fp8``), its one-line reason. The first call (the JIT build, timed) is made here. ``kernels``:
+    default SGLang's (``sglang()``)."""
+    kernels = kernels or sglang()
+    why = _fp8_can_handle(kernels)(None, None, inputs)
+    if why is not True:
+        return why
+    a = fp8_kernel_args(**inputs)
+    args = (a["kv_buffer"], a["loc"], a["k_nope"], a["k_rope"], a["q_nope"], a["q_rope"])
+    kernels.set_mla_kv_concat_q_fp8(*args)
+    return functools.partial(_timed_entries(kernels).set_mla_kv_concat_q_fp8, *args)
 
 
 # ----------------------------------------------------------------------------- building ahead of a run
