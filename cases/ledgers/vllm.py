@@ -126,11 +126,19 @@ def _spec():
     return default_registry(with_mutants=False, with_plugins=False).ops[OP]
 
 
+def _host(inputs):
+    """The host as a ``Device`` for the emulated run: torch only, no Triton kernel (``devices.select("cpu")``
+    would switch this process to the interpreter, in the middle of a GPU run)."""
+    from harness.devices import Device
+
+    fnuz = inputs["k_buffer"].dtype == torch.float8_e4m3fnuz
+    return Device("cpu", "host (torch emulation)", "torch", "e4m3fnuz" if fnuz else "e4m3fn", "")
+
+
 def emulated_check(case, inputs):
     """The harness's ``numeric:o`` record of the emulated kernel (``one_head_decode`` with the adapter's
-    split count) on exactly these inputs, held to the adapter's declared precision class: the parity
-    run's own check (chain, allowance variants, oracle), on the CPU."""
-    from harness import devices
+    split count and this platform's tile) on exactly these inputs, held to the adapter's declared
+    precision class: the parity run's own check (chain, allowance variants, oracle), computed on the host."""
     from harness.adapters import vllm
     from harness.parity import runners
     from harness.registry import Impl
@@ -144,7 +152,7 @@ def emulated_check(case, inputs):
                                                                     else v for k, v in host.items()})
     emulated = Impl(OP, "vllm-mla-decode-emulated", "external",
                     lambda **kw: {"o": one_head_decode(kw, splits, block_n)}, precision=PRECISION)
-    res = runners.run_case(spec, emulated, case, devices.select("cpu"), determinism=False, poisoned=False,
+    res = runners.run_case(spec, emulated, case, _host(inputs), determinism=False, poisoned=False,
                            poisoned_alloc=False)
     return next(r for r in res.records if r.check == "numeric:o")
 

@@ -62,7 +62,7 @@ def kernel_module(path: str | None):
         spec = importlib.util.find_spec("vllm")  # finds the package without running vllm/__init__.py
         if spec is None or not spec.submodule_search_locations:
             sys.exit("vllm is not installed: pip install --no-deps vllm==0.34.0, or pass --kernel-file")
-        path = os.path.join(list(spec.submodule_search_locations)[0], KERNEL)
+        path = os.path.join(next(iter(spec.submodule_search_locations)), KERNEL)
     platform = types.SimpleNamespace(is_rocm=lambda: torch.version.hip is not None)
     for name, attrs in (("vllm", {}), ("vllm.platforms", {"current_platform": platform}),
                         ("vllm.triton_utils", {"tl": tl, "triton": triton})):
@@ -115,10 +115,10 @@ def scaled_error(x, exact) -> float:
     return float(((x.double() - exact).abs() / (1e-5 + 2.0 ** -8 * exact.abs())).max())
 
 
-def attend(s, v, *, bf16_p: bool, parts) -> "torch.Tensor":
+def attend(s, v, *, bf16_p: bool, parts):
     """softmax(s) @ v in fp32 with P = exp(s - m) rounded to bf16 when ``bf16_p``; ``parts``: (start, stop,
     running) key ranges, each with its own maximum, per tile of 16.. keys if running (a one-pass kernel's
-    running maximum), else over the range; the accumulator rescaled in fp32 to the final maximum."""
+    running maximum), else over the range; the accumulator rescaled in fp32 to the final maximum. -> bf16"""
     import torch
 
     m = s.max()
