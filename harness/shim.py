@@ -33,6 +33,11 @@ Vendor kernels (vLLM's) meet two more defects, fixed here too:
   whole block is true (``a >= 0 and a < n`` returns ``a < n``); compiled Triton makes them
   elementwise. The shim's source rewrite makes them elementwise (``_install_boolean_operators``).
 
+* a Python float kernel argument: compiled Triton types it as an fp32 scalar, the interpreter passes the
+  Python float on, a weakly typed scalar, so ``qk *= sm_scale`` on a bf16 ``qk`` stays bf16 (one more
+  rounding than the GPU's fp32 product; vLLM's MLA decode stage 1, cases/ledgers/vllm.py). The shim hands
+  the kernel an fp32 scalar, as the compiler does (``_install_float_arguments``).
+
 And one gap: the interpreter has no libdevice. ``triton.language.extra.libdevice`` is a module of
 stubs that the compiler resolves per backend; run as Python each stub returns None (vLLM's
 ``_resample_kernel`` calls ``libdevice.log1p`` and fails with "'NoneType' object has no attribute
@@ -57,8 +62,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-SHIM_ID = ("vp-interp-shim/3 (bf16 RNE, fp8 RNE+satfinite, bf16 dot upcast, rtz bf16/fp16, rtz fp8 refused, "
-           "bf16 arithmetic in fp32, half reductions rounded per add, elementwise and/or/not)")
+SHIM_ID = ("vp-interp-shim/4 (bf16 RNE, fp8 RNE+satfinite, bf16 dot upcast, rtz bf16/fp16, rtz fp8 refused, "
+           "bf16 arithmetic in fp32, half reductions rounded per add, elementwise and/or/not, fp32 float arguments)")
 
 _installed = False
 
@@ -195,7 +200,25 @@ def install() -> None:
     _install_boolean_operators(it, tl)
     _install_type_caches(it)
     _install_libdevice(it, tl)
+    _install_float_arguments(it, tl)
     _installed = True
+
+
+def _install_float_arguments(it, tl) -> None:
+    """A Python float argument of an interpreted launch becomes what the compiled kernel receives: an fp32
+    scalar (the type ``triton.runtime.jit.mangle_type`` gives a float), its value rounded to fp32 (module
+    docstring). Every other argument goes through the interpreter's own conversion."""
+    from triton.runtime.jit import mangle_type
+
+    orig = it._implicit_cvt
+
+    def implicit_cvt(arg):
+        if isinstance(arg, float):
+            ty = tl.str_to_ty(mangle_type(arg), None)
+            return tl.tensor(it.TensorHandle(np.array([arg], dtype=np.float32), ty), ty)
+        return orig(arg)
+
+    it._implicit_cvt = implicit_cvt
 
 
 def _install_type_caches(it) -> None:

@@ -300,6 +300,13 @@ def _qq_bias_tile(qq_bias_row_ptr, seq_offset, context_len, qq_bias_stride_0):
 
 
 @triton.jit
+def _float_argument_kernel(out_ptr, x_ptr, scale):
+    """A bf16 value times a runtime float argument: compiled Triton passes ``scale`` as an fp32 scalar, so the
+    product is fp32 (vLLM's ``qk *= sm_scale`` after a bf16 ``tl.sum``)."""
+    tl.store(out_ptr, tl.load(x_ptr) * scale)
+
+
+@triton.jit
 def _boolean_ops_kernel(o_ptr, bias_ptr, context_len, n_query, FLAG: tl.constexpr, BLOCK: tl.constexpr):
     """Row 0: the qq-bias tile (``and``); row 1: keys outside the queries (``or``); row 2: ``not`` of
     row 1; row 3: a constexpr ``and`` a tensor."""
@@ -354,6 +361,11 @@ def measure(torch_device) -> dict:
     tot = torch.zeros(1, dtype=torch.float16, device=dev)
     _half_ops_kernel[(1,)](torch.zeros(8, dtype=torch.float16, device=dev), tot, ones.to(dev), torch.ones_like(ones, device=dev), BLOCK=8)
     out["fp16_sum_2048_ones"] = float(tot.cpu())
+    # a runtime float argument: 1.0078125 (bf16) x 1.0078125 is 1.01574707 in fp32, 1.015625 once rounded to bf16
+    x = torch.tensor([1.0078125], dtype=torch.bfloat16)
+    prod = torch.zeros(1, device=dev)
+    _float_argument_kernel[(1,)](prod, x.to(dev), 1.0078125)
+    out["float_arg"], out["float_arg_want"] = float(prod.cpu()), float(x.float() * 1.0078125)
     # boolean operators: the bias row sits after 16 sentinels that a wrong mask reads
     buf = torch.cat([torch.full((16,), 999.0), torch.arange(1.0, 17.0)]).to(dev)
     o = torch.zeros(4 * 16, device=dev)
@@ -399,6 +411,7 @@ def test_raw_interpreter_arithmetic_and_boolean_defects_still_exist(raw_measurem
     for row, what in enumerate(["`and` (qq-bias mask)", "`or`", "`not`"]):
         assert m["bool"][row] != m["bool_want"][row], f"{what} on tensors"
     assert m["bool"][3] == m["bool_want"][3], "a constexpr `and` a tensor was right"
+    assert m["float_arg"] != m["float_arg_want"], "a float argument times bf16 stayed bf16 (a weak Python scalar)"
 
 
 def test_vendor_style_arithmetic_and_boolean_operators_are_right(device):
@@ -409,6 +422,7 @@ def test_vendor_style_arithmetic_and_boolean_operators_are_right(device):
     assert m["bf16_prod_bits"] == m["bf16_prod_want_bits"] and m["fp16_prod_bits"] == m["fp16_prod_want_bits"]
     assert m["bf16_sum_err_over_bound"] < 1 and m["fp16_sum_err_over_bound"] < 1, m
     assert m["bool"] == m["bool_want"], m["bool"]
+    assert m["float_arg"] == m["float_arg_want"], (m["float_arg"], m["float_arg_want"])  # an fp32 argument
 
 
 def test_half_sums_round_every_addition(device):

@@ -7,7 +7,7 @@ One entry: the MLA decode kernel with one query head per KV head (docs/vllm.md, 
 ``tl.sum(q[None, :] * k, 1)`` on bf16 operands: every product of the 576-long dot rounded to bf16, and the
 sum kept in bf16 (``tl.sum`` keeps a float input's type), where the grouped stage 1 (``tl.dot``) accumulates
 in fp32. Whether that error crosses the bf16-p allowance depends on the data (5 of 7 such cases on the
-CPU, 1.1x-80x, the interpreter's one extra rounding included; 3 of 3 on an H100's nightly, 2.1x-15.7x), so the entry's condition reads the inputs: it runs the
+CPU; 3 of 3 on an H100's nightly, 2.1x-15.7x), so the entry's condition reads the inputs: it runs the
 kernel's stage 1 as a torch emulation (``one_head_decode``) on the case's inputs and asks the harness's own
 ``numeric:o`` check whether that output passes.
 Standalone repro: ``python cases/ledgers/repro/vllm_mla_one_head.py`` (torch + vLLM's kernel file, a GPU).
@@ -70,7 +70,7 @@ def _cache_rows(inputs, b: int) -> torch.Tensor:
     return (torch.cat((prefix, drafts)).float() * ks).bfloat16()
 
 
-def one_head_decode(inputs, splits: int, block_n: int = BLOCK_N, *, interpreted_scale: bool = False) -> torch.Tensor:
+def one_head_decode(inputs, splits: int, block_n: int = BLOCK_N) -> torch.Tensor:
     """What ``decode_attention_fwd(is_mla=True)`` outputs for the verify block of ``inputs`` (one query
     head, one latent KV head) when launched as the adapter (and vLLM's Triton MLA backend) launches it:
     one decode row per query token, its extent the prefix plus drafts 0..t (causal) or all drafts;
@@ -79,10 +79,8 @@ def one_head_decode(inputs, splits: int, block_n: int = BLOCK_N, *, interpreted_
     store rounds to bf16. -> o (T, 1, 512) bf16.
 
     ``qk *= sm_scale``: compiled Triton passes the float argument as fp32, so the bf16 sum is extended
-    and scaled in fp32 (the default). The Triton interpreter passes it as a Python scalar, which joins the
-    bf16 qk as a bf16 scalar: sm_scale rounded to bf16 and the product rounded to bf16 again, one more
-    rounding than the GPU makes (the harness's shim does not fix it). ``interpreted_scale=True`` computes
-    that instead: the CPU run's output, bit for bit (tests/test_vllm_ledger.py); the ledger never uses it."""
+    and scaled in fp32 (under the interpreter too: ``harness.shim`` types a float argument as fp32). The
+    CPU run's output equals this bit for bit (tests/test_vllm_ledger.py)."""
     q = inputs["q"]
     qo, kvp = inputs["qo_indptr"].tolist(), inputs["kv_indptr"].tolist()
     sm = torch.tensor(float(inputs["sm_scale"]), dtype=torch.float32)
@@ -94,10 +92,7 @@ def one_head_decode(inputs, splits: int, block_n: int = BLOCK_N, *, interpreted_
         for j in range(L):
             extent = n + j + 1 if inputs["is_causal"] else n + L
             qk = one_head_qk(q[qo[b] + j, 0], keys[:extent])
-            if interpreted_scale:
-                qk = (qk.bfloat16() * sm.bfloat16()).float()
-            else:
-                qk = qk * sm  # `qk *= sm_scale`: the bf16 sum extended to fp32, times the fp32 argument
+            qk = qk * sm  # `qk *= sm_scale`: the bf16 sum extended to fp32, times the fp32 argument
             per_split = -(-extent // splits)
             acc, e_sum, e_max = torch.zeros(512), torch.zeros(()), torch.tensor(float("-inf"))
             for s in range(splits):

@@ -33,9 +33,8 @@ summed in bf16 errs like the kernel, with exact products it stays within the bou
 On the CPU the Triton interpreter computes bf16 arithmetic on the raw bits (meaningless numbers), so the
 script refuses to run there. ``--cpu-interpreter`` runs it anyway under the verify-parity interpreter
 shim (imports ``harness.shim``: not standalone), which rounds bf16 products and sums as compiled Triton
-does but also rounds ``qk *= sm_scale`` to bf16 (the interpreter hands the float argument over as a
-Python scalar, compiled Triton as fp32), so its kernel error overstates the GPU's: for testing this
-script, not as evidence. Exit: 0 within the bound, 1 over it, 2 cannot run.
+does and passes the float ``sm_scale`` as fp32; its sums run in the shim's order, not the GPU's: for
+testing this script, not as evidence. Exit: 0 within the bound, 1 over it, 2 cannot run.
 """
 from __future__ import annotations
 
