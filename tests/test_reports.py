@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from reports import diff, frames, html, junit
-from reports.rows import PerfRow
+from reports.rows import ParityRow, PerfRow
 from tests.helpers import harness_cli, subprocess_env
 from tests.report_runs import OP, TIMELINE, TIMELINE_MUTANT, run_frame, timeline_csvs
 
@@ -196,6 +196,29 @@ def test_results_round_trip_through_parquet_dictionary_encoded_and_csv_gz(runs, 
     cut.write_bytes((tmp_path / "m.parquet").read_bytes()[:-100])
     with pytest.raises(frames.CSVError, match="cut.parquet.*Parquet file"):
         frames.read([cut])
+
+
+def test_parquet_shards_with_their_own_categories_and_empty_cells_read_as_text(runs, tmp_path):
+    """Shards written apart hold different dictionaries (categoricals with other categories) and null text cells
+    (a compiled run's shim): ``frames.read`` gives every text cell as a string, "" where it was empty, and the
+    rows the CSV holds. Planted, each fails: the categorical branch of ``frames._text`` without its "" for empty
+    cells (NaN), or ``astype(str)`` there ("nan"); the string branch without its ``fillna``."""
+    from reports.rows import write_frame
+
+    want = frames.read([runs[0] / "mutant.csv"])
+    half = len(want) // 2
+    first = want.iloc[:half].copy()
+    empty = first.index[::2]
+    assert (first.loc[first.index[1::2], "shim"] != "").any()  # the column's dictionary holds strings too
+    first.loc[empty, ["shim", "detail"]] = None  # null in the file (a compiled run writes no shim id)
+    write_frame(first, tmp_path / "a.parquet")
+    write_frame(want.iloc[half:], tmp_path / "b.parquet")
+    got = frames.read([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    expect = want.copy()
+    expect.loc[empty, ["shim", "detail"]] = ""
+    pd.testing.assert_frame_equal(got, expect, check_dtype=False)
+    for c in (f.name for f in dataclasses.fields(ParityRow) if f.type in ("str", str)):
+        assert got[c].map(type).eq(str).all(), c
 
 
 def test_per_op_table_counts_failing_rows_per_check(runs):
