@@ -79,3 +79,20 @@ def once_per_session(name: str, worker_id: str, tmp_path_factory, compute):
         path.write_bytes(pickle.dumps(value))
         return value
 
+
+
+VLLM_MISSING = "vllm is not installed (pip install --no-deps vllm==0.34.0)"
+
+
+def vllm_kernels_load() -> bool:
+    """vLLM's kernel files load through ``harness.adapters.vllm.load``; with ``VP_REQUIRE_VLLM=1`` (CI) their
+    absence is an error, not a skip."""
+    from harness.adapters import vllm
+
+    try:
+        vllm.load()
+    except vllm.VLLMUnavailable:
+        if os.environ.get("VP_REQUIRE_VLLM") == "1":
+            raise
+        return False
+    return True

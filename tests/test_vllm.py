@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
@@ -17,15 +16,10 @@ from harness.adapters import vllm
 from harness.parity import runners
 from harness.registry import Impl
 from reference.verify_attention import chain as r
+from tests.helpers import VLLM_MISSING, vllm_kernels_load
 
-try:
-    vllm.load()
-    HAVE_VLLM = True
-except vllm.VLLMUnavailable:
-    if os.environ.get("VP_REQUIRE_VLLM") == "1":
-        raise
-    HAVE_VLLM = False
-needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (pip install --no-deps vllm==0.34.0)")
+HAVE_VLLM = vllm_kernels_load()
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason=VLLM_MISSING)
 
 FINDING_6 = ("layout=mla,B=1,L=1,H=4,Hkv=1,D=576,Dv=512,prefix=const:3,kv_dtype=bf16,k_scale=1.0,v_scale=1.0,"
              "is_causal=True,permuted=True,ragged=False,splits=3,topk=1,family=kimi-k3,q_scale=1.0,seed=23346")

@@ -22,17 +22,11 @@ from cases.ledgers import vllm as ledger_vllm
 from harness import ledger
 from harness.adapters import vllm
 from harness.parity import suite
+from tests.helpers import ROOT, VLLM_MISSING, vllm_kernels_load
 
-try:
-    vllm.load()
-    HAVE_VLLM = True
-except vllm.VLLMUnavailable:
-    if os.environ.get("VP_REQUIRE_VLLM") == "1":
-        raise
-    HAVE_VLLM = False
-pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (pip install --no-deps vllm==0.34.0)")
+HAVE_VLLM = vllm_kernels_load()
+pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason=VLLM_MISSING)
 
-ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ledger_vllm.LEDGER[0]
 GONE = f"ledger:{ENTRY.id}"
 # the one-head slice of docs/vllm.md: 600 generated cases hold 42 one-head MLA ones, 7 of them run (the

@@ -234,6 +234,13 @@ def _p_kw(dtype: torch.dtype | None) -> dict:
     return {} if dtype is None else {"p_dtype": dtype}
 
 
+def _grouped(rows: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """rows (H, L, X) @ right (Hkv, X, Y) -> (H, L, Y), query head h with KV head h // (H / Hkv): a group's
+    rows stacked into one product with its KV head (GQA groups are contiguous)."""
+    H, L, X = rows.shape
+    return (rows.reshape(right.shape[0], H // right.shape[0] * L, X) @ right).view(H, L, right.shape[2])
+
+
 def _partial(x: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None, p_dtype: torch.dtype | None = None):
     """x (..., H, L, N) fp32 scores, vals (..., H or Hkv, N, Dv) fp32, mask broadcastable to x, bool
     -> m (..., H, L), l (..., H, L), acc (..., H, L, Dv). With Hkv value heads, query heads
@@ -254,8 +261,7 @@ def _partial(x: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None, p_d
 def split_partial(qh, kp, vp, *, scale, v_scale, p_dtype=None):
     """One split of launch 1: qh (H, L, D) fp32; kp (Hkv, n_s, D), vp (Hkv, n_s, Dv) fp32, the split's
     keys (n_s >= 1) -> (m, l, acc) per query head."""
-    H, L, D = qh.shape
-    x = (qh.reshape(kp.shape[0], -1, D) @ kp.transpose(1, 2)).view(H, L, -1) * scale  # (H, L, n_s)
+    x = _grouped(qh, kp.transpose(1, 2)) * scale  # (H, L, n_s)
     m, l, acc = _partial(x, vp, None, p_dtype)
     return m, l, acc * v_scale
 
@@ -299,13 +305,6 @@ def combine(parts) -> torch.Tensor:
 def _per_head(x: torch.Tensor, H: int) -> torch.Tensor:
     """(N, Hkv, X) -> (H, N, X): the KV head each query head reads (GQA groups are contiguous)."""
     return x.transpose(0, 1).repeat_interleave(H // x.shape[1], dim=0)
-
-
-def _grouped(rows: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """rows (H, L, X) @ right (Hkv, X, Y) -> (H, L, Y), query head h with KV head h // (H / Hkv): a group's
-    rows stacked into one product with its KV head (GQA groups are contiguous)."""
-    H, L, X = rows.shape
-    return (rows.reshape(right.shape[0], H // right.shape[0] * L, X) @ right).view(H, L, right.shape[2])
 
 
 def verify_attention(*, q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, is_causal=True,
