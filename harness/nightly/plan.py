@@ -153,7 +153,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
         shard = compiled_shard(compiled_shards, day)
         steps.append(Step("parity:compiled",
                           py + ["run", "--device", device, "--profile", profile, "--quiet",
-                                # one process per op, at most a fifth of the cores (as a gate layout):
+                                # one process per op, at most a fifth of the cores:
                                 # inductor's compiles, not the processes, bound this step
                                 "--jobs", str(min(len(ops or OPS), max(1, cores // 5))),
                                 "--kind", "compiled", "--generated", "0", "--csv",
