@@ -30,7 +30,9 @@ from reference.checks import values_checked
 from reference.spec_sampling import chain as ref
 
 
-@triton.jit(do_not_specialize=["seed", "B", "V", "L", "stride_lb", "stride_lj", "stride_qb", "stride_qj"])
+# V and the row strides stay specialized (a variant per divisibility by 16): unspecialized, every fp32 element is
+# a 4-byte load of its own instead of 16-byte vectors (fused.verify_accept.kernels says more; tests/test_vector_loads.py)
+@triton.jit(do_not_specialize=["seed", "B", "L"])
 def spec_sampling_kernel(
     out_ptr,  # (B, L + 1) int32 out: accepted drafts, the sampled token, then -1
     len_ptr,  # (B,) int32 out: accepted drafts

@@ -53,7 +53,11 @@ def _best_of_lanes(best_v, best_nan, best_i, AXIS: tl.constexpr):
     return tl.max(any_nan.to(tl.int32), axis=AXIS) > 0, tl.max(v_max, axis=AXIS), tok
 
 
-@triton.jit(do_not_specialize=["V", "L", "chunk_len", "n_chunks", "stride_row"])  # one compile per layout
+# V, chunk_len and stride_row stay specialized (Triton compiles a variant per divisibility by 16, not per value):
+# the row's tile loads are 16-byte vectors only when the compiler knows them aligned. Unspecialized, every
+# bf16 element was a 2-byte load of its own (the PTX of sm90: 16 `ld.global.b16` per tile instead of `cp.async`;
+# tests/test_vector_loads.py)
+@triton.jit(do_not_specialize=["L", "n_chunks"])  # one compile per layout, not per batch
 def verify_accept_partial_kernel(
     part_v_ptr,  # (B·(L + 1), n_chunks) fp32 out: each chunk's maximum, NaN when the chunk holds one
     part_i_ptr,  # (B·(L + 1), n_chunks) int32 out: the chunk's lowest index of that maximum (first NaN)

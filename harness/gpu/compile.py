@@ -6,12 +6,19 @@ and gfx942/gfx950 (MI300/MI355) with ``triton.compile`` and an explicit ``GPUTar
 plugin's implementations declare (``Impl.compile_specs``, ``python -m harness compile --impl``).
 Runs in its own process: kernels must be defined with the interpreter off (``prepare`` before
 any kernel module, a plugin's included, is imported).
+
+Each variant is compiled as the JIT compiles a launch on aligned tensors at sizes that are multiples
+of 16 (``aligned_attrs``), and for sm90 the result says how its global loads are issued
+(``load_widths``): a kernel whose row loads are one element each (an address or mask the compiler
+cannot prove aligned, e.g. a size or stride in ``do_not_specialize``) shows it here without a GPU.
 """
 from __future__ import annotations
 
 import importlib
 import os
+import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64)}
@@ -26,6 +33,36 @@ class CompileResult:
     ok: bool
     seconds: float
     detail: str
+    loads: str = ""  # sm90: the global loads by width (``load_widths``), e.g. "16B x6, 4B x2"
+
+
+def aligned_attrs(fn, signature: dict) -> dict:
+    """``ASTSource.attrs`` of the specialization a launch gets on 16-byte-aligned tensors with every
+    integer argument a multiple of 16: Triton marks such pointers and integers divisible by 16, save
+    the integers the kernel lists in ``do_not_specialize`` (by name or position)."""
+    names = list(signature)
+    dns = {names[i] if isinstance(i, int) else i for i in (getattr(fn, "do_not_specialize", None) or ())}
+    return {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
+            if signature[a].startswith("*") or (signature[a] in ("i32", "i64") and a not in dns)}
+
+
+_LD = re.compile(r"\bld\.global[\w.:]*?(?:\.v(\d))?\.[bsuf](\d+)\b")
+_CP = re.compile(r"\bcp\.async\.c[ag]\.shared\.global\s*\[[^]]*\],\s*\[[^]]*\],\s*(0x[0-9a-f]+|\d+)")
+
+
+def load_widths(ptx: str) -> Counter:
+    """Bytes per global load instruction of a PTX text -> how many: ``ld.global`` (its vector width
+    times its element size) and ``cp.async`` copies to shared memory (their size operand)."""
+    widths: Counter = Counter()
+    for vec, bits in _LD.findall(ptx):
+        widths[int(vec or 1) * int(bits) // 8] += 1
+    for size in _CP.findall(ptx):
+        widths[int(size, 0)] += 1
+    return widths
+
+
+def _loads_text(widths: Counter) -> str:
+    return ", ".join(f"{b}B x{n}" for b, n in sorted(widths.items(), reverse=True)) or "none"
 
 
 def prepare() -> None:
@@ -66,13 +103,16 @@ def run(ops: list[str], targets: list[str], impls: tuple = ()) -> list[CompileRe
                     continue
                 backend, arch, warp = TARGETS[tname]
                 t0 = time.perf_counter()
+                loads = ""
                 try:
-                    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const)
+                    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const,
+                                    attrs=aligned_attrs(fn, sig))
                     k = triton.compile(src, target=GPUTarget(backend, arch, warp), options={"num_warps": warps})
                     binary = "cubin" if backend == "cuda" else "hsaco"
                     ok = bool(k.asm.get(binary))
                     detail = f"{binary} {len(k.asm[binary])} bytes" if ok else f"no {binary} produced"
+                    loads = _loads_text(load_widths(k.asm["ptx"])) if backend == "cuda" else ""
                 except Exception as exc:  # the compiler's own message is the finding
                     ok, detail = False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
-                out.append(CompileResult(op, impl, name, tname, ok, time.perf_counter() - t0, detail))
+                out.append(CompileResult(op, impl, name, tname, ok, time.perf_counter() - t0, detail, loads))
     return out
