@@ -424,3 +424,19 @@ def test_mla_jit_peer_is_measured_beside_ours(device, fake_measurement, tmp_path
     assert len(said) == 1 and "float8_e4m3fn (or uint8)" in said[0], said
     wide = pd.read_csv(tmp_path / "bench.csv")
     assert wide["sglang_jit_us"].isna().all() and wide["sglang_jit_refused"].str.contains("e4m3fn").all()
+
+
+def test_measure_keeps_going_when_one_callable_fails(monkeypatch, capsys):
+    """A baseline that fails at one shape (torch.compile's codegen did, for spec_sampling's chain at
+    B 256 x V 151,936 under torch 2.11) is one not-measured column, not the end of the bench."""
+    monkeypatch.setattr(profiling, "time_quantiles_us", lambda fn, warmup, rep: (fn(), (1.0, 3.0, 5.0))[1])
+    monkeypatch.setattr(profiling, "count_launches", lambda fn, warmup: 1)
+
+    def broken():
+        raise TypeError("list indices must be integers or slices, not NoneType")
+
+    t = perf.measure({"fused": lambda: None, "compiled": broken, "peer": lambda: None}, devices.select("cpu"),
+                     warmup_ms=1, rep_ms=1)
+    assert t["compiled"] is pr.NOT_MEASURED
+    assert t["fused"].p50_us == 3.0 and t["peer"].launches == 1
+    assert "compiled: failed, not measured (TypeError: list indices" in capsys.readouterr().out

@@ -108,7 +108,7 @@ def measure(impls: dict[str, Callable[[], object]], dev: devices.Device, *, warm
     """Each zero-argument callable: one call outside the timed region (compile, autotune, lazy
     allocations), then p20/p50/p80 and its kernel launches; with ``graph_rep_ms`` also its median
     replayed from a CUDA graph (``Timing.graph_us``; a callable that cannot be captured is said and
-    left NaN). Out of memory -> NOT_MEASURED."""
+    left NaN). Out of memory, or any error of the call -> NOT_MEASURED, said in one line."""
     out = {}
     for name, fn in impls.items():
         try:
@@ -120,6 +120,12 @@ def measure(impls: dict[str, Callable[[], object]], dev: devices.Device, *, warm
             print(f"  {name}: out of memory, not measured", flush=True)
             out[name] = NOT_MEASURED
             torch.cuda.empty_cache()
+            continue
+        except Exception as exc:  # noqa: BLE001 - e.g. torch.compile's own codegen failing at one shape
+            # the other columns are still worth having; ours failing fails the bench (launch_failures)
+            print(f"  {name}: failed, not measured ({type(exc).__name__}: "
+                  f"{(str(exc).strip().splitlines() or [''])[-1][:200]})", flush=True)
+            out[name] = NOT_MEASURED
             continue
         if graph_rep_ms is not None:
             try:
