@@ -396,23 +396,32 @@ def untouched_check(check: str, after: torch.Tensor, before: torch.Tensor, writt
 def unchanged(check: str, after: torch.Tensor, before: torch.Tensor, *, hint: str = "") -> Record:
     """Every byte of ``after`` equals ``before`` (an input a call may not write, against its
     pristine copy). Compared on the tensors' device; only a failure is described on the host."""
-    if tuple(after.shape) == tuple(before.shape) and after.dtype == before.dtype and \
-            torch.equal(device_bytes(after), device_bytes(before)):
-        return Record(check, True)
-    r = exact(check, after, before)
+    return resolve_one(unchanged_check(check, after, before, hint=hint))
+
+
+def unchanged_check(check: str, after: torch.Tensor, before: torch.Tensor, *, hint: str = "") -> Check:
+    """``unchanged`` staged (``Batch``): one flag to the host; a failure's bytes after it."""
+    if tuple(after.shape) == tuple(before.shape) and after.dtype == before.dtype:
+        a = device_bytes(after)
+        differ = (a != on_device_of(device_bytes(before), a)).any() if a.numel() else a.new_zeros((), dtype=torch.bool)
+        if not (yield differ.reshape(1))[0]:
+            return Record(check, True)
+    r = yield from exact_check(check, after, before)
     return Record(check, False, mismatch_frac=r.mismatch_frac, worst=r.worst,
                   detail=f"{r.detail or 'changed'} from the caller's: written in place{hint}")
 
 
 def bitwise_equal(check: str, a: dict, b: dict) -> Record:
-    """Two runs of the same implementation on the same inputs: every tensor byte-identical."""
-    for name in sorted(set(a) | set(b)):
-        x, y = a.get(name), b.get(name)
-        if (x is None) != (y is None):
+    """Two runs of the same implementation on the same inputs: every tensor byte-identical (the
+    first that differs, in name order, is described; all are compared in one batch)."""
+    names = sorted(set(a) | set(b))
+    batch = Batch()
+    at = {n: batch.add(exact_check(check, a[n], b[n])) for n in names if a.get(n) is not None and b.get(n) is not None}
+    recs = batch.resolve()
+    for name in names:
+        if (a.get(name) is None) != (b.get(name) is None):
             return Record(check, False, detail=f"{name}: present in one run only")
-        if x is None:
-            continue
-        r = exact(check, x, y)
-        if not r.passed:
+        r = recs[at[name]] if name in at else None
+        if r is not None and not r.passed:
             return Record(check, False, mismatch_frac=r.mismatch_frac, worst=f"{name}: {r.worst}", detail=f"{name} differs between runs: {r.detail}")
     return Record(check, True)

@@ -263,3 +263,28 @@ def test_a_rerun_writing_the_first_runs_buffer_is_compared(device):
     assert by["effect:buf"].passed and by["untouched:buf"].passed, by["effect:buf"]
     assert not by["effect:buf@poisoned-alloc"].passed and not by["finite:buf@poisoned"].passed  # NaN: finite owns it
     assert not by["determinism"].passed
+
+
+def test_a_run_sends_its_checks_to_the_host_in_a_few_transfers(registry, device, monkeypatch):
+    """Each host transfer is a sync on a GPU, and the nightly's processes share one GPU: a transfer waits
+    for every process's queued work. The checks of one call's outputs, of its effects and of its untouched
+    inputs go to the host as one batch each (``compare.Batch``: a transfer per stage), whatever the number
+    of outputs and inputs. Counted here: every ``tolist``, ``item`` and ``torch.equal`` of a qk_norm_rope
+    run (three calls, its inputs, outputs and ring), the wrapper's own value checks included."""
+    transfers = []
+
+    def counting(name, fn):
+        def wrapped(*a, **kw):
+            transfers.append(name)
+            return fn(*a, **kw)
+        return wrapped
+
+    spec = registry.ops["qk_norm_rope"]
+    impl = registry.impls["qk_norm_rope/fused"]
+    case = next(c for c in spec.catalog(big=False) if c.name == "dsv4-verify-b1-l3-h16")
+    setup = runners.CaseSetup(spec, case, device)
+    for owner, name in ((torch.Tensor, "tolist"), (torch.Tensor, "item"), (torch, "equal")):
+        monkeypatch.setattr(owner, name, counting(name, getattr(owner, name)))
+    res = runners.run_case(spec, impl, case, device, setup=lambda: setup)
+    assert res.records and all(r.passed for r in res.records), [r for r in res.records if not r.passed][:2]
+    assert len(transfers) <= 16, transfers  # 12 batched; 36 with a transfer per check (21 of them torch.equal)

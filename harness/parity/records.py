@@ -89,7 +89,8 @@ def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suf
     spec, case, oracle, ref_out, allowance = ctx.spec, ctx.case, ctx.oracle, ctx.ref_out, ctx.allowance
     if allowance is not None and allowance.oracle is not None:
         oracle = allowance.oracle
-    recs = []
+    batch = compare.Batch()  # every check of the outputs, made together (one transfer per stage)
+    plan = []  # (output, index of its exact or finite check, indices of its numeric checks or None)
     is_ref = ctx.impl.kind == "reference"
     for o in spec.outputs:
         if not o.when(case):
@@ -98,20 +99,28 @@ def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suf
         if o.contract == "exact":
             if o.observed is not None:
                 got = o.observed(got, inputs, before)
-            rec = compare.exact(f"exact:{o.name}{suffix}", got, ref_out[o.name])
+            plan.append((o, batch.add(compare.exact_check(f"exact:{o.name}{suffix}", got, ref_out[o.name])), None))
+        else:
+            tol = spec.tolerance(o.name, got.dtype if got is not None else ref_out[o.name].dtype)
+            k = batch.add(compare.finite_check(f"finite:{o.name}{suffix}", got, oracle[o.name]))
+            chains = (ref_out,) if allowance is None else allowance.outs
+            plan.append((o, k, [batch.add(compare.numeric_check(f"numeric:{o.name}{suffix}", got, oracle[o.name],
+                                                                 chain.get(o.name), tol, is_reference=is_ref))
+                                for chain in chains]))
+    done = batch.resolve()
+    recs = []
+    for o, k, numeric in plan:
+        rec = done[k]
+        if numeric is None:
             if o.observed is not None and not rec.passed and o.observed.__doc__:
                 rec = dataclasses.replace(rec, detail=f"{rec.detail} ({o.observed.__doc__.strip().splitlines()[0]})")
             recs.append(rec)
-        else:
-            tol = spec.tolerance(o.name, got.dtype if got is not None else ref_out[o.name].dtype)
-            recs.append(compare.finite(f"finite:{o.name}{suffix}", got, oracle[o.name]))
-            chains = (ref_out,) if allowance is None else allowance.outs
-            rec = max((compare.numeric(f"numeric:{o.name}{suffix}", got, oracle[o.name], chain.get(o.name), tol,
-                                       is_reference=is_ref) for chain in chains),
-                      key=lambda r: r.allowed if r.allowed == r.allowed else float("-inf"))
-            if allowance is not None:
-                rec = dataclasses.replace(rec, detail="; ".join(x for x in (rec.detail, allowance.label) if x))
-            recs.append(rec)
+            continue
+        recs.append(rec)
+        rec = max((done[j] for j in numeric), key=lambda r: r.allowed if r.allowed == r.allowed else float("-inf"))
+        if allowance is not None:
+            rec = dataclasses.replace(rec, detail="; ".join(x for x in (rec.detail, allowance.label) if x))
+        recs.append(rec)
     return recs
 
 
@@ -120,7 +129,7 @@ def _effect_records(ctx: CaseContext, inputs: dict, before: dict, suffix: str = 
     """The records of ``spec.effects``: a function of the inputs ``spec.effects`` reads (host
     copies of them land in ``seen``), the effect buffers and ``before``'s. Compared on the buffers' device."""
     spec = ctx.spec
-    recs = []
+    batch = compare.Batch()  # every check of the effects, made together; their records in this order
     is_ref = ctx.impl.kind == "reference"
     view = _HostView(inputs)
     if seen is not None:
@@ -133,15 +142,15 @@ def _effect_records(ctx: CaseContext, inputs: dict, before: dict, suffix: str = 
             if eff.view is not None:
                 got, want = eff.view(got), eff.view(want)
             if eff.contract == "exact":
-                recs.append(compare.exact(f"effect:{eff.buffer}{suffix}", got, want))
+                batch.add(compare.exact_check(f"effect:{eff.buffer}{suffix}", got, want))
             else:
                 tol = spec.tolerance(eff.buffer, buf.dtype)
-                recs.append(compare.finite(f"finite:{eff.buffer}{suffix}", got, eff.oracle_rows))
-                recs.append(compare.numeric(f"effect:{eff.buffer}{suffix}", got, eff.oracle_rows, want, tol,
-                                            is_reference=is_ref))
-        recs.append(compare.untouched(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer], rows,
-                                      written_bytes=eff.written_bytes))
-    return recs
+                batch.add(compare.finite_check(f"finite:{eff.buffer}{suffix}", got, eff.oracle_rows))
+                batch.add(compare.numeric_check(f"effect:{eff.buffer}{suffix}", got, eff.oracle_rows, want, tol,
+                                                is_reference=is_ref))
+        batch.add(compare.untouched_check(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer], rows,
+                                          written_bytes=eff.written_bytes))
+    return batch.resolve()
 
 
 def check_outputs(ctx: CaseContext, out: dict, inputs: dict, before: dict, suffix: str = "") -> list[compare.Record]:
@@ -225,12 +234,12 @@ def untouched_inputs(ctx: CaseContext, inputs: dict, suffix: str = "") -> list[c
     spec, impl, pristine = ctx.spec, ctx.impl, ctx.pristine
     allowed = set(spec.writable) | set(spec.out_args) | set(impl.may_write)
     storages = {t.untyped_storage().data_ptr() for n in allowed if isinstance(t := inputs.get(n), torch.Tensor)} - {0}
-    recs = []
+    batch = compare.Batch()  # one transfer for every input's flag
     for name, t in inputs.items():
         if name in allowed or not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in storages:
             continue
-        recs.append(compare.unchanged(f"untouched:{name}{suffix}", t, pristine[name],
-                                      hint=f" (not writable in {spec.name}; a kernel that writes it on purpose "
-                                           f"declares Impl(may_write=({name!r},)))"))
-    return recs
+        batch.add(compare.unchanged_check(f"untouched:{name}{suffix}", t, pristine[name],
+                                          hint=f" (not writable in {spec.name}; a kernel that writes it on purpose "
+                                               f"declares Impl(may_write=({name!r},)))"))
+    return batch.resolve()
 
