@@ -42,6 +42,13 @@ def test_aligned_attrs_leave_do_not_specialize_out():
     sig = {"x_ptr": "*bf16", "n": "i32", "v": "i32", "s": "i64", "scale": "fp32"}
     assert cc.aligned_attrs(Kernel, sig) == {(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]}
 
+    class WithConstexpr:  # a JITFunction's positions count every argument, constexprs included
+        arg_names = ["x_ptr", "BLOCK", "n", "v"]
+        do_not_specialize = (2,)
+
+    assert cc.aligned_attrs(WithConstexpr, {"x_ptr": "*fp32", "n": "i32", "v": "i32"}) == {
+        (0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]}
+
 
 @pytest.mark.long
 def test_row_kernels_load_16_byte_vectors_on_sm90():

@@ -41,7 +41,8 @@ def aligned_attrs(fn, signature: dict) -> dict:
     integer argument a multiple of 16: Triton marks such pointers and integers divisible by 16, save
     the integers the kernel lists in ``do_not_specialize`` (by name or position)."""
     names = list(signature)
-    dns = {names[i] if isinstance(i, int) else i for i in (getattr(fn, "do_not_specialize", None) or ())}
+    every = getattr(fn, "arg_names", None) or names  # a position counts the constexprs too
+    dns = {every[i] if isinstance(i, int) else i for i in (getattr(fn, "do_not_specialize", None) or ())}
     return {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
             if signature[a].startswith("*") or (signature[a] in ("i32", "i64") and a not in dns)}
 
