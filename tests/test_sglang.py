@@ -219,3 +219,68 @@ def test_planted_chain_sampling_bugs_fail_exactly(registry, device, tmp_path, pl
     impl = dataclasses.replace(IMPLS["sglang-chain-sampling"], name=f"planted-{plant}", fn=fn)
     _, recs = _run(registry, device, "spec_sampling", impl, "far-drafts")
     assert not recs["exact:output_ids"].passed, recs
+
+
+# ----------------------------------------------------------------------------- greedy tree acceptance
+
+@pytest.mark.parametrize("name", ["eagle-k8-d7-n48-dfs", "match-last-sibling", "duplicate-siblings", "cousin-decoys",
+                                  "none-accepted", "truncated-at-s", "single-node", "shuffled-rows",
+                                  "coarse-ties-v4097", "int32-tree-strided"])
+def test_tree_greedy_is_exact(registry, device, name):
+    """SGLang's Triton tree verify after EAGLE's torch.argmax gives the chain's path, lengths and predicts
+    element for element: first matching sibling, truncation at S - 1, rows permuted, tied maxima, int32 trees."""
+    res, recs = _run(registry, device, "verify_tree_accept", IMPLS["sglang-tree-greedy"], name)
+    assert not res.refused and {"exact:predicts", "exact:accept_index", "exact:accept_token_num"} <= set(recs), res
+    assert all(r.passed for r in recs.values()), [(r.check, r.worst) for r in recs.values() if not r.passed]
+
+
+def test_tree_greedy_refuses_padding_requests(registry, device):
+    impl = IMPLS["sglang-tree-greedy"]
+    assert "padding requests" in impl.handles(_case(registry, "verify_tree_accept", "padding-requests"), device)
+    assert impl.handles(_case(registry, "verify_tree_accept", "spare-slots"), device) is True
+
+
+def test_tree_kernel_file_loads_with_its_platform_flags_off():
+    """spec_tree.py loads from the wheel with its platform flags stood in (no compiled extension imported)."""
+    mod = sglang.load_tree()
+    assert mod.__file__.endswith("sglang/kernels/ops/speculative/spec_tree.py")
+    if getattr(sys.modules["sglang"], "__file__", None) is None:
+        assert not mod._is_cuda and not mod._is_cpu and "sgl_kernel" not in sys.modules
+
+
+@pytest.mark.parametrize("plant, old, new", [
+    ("bonus-off-by-one", "tl.store(predicts_ptr + last_accept_retrieve_idx, final_target)",
+     "tl.store(predicts_ptr + last_accept_retrieve_idx, final_target + 1)  # PLANTED"),
+    ("mismatch-accepted", "token_match = is_valid & (draft_token == target_token)",
+     "token_match = is_valid & (draft_token != target_token)  # PLANTED"),
+])
+def test_planted_tree_kernel_bugs_fail_exactly(registry, device, tmp_path, plant, old, new):
+    """Planted in a copy of SGLang's spec_tree.py: the bonus token off by one, and the first sibling that does
+    not match accepted. Each fails an exact check. (A plant that lets the scan go on past a match writes past
+    accept_index's row: under the interpreter that is a write outside the tensor, so it is not planted here.)"""
+    import functools
+    import importlib.util
+    from pathlib import Path
+
+    src = Path(sglang.load_tree().__file__).read_text()
+    assert src.count(old) == 1, "SGLang's kernel changed: re-plant"
+    path = tmp_path / f"planted_spec_tree_{plant.replace('-', '_')}.py"
+    path.write_text(src.replace(old, new))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    impl = dataclasses.replace(IMPLS["sglang-tree-greedy"], name=f"planted-{plant}",
+                               fn=functools.partial(sglang.tree_greedy, kernels=mod))
+    _, recs = _run(registry, device, "verify_tree_accept", impl, "duplicate-siblings")
+    assert not all(r.passed for r in recs.values()), recs
+
+
+def test_tree_bench_call_is_the_adapter(registry, device):
+    """The benchmark's SGLang column (``tree_bench_calls``) runs what the adapter runs: the chain's outputs."""
+    from reference.verify_tree_accept import chain as ref
+
+    kw = registry.ops["verify_tree_accept"].build_inputs(_case(registry, "verify_tree_accept", "cousin-decoys"), device)
+    calls = sglang.tree_bench_calls(kw)
+    assert list(calls) == ["sglang-tree-greedy"]
+    got, want = calls["sglang-tree-greedy"](), ref.verify_tree_accept(**kw)
+    assert all(torch.equal(got[k], want[k]) for k in want), (got, want)

@@ -3,9 +3,9 @@ reference seven-launch chain vs torch.compile of that chain, side by side in one
 
     python -m cases.verify_tree_accept.bench --out DIR [--quick] [--b B ...] [--v V ...]
 
-Shapes: B requests in 1..64, each an EAGLE-2 tree of top-k 8, 5 steps and N = 64 draft tokens
-(S = 6: at most 5 accepted), vocabularies of the 32K / 128K / 152K classes (32,000 Llama-2,
-128,256 Llama-3, 151,936 Qwen), bf16 logits as an LM head hands them over: a (B·N, V) slice of a
+Shapes: B requests in 1..256, each an EAGLE-2 tree of top-k 8, 5 steps and N = 64 draft tokens
+(S = 6: at most 5 accepted), vocabularies of the 32K and 152K classes (32,000 Llama-2, 151,936 Qwen;
+``--v 128256`` for Llama-3's), bf16 logits as an LM head hands them over: a (B·N, V) slice of a
 buffer whose rows are V + 128 wide (``wide_rows.lm_head_logits``). The tokens are planted so that
 every request accepts a path as deep as its tree (``accept="all"``, the matching child anywhere in
 its sibling list): the fused kernel reads the rows of that path, at most S of a request's N (the
@@ -16,7 +16,9 @@ reference chain and to torch.compile of it, achieved bandwidth against the measu
 bandwidth — the bytes are those the *op* must move, which for a tree walk are the rows of the
 accepted path, not all B·N rows (``bytes_moved``; the chain's own traffic is larger by ~N/S) —
 and the kernel launches of one call (``count_launches``). The fused kernel must be exactly 1
-launch (else exit 1). Each shape also compares the fused outputs with the chain's
+launch (else exit 1). SGLang's greedy tree verify (``PEER``: EAGLE's torch.argmax, then its Triton tree
+kernel, ``harness.adapters.sglang.tree_bench_calls``) is timed beside them where sglang is installed, and
+its outputs are compared with the chain's too (``sglang_mismatches``). Each shape also compares the fused outputs with the chain's
 (``mismatches``: differing elements; a MISMATCH line when not 0). Writes
 DIR/verify_tree_accept_bench.csv (wide, one row per shape) and DIR/perf.csv (PerfRow). Without a
 GPU it says so and exits 0.
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.bench import perf
+from harness.bench import perf_rows as pr
 from harness.bench import wide_rows as wr
 from reports.rows import PerfRow
 
@@ -38,7 +41,8 @@ EXPECTED_LAUNCHES = {"fused": 1}
 WARMUP_MS, REP_MS = 10, 50
 EXTRA_TIMINGS = 0
 TOPK, DEPTH, N = 8, 5, 64  # an EAGLE-2/3 tree as deployed
-B_FULL, V_FULL = (1, 8, 64), (32000, 128256, 151936)
+B_FULL, V_FULL = (1, 8, 64, 256), (32000, 151936)
+PEER = "sglang-tree-greedy"
 # the quick set (the nightly's bench step): one request at the largest vocabulary (one program walks it),
 # a full batch at the largest
 QUICK = ((1, 151936), (64, 151936))
@@ -70,9 +74,11 @@ def bytes_moved(s: Shape, path_rows: int) -> int:
     return path_rows * s.V * 2 + 4 * s.T * 8 + s.T * 4 + s.B * (DEPTH + 1) * 4 + s.B * 4
 
 
-# mismatches: fused vs the chain, elements of the three outputs (must be 0); path_rows: rows the walk reads
+# mismatches: fused vs the chain, elements of the three outputs (must be 0); path_rows: rows the walk reads;
+# sglang_*: SGLang's tree verify (PEER; NaN, and -1 launches / mismatches, where it does not run)
 BenchRow = wr.wide_row_type(__name__, (("B", int), ("N", int), ("V", int), ("T", int), ("bytes_moved", int)),
-                            (("path_rows", int), ("mismatches", int)))
+                            (("sglang_us", float), ("sglang_over_fused", float), ("sglang_launches", int),
+                             ("sglang_mismatches", int), ("path_rows", int), ("mismatches", int)))
 
 
 def _inputs(s: Shape, dev) -> dict:
@@ -109,6 +115,15 @@ def _implementations(kw: dict, compiled_chain) -> dict:
     return {"fused": fused, "reference": lambda: chain_body(*args), "compiled": lambda: compiled_chain(*args)}
 
 
+def _peers(kw: dict, dev) -> dict:
+    """SGLang's tree verify on the same inputs (compiled devices only: the interpreter times nothing real)."""
+    if dev.interpreted:
+        return {}
+    from harness.adapters import sglang
+
+    return sglang.tree_bench_calls(kw)
+
+
 WIDE_CSV = "verify_tree_accept_bench.csv"
 
 
@@ -122,17 +137,29 @@ def measurements(shape_list: list[Shape], ctx: perf.Context):
         fo, ro = impls["fused"](), impls["reference"]()
         bad = sum(int((a != b).sum()) for a, b in zip(fo, ro))
         path_rows = int((ro[1] >= 0).sum())
+        peers = _peers(kw, ctx.dev)
+        peer_bad = -1
+        if peers:
+            po = peers[PEER]()
+            peer_bad = sum(int((po[k] != r).sum()) for k, r in zip(("predicts", "accept_index", "accept_token_num"), ro))
         t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
-        del kw, impls, fo, ro
-        yield wr.Measured(s, t, bytes_moved(s, path_rows), {"mismatches": bad, "path_rows": path_rows})
+        t.update(perf.measure(peers, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS))
+        del kw, impls, peers, fo, ro
+        yield wr.Measured(s, t, bytes_moved(s, path_rows), {"mismatches": bad, "sglang_mismatches": peer_bad,
+                                                            "path_rows": path_rows})
 
 
 def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
-    s, bad = m.shape, m.extra["mismatches"]
+    s, bad, t = m.shape, m.extra["mismatches"], m.timings
+    sgl, sgl_bad = t.get(PEER, pr.NOT_MEASURED), m.extra["sglang_mismatches"]
     row = BenchRow(B=s.B, N=s.N, V=s.V, T=s.T, bytes_moved=m.bytes_moved, **wr.fused_vs_chain(m, rows["fused"]),
-                   path_rows=m.extra["path_rows"], mismatches=bad)
-    line = f"{wr.fused_line(m, rows['fused'])} | path rows {m.extra['path_rows']} | mismatches {bad}"
-    line += wr.mismatch_line(s.case, bad)
+                   sglang_us=sgl.p50_us, sglang_over_fused=pr.ratio(sgl.p50_us, t["fused"].p50_us),
+                   sglang_launches=sgl.launches, sglang_mismatches=sgl_bad, path_rows=m.extra["path_rows"],
+                   mismatches=bad)
+    peer = (f" | sglang {sgl.p50_us:8.2f} us (launches {sgl.launches}, x{row.sglang_over_fused:5.2f} vs fused, "
+            f"mismatches {sgl_bad})" if PEER in t else "")
+    line = f"{wr.fused_line(m, rows['fused'])}{peer} | path rows {m.extra['path_rows']} | mismatches {bad}"
+    line += wr.mismatch_line(s.case, bad) + wr.mismatch_line(s.case, sgl_bad, "SGLang's tree verify")
     return row, line
 
 

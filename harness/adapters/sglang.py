@@ -7,6 +7,9 @@
   sglang-chain-sampling spec_sampling    ``chain_speculative_sampling_triton`` (speculative/reject_sampling.py):
                                          the chain rejection sampler EAGLE's verify runs with rejection
                                          sampling on, the uniforms (SGLang's "coins") given: exact
+  sglang-tree-greedy   verify_tree_accept ``verify_tree_greedy_triton`` (speculative/spec_tree.py): the Triton
+                                         twin of the CUDA kernel EAGLE's greedy tree verify runs on NVIDIA and
+                                         AMD (SGLang runs this one on XPU), after EAGLE's torch.argmax: exact
 
 Written as any user's adapter is (docs/plugins.md): it sees the op's keyword arguments and the case,
 calls the vendor's own entry point and the vendor's own ``can_handle``, and refuses, with the reason,
@@ -311,8 +314,80 @@ def sampling_bench_calls(kw: dict) -> dict:
         **{k: kw[k] for k in ("target_logits", "temperature", "draft_probs", "draft_tokens", "uniforms")})}
 
 
+# ----------------------------------------------------------------------------- tree greedy acceptance
+
+_TREE = "sglang.kernels.ops.speculative.spec_tree"
+
+
+def _no_platform_dispatch(*args, **kwargs):
+    raise NotImplementedError("verify-parity stand-in: SGLang's platform dispatch is not part of the adapters")
+
+
+# spec_tree.py's host side: its platform flags pick what ``verify_tree_greedy_func`` dispatches to and which
+# compiled builders it imports (sgl_kernel on CPU and MUSA, its JIT module on CUDA and ROCm). The adapter calls
+# the Triton kernel itself, so those flags are False (no branch imports a compiled extension); ``is_hip`` stays
+# SHIMMED's (the real answer), so on ROCm the file imports SGLang's JIT tree module and may not load.
+TREE_SHIMMED = {
+    "sglang.srt.utils": {f"is_{p}": (lambda: False) for p in ("cuda", "cpu", "musa", "npu", "xpu")},
+    "sglang.srt.platforms": {"current_platform": None},
+    "sglang.srt.platforms.interface": {"reject_out_of_tree_path": _no_platform_dispatch},
+}
+
+
+@functools.cache
+def load_tree() -> types.ModuleType:
+    """SGLang's spec_tree.py (``verify_tree_greedy_triton``), loaded as ``load`` loads the other files."""
+    stand_in(SHIMMED)
+    stand_in(TREE_SHIMMED, [_TREE.rsplit(".", 1)[0]])
+    return importlib.import_module(_TREE)
+
+
+def _tree_can_handle(case, device) -> bool | str:
+    if case.padding:
+        return ("padding requests (retrive_index[b, 0] < 0): SGLang's kernel stores that index in accept_index and "
+                "writes predicts at it; EAGLE never passes them")
+    try:
+        load_tree()
+    except Exception as exc:  # e.g. ROCm: the file imports SGLang's JIT tree module there
+        return f"spec_tree.py does not load here ({type(exc).__name__}: {exc})"
+    return True
+
+
+def tree_greedy(*, target_logits, candidates, retrive_index, retrive_next_token, retrive_next_sibling,
+                num_speculative_tokens, kernels=None):
+    """The op as EAGLE's greedy tree verify runs it (``eagle_utils.py``): ``torch.argmax`` of the target rows,
+    (B, N) in row order, then ``verify_tree_greedy_triton`` on SGLang's int64 tree tensors, into outputs
+    pre-filled with -1 (SGLang's kernel writes the accepted path's entries only). ``kernels``: another module
+    of SGLang's ``spec_tree`` (default: the installed one; tests plant bugs in a copy)."""
+    mod = kernels or load_tree()
+    B, N = candidates.shape
+    dev = target_logits.device
+    target_predict = torch.argmax(target_logits[: B * N], dim=-1).view(B, N)
+    predicts = torch.full((B * N,), -1, dtype=torch.int32, device=dev)
+    accept_index = torch.full((B, num_speculative_tokens), -1, dtype=torch.int32, device=dev)
+    n = torch.zeros((B,), dtype=torch.int32, device=dev)
+    mod.verify_tree_greedy_triton(predicts=predicts, accept_index=accept_index, accept_token_num=n,
+                                  candidates=candidates.long().contiguous(),
+                                  retrieve_index=retrive_index.long().contiguous(),
+                                  retrieve_next_token=retrive_next_token.long().contiguous(),
+                                  retrieve_next_sibling=retrive_next_sibling.long().contiguous(),
+                                  target_predict=target_predict)
+    return {"predicts": predicts, "accept_index": accept_index, "accept_token_num": n}
+
+
+def tree_bench_calls(kw: dict) -> dict:
+    """{"sglang-tree-greedy": a zero-argument callable} doing EAGLE's greedy tree verify (``tree_greedy``:
+    torch.argmax, then SGLang's Triton tree kernel) on verify_tree_accept keyword arguments ``kw``, for the
+    benchmark (cases/verify_tree_accept/bench.py); {} when sglang is not installed or the file does not load."""
+    try:
+        load_tree()
+    except Exception:  # noqa: BLE001 - not installed, or spec_tree.py does not load on this platform
+        return {}
+    return {"sglang-tree-greedy": lambda: tree_greedy(**kw)}
+
+
 def IMPLS() -> list[Impl]:
-    """The four adapters (a zero-argument callable: ``--impl`` imports no sglang until it runs)."""
+    """The five adapters (a zero-argument callable: ``--impl`` imports no sglang until it runs)."""
     load()
     doc = f"SGLang {installed_version() or '?'} (checked against {VERSION}) "
     return [
@@ -327,6 +402,8 @@ def IMPLS() -> list[Impl]:
         Impl("spec_sampling", "sglang-chain-sampling", "external", chain_sampling,
              can_handle=_chain_sampling_can_handle,
              doc=doc + "chain_speculative_sampling_triton: EAGLE's rejection sampler on a chain, coins given"),
+        Impl("verify_tree_accept", "sglang-tree-greedy", "external", tree_greedy, can_handle=_tree_can_handle,
+             doc=doc + "verify_tree_greedy_triton after torch.argmax: EAGLE's greedy tree verify (its XPU kernel)"),
         Impl("qk_norm_rope", "sglang-qk-norm-rope", "external", _qk_norm_rope, can_handle=_qk_can_handle,
              may_write=("kv",), doc=doc + "fused_qk_norm_rope_swa_store, bf16 ring store in decode, "
                                                 "paged fp8 store on non-unified layers"),
