@@ -420,3 +420,20 @@ def test_online_chain_makes_no_per_head_copy_of_the_prefix(device):
         one_pass = r.verify_attention(**inp, online_tile=32)["o"].float()
     assert Largest.numel < H * n * D, Largest.numel  # scores are H x L x (n + L); a per-head copy H x n x D
     assert (split - one_pass).abs().max().item() <= 2 ** -7
+
+
+@needs_vllm
+def test_greedy_bench_call_is_the_adapters_rejection_sample(registry, device):
+    """The verify_accept benchmark's vLLM column (``greedy_bench_calls``: index tensors built once, then
+    ``rejection_sample``) gives what the adapter gives, on strided logits rows."""
+    spec = registry.ops["verify_accept"]
+    case = next(c for c in spec.catalog() if c.name == "strided-rows")
+    kw = spec.build_inputs(case, device)
+    calls = vllm.greedy_bench_calls(kw)
+    assert list(calls) == ["vllm-rejection-greedy"]
+    sampled, num_sampled = calls["vllm-rejection-greedy"]()
+    want = vllm.rejection_greedy(**kw)
+    n = num_sampled.long()
+    keep = torch.arange(sampled.shape[1])[None, :] < n[:, None]
+    assert torch.equal(torch.where(keep, sampled, -1).to(torch.int32), want["output_ids"])
+    assert torch.equal((n - 1).to(torch.int32), want["accept_length"])

@@ -18,8 +18,11 @@ write the ids and lengths) against the device-to-device copy bandwidth measured 
 and the kernel launches of one call (``count_launches``). The fused call must be exactly 2 launches
 (else exit 1). ``--before``: an earlier tree's fused/verify_accept/wrapper.py (``harness.bench.before``;
 e.g. the one-program-per-request kernel of trees up to 5f017f8 (2026-12-07)) timed as ``before`` beside ours.
-Each shape also compares the fused outputs (and ``--before``'s) with the chain's (``mismatches``:
-differing elements; a MISMATCH line when not 0). Writes DIR/verify_accept_bench.csv (wide, one row
+vLLM's greedy verify (``PEER``: ``rejection_sample`` at temperature 0, its index tensors built once, as
+its model runner holds them; ``harness.adapters.vllm.greedy_bench_calls``) is timed beside them, eager and
+replayed, where vllm is installed. Each shape also compares the fused outputs (and ``--before``'s, and
+vLLM's: ``vllm_mismatches``) with the chain's (``mismatches``: differing elements; a MISMATCH line when
+not 0). Writes DIR/verify_accept_bench.csv (wide, one row
 per shape) and DIR/perf.csv (PerfRow). Without a GPU it says so and exits 0.
 """
 from __future__ import annotations
@@ -69,9 +72,13 @@ def bytes_moved(s: Shape) -> int:
 
 # mismatches: fused (and --before's) vs the chain, elements of output_ids and accept_length (must be 0);
 # *_graph_us: replayed from a CUDA graph; before_*: --before's kernel (NaN when not asked)
+# vllm_*: vLLM's greedy verify (PEER, its adapter's rejection_sample at temperature 0; NaN, and -1 launches /
+# mismatches, where vllm is not installed); vllm_mismatches: its outputs against the chain's
 BenchRow = wr.wide_row_type(__name__, (("B", int), ("L", int), ("V", int), ("T", int), ("bytes_moved", int)),
                             (("mismatches", int), ("fused_graph_us", float), ("compiled_graph_us", float),
-                             ("before_us", float), ("before_graph_us", float)))
+                             ("before_us", float), ("before_graph_us", float), ("vllm_us", float),
+                             ("vllm_graph_us", float), ("vllm_launches", int), ("vllm_mismatches", int)))
+PEER = "vllm-rejection-greedy"
 
 # --before's module (harness.bench.before.load_module), set by main for the run's measurements
 before_modules: list = []
@@ -131,21 +138,40 @@ def measurements(shape_list: list[Shape], ctx: perf.Context):
         ro, rn = impls["reference"]()
         bad = sum(int((o != ro).sum()) + int((n != rn).sum())
                   for o, n in (impls[k]() for k in ("fused", "before") if k in impls))
+        peers = _peers(kw, ctx.dev)
+        peer_bad = -1
+        if peers:
+            from harness.adapters import vllm
+
+            po = vllm.rejection_greedy(**kw)
+            peer_bad = int((po["output_ids"] != ro).sum()) + int((po["accept_length"] != rn).sum())
         t = perf.measure(impls, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS, graph_rep_ms=GRAPH_REP_MS)
-        del kw, impls, ro, rn
-        yield wr.Measured(s, t, bytes_moved(s), {"mismatches": bad})
+        t.update(perf.measure(peers, ctx.dev, warmup_ms=WARMUP_MS, rep_ms=REP_MS, graph_rep_ms=GRAPH_REP_MS))
+        del kw, impls, peers, ro, rn
+        yield wr.Measured(s, t, bytes_moved(s), {"mismatches": bad, "vllm_mismatches": peer_bad})
+
+
+def _peers(kw: dict, dev) -> dict:
+    """vLLM's greedy verify on the same inputs (compiled devices only: the interpreter times nothing real)."""
+    if dev.interpreted:
+        return {}
+    from harness.adapters import vllm
+
+    return vllm.greedy_bench_calls(kw)
 
 
 def wide_row(m: wr.Measured, rows: dict[str, PerfRow]) -> tuple[BenchRow, str]:
     s, bad, t = m.shape, m.extra["mismatches"], m.timings
-    before = t.get("before", pr.NOT_MEASURED)
+    before, peer, peer_bad = t.get("before", pr.NOT_MEASURED), t.get(PEER, pr.NOT_MEASURED), m.extra["vllm_mismatches"]
     row = BenchRow(B=s.B, L=s.L, V=s.V, T=s.T, bytes_moved=m.bytes_moved, **wr.fused_vs_chain(m, rows["fused"]),
                    mismatches=bad, fused_graph_us=t["fused"].graph_us, compiled_graph_us=t["compiled"].graph_us,
-                   before_us=before.p50_us, before_graph_us=before.graph_us)
+                   before_us=before.p50_us, before_graph_us=before.graph_us, vllm_us=peer.p50_us,
+                   vllm_graph_us=peer.graph_us, vllm_launches=peer.launches, vllm_mismatches=peer_bad)
     line = (f"{wr.fused_line(m, rows['fused'])} | graph fused {t['fused'].graph_us:7.2f} us, compiled "
             f"{t['compiled'].graph_us:7.2f} us" + (f", before {before.graph_us:7.2f} us" if "before" in t else "")
-            + f" | mismatches {bad}")
-    line += wr.mismatch_line(s.case, bad)
+            + (f", vllm {peer.graph_us:7.2f} us (eager {peer.p50_us:7.2f}, launches {peer.launches}, mismatches "
+               f"{peer_bad})" if PEER in t else "") + f" | mismatches {bad}")
+    line += wr.mismatch_line(s.case, bad) + wr.mismatch_line(s.case, peer_bad, "vLLM's greedy verify")
     return row, line
 
 

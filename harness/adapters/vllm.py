@@ -237,7 +237,39 @@ def installed_version() -> str:
 # ----------------------------------------------------------------------------- greedy acceptance
 
 
-def _rejection_greedy(*, target_logits, draft_tokens, qo_indptr):
+def _greedy_step(logits, drafts, mod=None):
+    """vLLM's greedy verify of R scheduled requests as a zero-argument callable -> (sampled (R, L + 1),
+    num_sampled (R,)): ``logits`` (R·(L + 1), V) their rows, ``drafts`` (R, L) long. The step's input ids,
+    the per-request index tensors and the zero temperatures are built once, as the model runner holds them;
+    the call is ``rejection_sample`` alone."""
+    mod = mod or load()["rejection_sampler_utils"]
+    dev = logits.device
+    R, L = drafts.shape
+    sampled_in = torch.cat((torch.zeros(R, 1, dtype=torch.long, device=dev), drafts), 1).flatten()  # (R·(L+1),)
+    cu = torch.arange(R + 1, device=dev, dtype=torch.int32) * (L + 1)
+    local_pos = torch.arange(L + 1, device=dev, dtype=torch.int32).repeat(R)
+    req = torch.arange(R, device=dev, dtype=torch.int32)
+    expanded, pos = req.repeat_interleave(L + 1), local_pos.long()
+    temperature = torch.zeros(R, dtype=torch.float32, device=dev)
+    seed = torch.zeros(R, dtype=torch.int64, device=dev)
+    return lambda: mod.rejection_sample(logits, None, sampled_in, cu, pos=pos, idx_mapping=req,
+                                        expanded_idx_mapping=expanded, expanded_local_pos=local_pos,
+                                        temperature=temperature, seed=seed, num_speculative_steps=L)
+
+
+def greedy_bench_calls(kw: dict) -> dict:
+    """{"vllm-rejection-greedy": a zero-argument callable} running vLLM's greedy verify (``_greedy_step``) on
+    verify_accept keyword arguments ``kw`` whose requests are all real, for the benchmark
+    (cases/verify_accept/bench.py). {} when vllm is not installed."""
+    try:
+        load()
+    except VLLMUnavailable:
+        return {}
+    B = kw["qo_indptr"].shape[0] - 1
+    return {"vllm-rejection-greedy": _greedy_step(kw["target_logits"], kw["draft_tokens"].view(B, -1).long())}
+
+
+def rejection_greedy(*, target_logits, draft_tokens, qo_indptr):
     """vLLM's batch holds its scheduled requests only: a padding request (0 rows) is left out of the
     call and gets the op's padding row (all -1, accept length 0). Each real request b is one vLLM request
     of ``num_logits = L + 1`` rows; ``draft_sampled`` is the step's input ids (position ``start_b`` the
@@ -256,16 +288,7 @@ def _rejection_greedy(*, target_logits, draft_tokens, qo_indptr):
     rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in real]).to(dev)
     logits = target_logits[rows]  # (R·(L+1), V): vLLM's logits of the scheduled requests, rows contiguous
     drafts = draft_tokens.view(B, L)[torch.tensor(real, device=dev)].long()  # (R, L)
-    R = len(real)
-    sampled_in = torch.cat((torch.zeros(R, 1, dtype=torch.long, device=dev), drafts), 1).flatten()  # (R·(L+1),)
-    cu = torch.arange(R + 1, device=dev, dtype=torch.int32) * (L + 1)
-    local_pos = torch.arange(L + 1, device=dev, dtype=torch.int32).repeat(R)
-    req = torch.arange(R, device=dev, dtype=torch.int32)
-    sampled, num_sampled = mod.rejection_sample(
-        logits, None, sampled_in, cu, pos=local_pos.long(), idx_mapping=req,
-        expanded_idx_mapping=req.repeat_interleave(L + 1), expanded_local_pos=local_pos,
-        temperature=torch.zeros(R, dtype=torch.float32, device=dev), seed=torch.zeros(R, dtype=torch.int64, device=dev),
-        num_speculative_steps=L)
+    sampled, num_sampled = _greedy_step(logits, drafts, mod)()
     n = num_sampled.long()
     keep = torch.arange(L + 1, device=dev)[None, :] < n[:, None]
     idx = torch.tensor(real, device=dev)
@@ -764,7 +787,7 @@ def IMPLS() -> list[Impl]:
     return [
         # vLLM's greedy verify ignores NaN on purpose (its argmax across vocabulary blocks maps a NaN maximum to
         # -inf): NaN policy 'ignore', checked exactly against the chain under that policy
-        Impl("verify_accept", "vllm-rejection-greedy", "external", _rejection_greedy, nan_policy="ignore",
+        Impl("verify_accept", "vllm-rejection-greedy", "external", rejection_greedy, nan_policy="ignore",
              doc=doc + "rejection_sample at temperature 0 (greedy verify of the GPU model runner)"),
         # vLLM draws its own randomness (the acceptance uniform from (seed, position), the recovered and bonus
         # tokens by Gumbel-max): exact cases refused, judged by the distributional check
