@@ -110,17 +110,15 @@ def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suf
     done = batch.resolve()
     recs = []
     for o, k, numeric in plan:
-        rec = done[k]
-        if numeric is None:
-            if o.observed is not None and not rec.passed and o.observed.__doc__:
-                rec = dataclasses.replace(rec, detail=f"{rec.detail} ({o.observed.__doc__.strip().splitlines()[0]})")
+        rec = done[k]  # exact, or finite before its numeric
+        if numeric is None and o.observed is not None and not rec.passed and o.observed.__doc__:
+            rec = dataclasses.replace(rec, detail=f"{rec.detail} ({o.observed.__doc__.strip().splitlines()[0]})")
+        recs.append(rec)
+        if numeric is not None:  # the chain with the largest allowance
+            rec = max((done[j] for j in numeric), key=lambda r: r.allowed if r.allowed == r.allowed else float("-inf"))
+            if allowance is not None:
+                rec = dataclasses.replace(rec, detail="; ".join(x for x in (rec.detail, allowance.label) if x))
             recs.append(rec)
-            continue
-        recs.append(rec)
-        rec = max((done[j] for j in numeric), key=lambda r: r.allowed if r.allowed == r.allowed else float("-inf"))
-        if allowance is not None:
-            rec = dataclasses.replace(rec, detail="; ".join(x for x in (rec.detail, allowance.label) if x))
-        recs.append(rec)
     return recs
 
 
