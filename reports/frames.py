@@ -17,7 +17,12 @@ import pandas as pd
 import pyarrow as pa
 
 from reference.checks import VerifyParityInputError
-from reports.rows import VERDICTS, GateRow, ParityRow, PerfRow
+from reports.rows import VERDICTS, GateRow, ParityRow, PerfRow, TimelineRow
+
+# Columns that any two exactly equal rows share and that few distinct rows do: ``read`` looks for repeated rows
+# among the rows that repeat these first (every column of 670K parity rows: 1.8 s; these: 0.5 s, 2026-12-08).
+_REPEAT_KEYS = {ParityRow: ["case", "impl", "check", "seconds"],
+                TimelineRow: ["timeline", "path", "step", "layer", "check"]}
 
 
 class CSVError(VerifyParityInputError):
@@ -109,7 +114,19 @@ def read(paths: list[str | Path], row_type: type = ParityRow, *, counts: list | 
             counts.append((p, len(f)))
     if not frames:
         return pd.DataFrame(columns=cols)
-    return pd.concat(frames, ignore_index=True).drop_duplicates(ignore_index=True)
+    return _drop_repeats(pd.concat(frames, ignore_index=True), _REPEAT_KEYS.get(row_type))
+
+
+def _drop_repeats(frame: pd.DataFrame, key: list[str] | None) -> pd.DataFrame:
+    """``frame.drop_duplicates(ignore_index=True)``, with the whole rows compared only where ``key``'s columns
+    repeat (rows equal in every column are equal in those)."""
+    if key is None:
+        return frame.drop_duplicates(ignore_index=True)
+    maybe = frame.duplicated(key, keep=False)
+    if not maybe.any():
+        return frame.reset_index(drop=True)
+    repeated = frame[maybe].duplicated()
+    return frame.drop(index=repeated.index[repeated]).reset_index(drop=True)
 
 
 def _text(col: pd.Series) -> pd.Series:

@@ -74,6 +74,18 @@ def test_shards_merge_into_the_whole_run(runs, device, tmp_path):
         frames.read([tmp_path / "bad.csv"])
 
 
+def test_rows_that_share_the_repeat_key_but_differ_elsewhere_are_all_kept(runs, tmp_path):
+    """``frames.read`` compares whole rows only among those whose key columns repeat: two rows equal in
+    case, impl, check and seconds but not in their verdict are two rows, and an exact repeat is one."""
+    _, clean, _ = runs
+    twin = clean.iloc[[0]].assign(status="fail" if clean["status"].iloc[0] != "fail" else "pass")
+    clean.to_csv(tmp_path / "a.csv", index=False)
+    pd.concat([twin, clean.iloc[[0]]]).to_csv(tmp_path / "b.csv", index=False)
+    merged = frames.read([tmp_path / "a.csv", tmp_path / "b.csv"])
+    assert len(merged) == len(clean) + 1
+    assert len(merged.drop_duplicates()) == len(merged)
+
+
 def test_a_csv_from_before_a_column_was_added_reads_with_its_old_meaning(runs, tmp_path):
     """A previous nightly's CSV is the next one's baseline: ``precision`` came later and meant exact-fp32."""
     _, clean, _ = runs
