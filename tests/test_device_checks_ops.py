@@ -1,0 +1,309 @@
+"""``checked="device"`` of every fused op with host value checks (``fused.device_checks``): the call
+reads no device value (no host sync), valid input gives bitwise the host-checked call's outputs, and
+every bad value the host check refuses is recorded by the kernel and raised by ``raise_pending`` as
+the host check's error type naming the same argument. The bad values come from each op's own
+typed-error table (``tests/test_<op>.py::BAD``) and from the bad-input fuzzer's error classes
+(``cases/<op>/bad_inputs.py``, ``harness.fuzz``). qk_norm_rope's own tests: tests/test_device_checks.py."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from reference import checks
+
+# ----------------------------------------------------------------------------- counting host syncs
+
+# the aten ops that read a device value on the host (a sync on a GPU): scalars, data-dependent shapes
+SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+            "equal", "is_nonzero", "_assert_async")
+
+
+class _Syncs(TorchDispatchMode):
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in SYNC_OPS:
+            self.seen.append(name)
+        elif name in ("_to_copy", "copy_") and any(
+                isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args) and (
+                kwargs or {}).get("device", None) == torch.device("cpu"):
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counting_syncs(monkeypatch):
+    """Every host read of a device value made while the block runs, by name: ``tolist`` (which
+    bypasses the dispatcher on the CPU) and the aten ops of ``SYNC_OPS`` (``item``, ``bool``,
+    ``int``, boolean masks, ``unique``, ``torch.equal`` ...), a device-to-host copy on a GPU."""
+    seen: list[str] = []
+    real = torch.Tensor.tolist
+
+    def tolist(self):
+        seen.append("tolist")
+        return real(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "tolist", tolist)
+        with _Syncs(seen):
+            yield seen
+
+
+def test_the_counter_sees_the_host_checks(device, monkeypatch):
+    """The counter is not blind: the default (host) call of each op syncs, and a no-op does not."""
+    for op in OPS:
+        kw, call = OPS[op]["valid"](device), OPS[op]["call"]
+        with counting_syncs(monkeypatch) as seen:
+            call(copy.deepcopy(kw), True)
+        assert seen, op
+    with counting_syncs(monkeypatch) as seen:
+        torch.zeros(3, device=device.torch_device) + 1
+    assert not seen
+
+
+# ----------------------------------------------------------------------------- the ops
+
+def _mla_call(kw, checked):
+    from fused.mla_fp8_prepare import wrapper as f
+
+    q8 = f.mla_fp8_prepare(**kw, checked=checked)
+    return {"q8": q8, "kv_buffer": kw["kv_buffer"]}
+
+
+def _mla_valid(device, seed=1, T=5):
+    from cases.mla_fp8_prepare import catalog as c
+
+    kw = c.build_inputs(c.MlaFp8PrepareCase(T=T, H=2, Dn=32, R=8, pool="identity", seed=seed), device)
+    return {k: kw[k] for k in ("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "kv_descale", "fp8_policy")} | \
+        {"loc": kw["out_cache_loc"]}
+
+
+def _mla_bad():
+    from tests.test_mla_fp8_prepare import BAD
+
+    return BAD
+
+
+def _va_call(kw, checked):
+    from fused.verify_accept import wrapper as f
+
+    return dict(f.verify_accept(**kw, checked=checked))
+
+
+def _va_valid(device, seed=1):
+    from cases.verify_accept import catalog as c
+
+    return c.build_inputs(c.VerifyAcceptCase(B=3, L=2, V=50, padding=1, seed=seed), device)
+
+
+def _va_bad():
+    from tests.test_verify_accept import BAD
+
+    return BAD
+
+
+def _vta_call(kw, checked):
+    from fused.verify_tree_accept import wrapper as f
+
+    return dict(f.verify_tree_accept(**kw, checked=checked))
+
+
+def _vta_valid(device, seed=1):
+    from cases.verify_tree_accept import catalog as c
+
+    return c.build_inputs(c.VerifyTreeAcceptCase(B=3, topk=2, depth=3, N=6, V=50, padding=1, seed=seed), device)
+
+
+def _vta_bad():
+    from tests.test_verify_tree_accept import BAD
+
+    return BAD
+
+
+# op -> its fused call (outputs and written buffers by name), a small valid input, its typed-error table,
+# and its fuzz target
+OPS = {
+    "mla_fp8_prepare": dict(call=_mla_call, valid=_mla_valid, bad=_mla_bad,
+                            target="fused.mla_fp8_prepare.wrapper:mla_fp8_prepare"),
+    "verify_accept": dict(call=_va_call, valid=_va_valid, bad=_va_bad,
+                          target="fused.verify_accept.wrapper:verify_accept"),
+    "verify_tree_accept": dict(call=_vta_call, valid=_vta_valid, bad=_vta_bad,
+                               target="fused.verify_tree_accept.wrapper:verify_tree_accept"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean_record():
+    from fused import device_checks as dc
+
+    dc.pending()
+    yield
+    dc.pending()
+
+
+def _bytes(out: dict) -> dict:
+    return {k: (v.view(torch.uint8) if v.dtype.is_floating_point else v).cpu() for k, v in out.items()}
+
+
+def _same(a: dict, b: dict) -> bool:
+    a, b = _bytes(a), _bytes(b)
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ----------------------------------------------------------------------------- valid input
+
+def _valid_inputs(op, device):
+    """The op's small valid input at a few seeds, and its catalog's small cases (the fused target's)."""
+    from harness.fuzz.targets import op_spec
+
+    yield from (OPS[op]["valid"](device, seed=s) for s in (1, 2, 3))
+    spec = op_spec(op)
+    for case in spec.catalog(big=False)[:12]:
+        kw = spec.build_inputs(case, device)
+        if op == "mla_fp8_prepare":
+            from fused.mla_fp8_prepare import wrapper as f
+
+            if f.covered(**{k: kw[k] for k in ("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "fp8_policy")}):
+                continue
+            kw = {k: kw[k] for k in ("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "kv_descale",
+                                     "fp8_policy")} | {"loc": kw["decode_kernel_loc"] if kw.get(
+                                         "decode_kernel_loc") is not None else kw["out_cache_loc"]}
+            if kw["loc"].numel() and int(kw["loc"].max()) >= kw["kv_buffer"].shape[0]:
+                continue  # a logical loc of a translated pool: not the kernel's rows
+        yield kw
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_valid_input_is_bitwise_the_host_checked_call_without_a_sync(device, monkeypatch, op):
+    """Plant: a check that flags or drops a valid token / request fails here (a different output, or
+    an error pending); a device call that checks on the host fails the sync count."""
+    from fused import device_checks as dc
+
+    call, n = OPS[op]["call"], 0
+    for kw in _valid_inputs(op, device):
+        host = call(copy.deepcopy(kw), True)
+        with counting_syncs(monkeypatch) as seen:
+            got = call(copy.deepcopy(kw), "device")
+        assert not seen, (op, seen)
+        assert _same(host, got), op
+        assert dc.pending() == [], op
+        n += 1
+    assert n >= 3
+
+
+# ----------------------------------------------------------------------------- bad values
+
+def _host_error(call, kw):
+    try:
+        call(copy.deepcopy(kw), True)
+    except checks.VerifyParityInputError as e:
+        return e
+    return None
+
+
+def _device_error(call, kw, monkeypatch):
+    """(the error the device-checked call raised at once or later through raise_pending, host syncs of the call)."""
+    from fused import device_checks as dc
+
+    with counting_syncs(monkeypatch) as seen:
+        try:
+            call(copy.deepcopy(kw), "device")
+        except checks.VerifyParityInputError as e:
+            return e, list(seen)
+    errors = dc.pending()
+    return (errors[0] if errors else None), list(seen)
+
+
+def _value_rows(op):
+    return [(a, m, e) for a, m, e in OPS[op]["bad"]() if issubclass(e, checks.RangeError)]
+
+
+@pytest.mark.parametrize("op, row", [(op, i) for op in sorted(OPS) for i in range(len(_value_rows(op)))])
+def test_each_bad_value_of_the_ops_table_is_raised_later_as_the_host_check_raises_it(device, monkeypatch, op, row):
+    """The op's typed-error table (its RangeError rows: the value checks): the host check's error,
+    type and argument, from ``raise_pending`` after a device-checked call that synced nothing.
+    Plant: a kernel that skips one of its checks leaves its rows' errors unraised."""
+    arg, make, err = _value_rows(op)[row]
+    kw = OPS[op]["valid"](device)
+    new = make(kw)
+    for name, t in (new if isinstance(new, dict) else {arg: new}).items():
+        kw[name] = t.to(device.torch_device) if isinstance(t, torch.Tensor) else t
+    host = _host_error(OPS[op]["call"], kw)
+    assert isinstance(host, err) and host.arg == arg, host
+    got, seen = _device_error(OPS[op]["call"], kw, monkeypatch)
+    assert not seen, seen
+    assert type(got) is type(host) and got.arg == host.arg, (host, got)
+
+
+def _fuzz_jobs(op, device):
+    from harness.fuzz.strategies import CLASSES, plan
+
+    classes = [n for n, c in CLASSES.items() if c.group in ("index", "value") and c.expected(op) == "error"]
+    return plan(device, classes=classes, ops=(op,), targets=[OPS[op]["target"]], examples=2, seed=5)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_every_bad_input_the_fuzzer_refuses_on_the_host_is_refused_on_the_device(device, monkeypatch, op):
+    """Each of the fuzzer's error classes of the values and index groups, on the op's fused target:
+    when the host-checked call raises, the device-checked one raises the same type naming the same
+    argument, at the call (a scalar, checked on the host without a sync) or from raise_pending, and
+    syncs nothing."""
+    from harness.fuzz.call import build
+    from harness.fuzz.targets import call_target, load_fn, resolve_target
+
+    jobs = _fuzz_jobs(op, device)
+    refused = 0
+    for job in jobs:
+        t = resolve_target(job.target)
+        case, _, bad, _, _ = build(job, device)
+        fn = load_fn(t.fn_path)
+
+        def call(kw, checked, t=t, fn=fn, case=case):
+            return call_target(t, functools.partial(fn, checked=checked), kw, case)
+        host = _host_error(call, bad)
+        if host is None:
+            continue
+        refused += 1
+        got, seen = _device_error(call, bad, monkeypatch)
+        assert not seen, (job, seen)
+        assert type(got) is type(host) and got.arg == host.arg, (job, host, got)
+    assert refused >= 3, [j.cls for j in jobs]
+
+
+# ----------------------------------------------------------------------------- what bad values leave behind
+
+MLA_FAULTS = ("past", "huge", "twice")
+
+
+@pytest.mark.parametrize("fault", MLA_FAULTS)
+@pytest.mark.parametrize("at", [0, 3])
+def test_mla_tokens_with_bad_rows_write_nothing(device, fault, at):
+    """A token whose row is past kv_buffer, or named by another token too (both of them), writes no
+    row; q8 and every other row are the host-checked call's with those tokens as padding.
+    Plants: a repeated row still written, a row past the pool's end written (out of bounds)."""
+    from fused import device_checks as dc
+
+    kw = _mla_valid(device, T=5)
+    S = kw["kv_buffer"].shape[0]
+    bad, padded = copy.deepcopy(kw), copy.deepcopy(kw)
+    other = (at + 1) % 5
+    if fault == "twice":
+        bad["loc"][at] = bad["loc"][other]
+        padded["loc"][other] = -1
+    else:
+        bad["loc"][at] = S if fault == "past" else 2 ** 40
+    padded["loc"][at] = -1
+    want = _mla_call(padded, True)
+    got = _mla_call(bad, "device")
+    assert _same(want, got), fault
+    errors = dc.pending()
+    assert [e.arg for e in errors] == ["loc"] and isinstance(errors[0], checks.RangeError), errors
+    assert ("duplicate" in str(errors[0])) is (fault == "twice"), errors
