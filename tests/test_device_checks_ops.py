@@ -307,3 +307,57 @@ def test_mla_tokens_with_bad_rows_write_nothing(device, fault, at):
     errors = dc.pending()
     assert [e.arg for e in errors] == ["loc"] and isinstance(errors[0], checks.RangeError), errors
     assert ("duplicate" in str(errors[0])) is (fault == "twice"), errors
+
+
+def _va_kw(device):
+    """Three real requests of L + 1 = 3 rows and V 50, qo_indptr int32."""
+    from cases.verify_accept import catalog as c
+
+    return c.build_inputs(c.VerifyAcceptCase(B=3, L=2, V=50, padding=0, seed=4, accept="all"), device)
+
+
+@pytest.mark.parametrize("qo, bad_requests", [
+    ([0, 3, 6, 10], {2}),  # request 2: 4 rows, and past the 9 rows
+    ([0, 3, 2, 5], {1}),  # falls: request 1 has -1 rows (request 2's 3 rows are inside: it walks)
+    ([1, 4, 7, 10], {2}),  # does not start at 0; request 2 past the rows
+    ([0, 3, 6, 6], {2}),  # legal (request 2 padding): nothing recorded
+])
+def test_va_requests_with_bad_rows_get_the_padding_outputs(device, qo, bad_requests):
+    """A request whose qo_indptr entries do not give it L + 1 rows inside target_logits reads nothing
+    and gets −1 and length 0; every other request is the host-checked call's on the same rows.
+    Plant: a request of the wrong size or out of rows walked anyway (an out-of-bounds read, or its
+    outputs not the padding ones)."""
+    from fused import device_checks as dc
+
+    kw = _va_kw(device)
+    kw["target_logits"] = kw["target_logits"][:9]
+    kw["qo_indptr"] = torch.tensor(qo, dtype=kw["qo_indptr"].dtype, device=kw["qo_indptr"].device)
+    got = _va_call(copy.deepcopy(kw), "device")
+    errors = dc.pending()
+    assert [e.arg for e in errors][:1] == (["qo_indptr"] if qo != [0, 3, 6, 6] else []), errors
+    for b in range(3):
+        if b in bad_requests:
+            assert (got["output_ids"][b] == -1).all() and int(got["accept_length"][b]) == 0, b
+        else:  # the same rows as a legal layout's request: the host-checked call on those rows
+            rows = kw["target_logits"][qo[b]:qo[b] + 3]
+            one = _va_call({"target_logits": rows, "draft_tokens": kw["draft_tokens"][2 * b:2 * b + 2],
+                            "qo_indptr": torch.tensor([0, 3], dtype=kw["qo_indptr"].dtype,
+                                                      device=rows.device)}, True)
+            assert torch.equal(got["output_ids"][b], one["output_ids"][0]), b
+            assert torch.equal(got["accept_length"][b], one["accept_length"][0]), b
+
+
+@pytest.mark.parametrize("value", [-1, 50, 2 ** 40])
+def test_va_a_draft_outside_the_vocabulary_stops_the_walk(device, value):
+    """A real request's draft outside [0, V) matches no token: the walk stops at it (the bonus token
+    there, −1 after), and raise_pending names draft_tokens. Plant: the draft check dropped."""
+    from fused import device_checks as dc
+
+    kw = _va_kw(device)  # accept="all": every draft is its row's token
+    kw["draft_tokens"] = kw["draft_tokens"].long()
+    kw["draft_tokens"][4] = value  # request 2, draft 0
+    got = _va_call(copy.deepcopy(kw), "device")
+    with pytest.raises(checks.RangeError, match=rf"draft_tokens: entry {value} outside \[0, 50\)"):
+        dc.raise_pending()
+    assert got["accept_length"].tolist() == [2, 2, 0]
+    assert (got["output_ids"][2, 1:] == -1).all() and 0 <= int(got["output_ids"][2, 0]) < 50
