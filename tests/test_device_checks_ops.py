@@ -361,3 +361,25 @@ def test_va_a_draft_outside_the_vocabulary_stops_the_walk(device, value):
         dc.raise_pending()
     assert got["accept_length"].tolist() == [2, 2, 0]
     assert (got["output_ids"][2, 1:] == -1).all() and 0 <= int(got["output_ids"][2, 0]) < 50
+
+
+@pytest.mark.parametrize("row", [i for i, (a, _, _) in enumerate(_value_rows("verify_tree_accept"))
+                                 if a != "num_speculative_tokens"])  # a scalar: refused at the call
+def test_vta_a_request_that_breaks_a_layout_rule_gets_the_padding_outputs(device, row):
+    """Each value row of the op's typed-error table breaks one real request: checked on the device,
+    that request reads no row and gets the padding outputs, and the whole call equals the
+    host-checked call on the same input with that request made padding (retrive_index[b, 0] = -1).
+    Plant: a breaking request walked anyway (its outputs differ, or it reads out of bounds)."""
+    from fused import device_checks as dc
+
+    arg, make, _ = _value_rows("verify_tree_accept")[row]
+    kw = _vta_valid(device)
+    b = int(torch.nonzero(kw["retrive_index"][:, 0].cpu() >= 0)[0])  # the request the table's rows break
+    new = make(kw)
+    for name, t in (new if isinstance(new, dict) else {arg: new}).items():
+        kw[name] = t.to(device.torch_device)
+    got = _vta_call(copy.deepcopy(kw), "device")
+    assert [e.arg for e in dc.pending()][:1] == [arg]
+    padded = copy.deepcopy(kw)
+    padded["retrive_index"][b, 0] = -1
+    assert _same(_vta_call(padded, True), got)
