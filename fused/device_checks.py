@@ -25,12 +25,17 @@ The kinds (``KINDS``; a wrapper's docstring says which it records):
   request's draft outside [0, V) (``DRAFT``).
 - ``verify_tree_accept`` (each request's program, over its whole block): the five layout rules of
   ``reference.verify_tree_accept.chain.tree_faults``, in its order (``TREE_CANDIDATES`` ...).
+- ``spec_sampling`` (a check launch before the op's, one program per row): a draft outside [0, V)
+  (``DRAFT``), a temperature not finite and > 0 (``TEMPERATURE``), a draft probability not finite
+  and >= 0 (``DRAFT_PROBS``), a NaN or +inf logit (``LOGITS_NAN``), a row of all −inf
+  (``LOGITS_ROW``), a uniform outside [0, 1) (``UNIFORMS``).
 
 A kernel records a kind through ``note``: the first program to set its bit (``atomic_or`` returns
 the old bits) writes the kind's words, so they describe one offence, not a mix of several.
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,7 +59,12 @@ TREE_INDEX = tl.constexpr(8)
 TREE_NEXT_TOKEN = tl.constexpr(9)
 TREE_NEXT_SIBLING = tl.constexpr(10)
 TREE_TWO_PARENTS = tl.constexpr(11)
-N_KINDS = 12
+TEMPERATURE = tl.constexpr(12)
+DRAFT_PROBS = tl.constexpr(13)
+LOGITS_NAN = tl.constexpr(14)
+LOGITS_ROW = tl.constexpr(15)
+UNIFORMS = tl.constexpr(16)
+N_KINDS = 17
 
 # qk_norm_rope's bits, as its kernel sets them (``fused.qk_norm_rope.kernels._check_values``)
 POSITIONS, SLOT_PAST, SLOT_TWICE = 1, 2, 4
@@ -89,6 +99,12 @@ def _tree(rule: int) -> Kind:
 
 
 DEVICE = " (checked on the device)"
+
+
+def _fp32(bits: int) -> float:
+    """The fp32 value whose bits a kernel stored (as an int64 word)."""
+    return struct.unpack("f", struct.pack("I", bits & 0xFFFFFFFF))[0]
+
 KINDS: dict[int, Kind] = {
     0: Kind("positions", lambda w: f"entry {w[0]} outside [0, {w[1]}){DEVICE}"),
     1: Kind("loc", lambda w: f"entry {w[0]} outside [0, {w[1]}){DEVICE}"),
@@ -100,6 +116,14 @@ KINDS: dict[int, Kind] = {
                                    f"of target_logits{DEVICE}"),
     6: Kind("draft_tokens", lambda w: f"entry {w[0]} outside [0, {w[1]}) (V = vocabulary){DEVICE}"),
     **{7 + r: _tree(r) for r in range(len(TREE_FAULTS))},
+    12: Kind("temperature", lambda w: f"must be finite and > 0 (temperature 0 is greedy: verify_accept), got "
+                                      f"{_fp32(w[1])} at request {w[0]}{DEVICE}"),
+    13: Kind("draft_probs", lambda w: f"must be finite and >= 0, got {_fp32(w[3])} at [{w[0]}, {w[1]}, {w[2]}]"
+                                      f"{DEVICE}"),
+    14: Kind("target_logits", lambda w: f"has NaN or +inf: {_fp32(w[3])} at [{w[0]}, {w[1]}, {w[2]}]{DEVICE}"),
+    15: Kind("target_logits", lambda w: f"a row is all -inf: no token has target probability (row [{w[0]}, "
+                                        f"{w[1]}]){DEVICE}"),
+    16: Kind("uniforms", lambda w: f"must lie in [0, 1), got {_fp32(w[2])} at [{w[0]}, {w[1]}]{DEVICE}"),
 }
 assert sorted(KINDS) == list(range(N_KINDS))
 

@@ -128,6 +128,24 @@ def _vta_bad():
     return BAD
 
 
+def _ss_call(kw, checked):
+    from fused.spec_sampling import wrapper as f
+
+    return dict(f.spec_sampling(**kw, checked=checked))
+
+
+def _ss_valid(device, seed=1):
+    from cases.spec_sampling import catalog as c
+
+    return c.build_inputs(c.SpecSamplingCase(B=3, L=2, V=50, seed=seed), device)
+
+
+def _ss_bad():
+    from tests.test_spec_sampling import BAD
+
+    return BAD
+
+
 # op -> its fused call (outputs and written buffers by name), a small valid input, its typed-error table,
 # and its fuzz target
 OPS = {
@@ -137,6 +155,7 @@ OPS = {
                           target="fused.verify_accept.wrapper:verify_accept"),
     "verify_tree_accept": dict(call=_vta_call, valid=_vta_valid, bad=_vta_bad,
                                target="fused.verify_tree_accept.wrapper:verify_tree_accept"),
+    "spec_sampling": dict(call=_ss_call, valid=_ss_valid, bad=_ss_bad, target=None),  # not in the fuzzer
 }
 
 
@@ -250,7 +269,7 @@ def _fuzz_jobs(op, device):
     return plan(device, classes=classes, ops=(op,), targets=[OPS[op]["target"]], examples=2, seed=5)
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", sorted(op for op in OPS if OPS[op]["target"]))
 def test_every_bad_input_the_fuzzer_refuses_on_the_host_is_refused_on_the_device(device, monkeypatch, op):
     """Each of the fuzzer's error classes of the values and index groups, on the op's fused target:
     when the host-checked call raises, the device-checked one raises the same type naming the same
@@ -383,3 +402,62 @@ def test_vta_a_request_that_breaks_a_layout_rule_gets_the_padding_outputs(device
     padded = copy.deepcopy(kw)
     padded["retrive_index"][b, 0] = -1
     assert _same(_vta_call(padded, True), got)
+
+
+def _ss_fault(kw, fault):
+    """One bad element (or row) at the last row of the last request, a row no walk needs to read."""
+    B, Lp1, V = kw["target_logits"].shape
+    b, L = B - 1, Lp1 - 1
+    name, what = fault.split(":")
+    t = kw[name].clone()
+    if name == "target_logits":
+        if what == "row":
+            t[b, L] = float("-inf")
+        else:
+            t[b, L, V - 1] = float(what)
+    elif name == "draft_probs":
+        t[b, L - 1, V // 2] = float(what)
+    elif name == "temperature":
+        t[b] = float(what)
+    elif name == "uniforms":
+        t[b, L] = float(what)
+    else:  # draft_tokens
+        t[b, L - 1] = V if what == "past" else -1
+    kw[name] = t
+    return name
+
+
+SS_FAULTS = ("target_logits:nan", "target_logits:inf", "target_logits:row", "draft_probs:nan", "draft_probs:-0.25",
+             "draft_probs:inf", "temperature:nan", "temperature:inf", "temperature:-1", "temperature:0",
+             "uniforms:1", "uniforms:-0.5", "uniforms:nan", "draft_tokens:past", "draft_tokens:negative")
+
+
+@pytest.mark.parametrize("fault", SS_FAULTS)
+def test_ss_each_kind_of_bad_value_is_recorded_wherever_it_is(device, monkeypatch, fault):
+    """One bad element in the last row of the last request (past where a walk may stop): the check
+    launch reads every row, so the device call records what the host check refuses, with no sync.
+    Plants: the check launch skipping row L, or one of its rules dropped."""
+    kw = _ss_valid(device)
+    arg = _ss_fault(kw, fault)
+    host = _host_error(_ss_call, kw)
+    assert isinstance(host, checks.RangeError) and host.arg == arg, host
+    got, seen = _device_error(_ss_call, kw, monkeypatch)
+    assert not seen, seen
+    assert type(got) is type(host) and got.arg == arg, (host, got)
+    if arg != "draft_tokens" and ":" in fault and fault.split(":")[1] not in ("row",):
+        assert "at [" in str(got) or "at request" in str(got), got  # where it is
+
+
+def test_ss_a_draft_outside_the_vocabulary_is_rejected(device):
+    """checked="device": a draft outside [0, V) is rejected at its row (its probability never read),
+    so the request accepts nothing before it. Plant: the draft read as any other (with zero draft
+    probabilities every in-vocabulary draft is accepted, u · 0 < p)."""
+    from fused import device_checks as dc
+
+    kw = _ss_valid(device)
+    kw["draft_probs"] = torch.zeros_like(kw["draft_probs"])
+    kw["draft_tokens"] = kw["draft_tokens"].clone()
+    kw["draft_tokens"][:, 0] = 50
+    got = _ss_call(copy.deepcopy(kw), "device")
+    assert got["accept_length"].tolist() == [0, 0, 0]
+    assert [e.arg for e in dc.pending()] == ["draft_tokens"]
