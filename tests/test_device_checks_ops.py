@@ -447,17 +447,3 @@ def test_ss_each_kind_of_bad_value_is_recorded_wherever_it_is(device, monkeypatc
     if arg != "draft_tokens" and ":" in fault and fault.split(":")[1] not in ("row",):
         assert "at [" in str(got) or "at request" in str(got), got  # where it is
 
-
-def test_ss_a_draft_outside_the_vocabulary_is_rejected(device):
-    """checked="device": a draft outside [0, V) is rejected at its row (its probability never read),
-    so the request accepts nothing before it. Plant: the draft read as any other (with zero draft
-    probabilities every in-vocabulary draft is accepted, u · 0 < p)."""
-    from fused import device_checks as dc
-
-    kw = _ss_valid(device)
-    kw["draft_probs"] = torch.zeros_like(kw["draft_probs"])
-    kw["draft_tokens"] = kw["draft_tokens"].clone()
-    kw["draft_tokens"][:, 0] = 50
-    got = _ss_call(copy.deepcopy(kw), "device")
-    assert got["accept_length"].tolist() == [0, 0, 0]
-    assert [e.arg for e in dc.pending()] == ["draft_tokens"]
