@@ -447,3 +447,54 @@ def test_ss_each_kind_of_bad_value_is_recorded_wherever_it_is(device, monkeypatc
     if arg != "draft_tokens" and ":" in fault and fault.split(":")[1] not in ("row",):
         assert "at [" in str(got) or "at request" in str(got), got  # where it is
 
+
+
+# ----------------------------------------------------------------------------- CUDA graphs
+
+def _break(op, kw):
+    """Break one value of ``kw`` in place (a captured graph replays on the same tensors): the arg named."""
+    if op == "mla_fp8_prepare":
+        kw["loc"][0] = kw["kv_buffer"].shape[0]
+        return "loc"
+    if op == "verify_accept":
+        qo = kw["qo_indptr"].tolist()
+        b = next(b for b in range(len(qo) - 1) if qo[b + 1] > qo[b])  # a real request's draft
+        kw["draft_tokens"][b * (kw["draft_tokens"].shape[0] // (len(qo) - 1))] = kw["target_logits"].shape[1]
+        return "draft_tokens"
+    if op == "verify_tree_accept":
+        b = int(torch.nonzero(kw["retrive_index"][:, 0].cpu() >= 0)[0])
+        kw["candidates"][b, 1] = kw["target_logits"].shape[1]
+        return "candidates"
+    kw["temperature"][0] = float("nan")
+    return "temperature"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_a_device_checked_call_is_captured_and_its_replays_check_the_new_values(device, op):
+    """checked="device" under a CUDA graph: captured after an eager call (the record exists), each
+    replay checks the values the tensors hold then: a valid replay records nothing, and one after a
+    value is broken in place records the host check's error. Plant: a wrapper that reads a value on
+    the host fails the capture."""
+    from fused import device_checks as dc
+
+    kw = OPS[op]["valid"](device)
+    call = OPS[op]["call"]
+    call(copy.deepcopy(kw), "device")
+    assert dc.pending() == []
+    static = copy.deepcopy(kw)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call(static, "device")  # warm: compiled, allocator ready
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(static, "device")
+    graph.replay()
+    want = call(copy.deepcopy(kw), True)
+    assert _same({k: out[k] for k in want}, want) and dc.pending() == []
+    arg = _break(op, static)
+    graph.replay()
+    errors = dc.pending()
+    assert errors and errors[0].arg == arg, errors
