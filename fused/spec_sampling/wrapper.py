@@ -27,7 +27,15 @@ import triton.language as tl
 
 from fused import device_checks
 from fused.compile_specs import variant
-from fused.device_checks import DRAFT, DRAFT_PROBS, LOGITS_NAN, LOGITS_ROW, TEMPERATURE, UNIFORMS, note
+from fused.device_checks import (
+    DRAFT,
+    DRAFT_PROBS,
+    LOGITS_NAN,
+    LOGITS_ROW,
+    TEMPERATURE,
+    UNIFORMS,
+    note,
+)
 from reference.checks import value_check_mode
 from reference.spec_sampling import chain as ref
 

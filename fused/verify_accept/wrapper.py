@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from fused import device_checks
 from fused.compile_specs import variant
 from fused.verify_accept import kernels as k
-from fused import device_checks
 from reference.checks import value_check_mode
 from reference.verify_accept import chain as ref
 

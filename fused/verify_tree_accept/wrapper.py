@@ -27,7 +27,14 @@ import triton.language as tl
 
 from fused import device_checks
 from fused.compile_specs import variant
-from fused.device_checks import TREE_CANDIDATES, TREE_INDEX, TREE_NEXT_SIBLING, TREE_NEXT_TOKEN, TREE_TWO_PARENTS, note
+from fused.device_checks import (
+    TREE_CANDIDATES,
+    TREE_INDEX,
+    TREE_NEXT_SIBLING,
+    TREE_NEXT_TOKEN,
+    TREE_TWO_PARENTS,
+    note,
+)
 from fused.row_argmax import row_argmax
 from reference.checks import value_check_mode
 from reference.verify_tree_accept import chain as ref
