@@ -182,11 +182,12 @@ def spec_sampling_check_kernel(
     if is_draft:
         x = tl.load(draft_ptr + b * L + j).to(tl.int64)
         note(flag_ptr, DRAFT, (x < 0) | (x >= V), x, V, 0, 0)
-    bad_x = V  # the first bad logit's column, and its value's bits
-    bad_xv = 0
-    bad_q = V
-    bad_qv = 0
-    finite = 0
+    zero = tl.full((), 0, tl.int32)  # loop-carried scalars: one type from the start (V may be a constexpr 1)
+    bad_x = zero + V  # the first bad logit's column, and its value's bits
+    bad_xv = zero
+    bad_q = zero + V
+    bad_qv = zero
+    finite = zero
     for c in range(0, tl.cdiv(V, BLOCK_V)):
         idx = c * BLOCK_V + offs
         valid = idx < V
