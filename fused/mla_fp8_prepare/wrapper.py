@@ -360,12 +360,12 @@ def compile_specs():
             "T": "i32", "H": "i32", "DN": "i32", "R": "i32",
             "stride_qn_t": "i32", "stride_qn_h": "i32", "stride_qr_t": "i32", "stride_qr_h": "i32",
             "stride_kn_t": "i32", "stride_kr_t": "i32", "stride_q8_t": "i32", "stride_q8_h": "i32",
-            "stride_kv_s": "i32",
+            "stride_kv_s": "i32", "flag_ptr": "*i64", "n_slots": "i32",
         }
         block_rows, warps = block_config(interpreted=False)
-        for has_k_mul in (False, True):
+        for has_k_mul, chk in ((False, False), (True, False), (False, True)):
             const = {"FP8_MAX": torch.finfo(ref.FP8_DTYPES[fmt]).max, "BLOCK_ROWS": block_rows, "BLOCK_DN": 512,
-                     "BLOCK_R": 64, "HAS_K_MUL": has_k_mul}
-            specs.append((f"mla_fp8_prepare_kernel[{fmt},k_mul={int(has_k_mul)}]", mla_fp8_prepare_kernel, sig,
-                          const, warps, FP8_TARGETS[fmt]))
+                     "BLOCK_R": 64, "HAS_K_MUL": has_k_mul, "CHECK_VALUES": chk, "BLOCK_S": 256}
+            specs.append((f"mla_fp8_prepare_kernel[{fmt},k_mul={int(has_k_mul)}{',checked' if chk else ''}]",
+                          mla_fp8_prepare_kernel, sig, const, warps, FP8_TARGETS[fmt]))
     return specs

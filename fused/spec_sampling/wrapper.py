@@ -284,10 +284,14 @@ def spec_sampling(*, target_logits, temperature, draft_probs, draft_tokens, unif
 
 def compile_specs():
     """Signatures for the ahead-of-time compile check: both logits dtypes, both draft index dtypes,
-    uniforms given or drawn (a real vocabulary's block shape)."""
+    uniforms given or drawn (a real vocabulary's block shape), with and without ``checked="device"``
+    (CHECK_VALUES, and its check launch)."""
     bb, bv, warps = block_config(1, 152064, interpreted=False)
-    return [variant(f"logits={lg[1:]},draft={dr[1:]},uniforms={hu}", spec_sampling_kernel,
-                    {"out_ptr": "*i32", "len_ptr": "*i32", "logits_ptr": lg, "temp_ptr": "*fp32", "q_ptr": "*fp32",
-                     "draft_ptr": dr, "u_ptr": "*fp32"},
-                    {"BLOCK_B": bb, "BLOCK_V": bv, "HAS_UNIFORMS": hu}, warps)
-            for lg in ("*fp32", "*bf16") for dr in ("*i32", "*i64") for hu in (True, False)]
+    types = {"logits_ptr": None, "temp_ptr": "*fp32", "q_ptr": "*fp32", "draft_ptr": None, "u_ptr": "*fp32"}
+    return [variant(f"logits={lg[1:]},draft={dr[1:]},uniforms={hu}{',checked' if chk else ''}", spec_sampling_kernel,
+                    {"out_ptr": "*i32", "len_ptr": "*i32", **types, "logits_ptr": lg, "draft_ptr": dr},
+                    {"BLOCK_B": bb, "BLOCK_V": bv, "HAS_UNIFORMS": hu, "CHECK_VALUES": chk}, warps)
+            for lg in ("*fp32", "*bf16") for dr in ("*i32", "*i64") for hu in (True, False) for chk in (False, True)] + \
+        [variant(f"logits={lg[1:]},draft={dr[1:]},uniforms={hu}", spec_sampling_check_kernel,
+                 {"flag_ptr": "*i64", **types, "logits_ptr": lg, "draft_ptr": dr}, {"BLOCK_V": bv, "HAS_UNIFORMS": hu}, 4)
+         for lg in ("*fp32", "*bf16") for dr in ("*i32", "*i64") for hu in (True, False)]

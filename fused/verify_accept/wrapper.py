@@ -115,17 +115,19 @@ def verify_accept(*, target_logits, draft_tokens, qo_indptr, checked=None):
 def compile_specs():
     """Signatures for the ahead-of-time compile check (``python -m harness compile``): launch 1 for
     both index dtypes of qo_indptr, launch 2 for both of the drafts and of qo_indptr at B 1 x L 4 x
-    V 160K's tile (79 chunks: BLOCK_C 128) and B 64's (7: BLOCK_C 8) (``fused.compile_specs``)."""
+    V 160K's tile (79 chunks: BLOCK_C 128) and B 64's (7: BLOCK_C 8) (``fused.compile_specs``), each
+    also with ``checked="device"``'s checks (CHECK_VALUES)."""
     cfg = split_config(5, 160000, interpreted=False)
-    specs = [variant(f"qo={qo[1:]}", k.verify_accept_partial_kernel,
+    specs = [variant(f"qo={qo[1:]}{',checked' if chk else ''}", k.verify_accept_partial_kernel,
                      {"part_v_ptr": "*fp32", "part_i_ptr": "*i32", "logits_ptr": "*bf16", "qo_ptr": qo},
-                     {"BLOCK_V": cfg.block_v, "NUM_STAGES": cfg.num_stages}, cfg.num_warps)
-             for qo in ("*i32", "*i64")]
+                     {"BLOCK_V": cfg.block_v, "NUM_STAGES": cfg.num_stages, "CHECK_VALUES": chk}, cfg.num_warps)
+             for qo in ("*i32", "*i64") for chk in (False, True)]
     for rows in (5, 320):
         n_chunks = split_config(rows, 160000, interpreted=False).n_chunks
-        specs += [variant(f"draft={d[1:]},qo={qo[1:]},chunks={n_chunks}", k.verify_accept_combine_kernel,
+        specs += [variant(f"draft={d[1:]},qo={qo[1:]},chunks={n_chunks}{',checked' if chk else ''}",
+                          k.verify_accept_combine_kernel,
                           {"out_ptr": "*i32", "len_ptr": "*i32", "part_v_ptr": "*fp32", "part_i_ptr": "*i32",
-                           "draft_ptr": d, "qo_ptr": qo},
-                          {"BLOCK_L": 8, "BLOCK_C": triton.next_power_of_2(n_chunks)}, 4)
-                  for d in ("*i32", "*i64") for qo in ("*i32", "*i64")]
+                           "draft_ptr": d, "qo_ptr": qo, "flag_ptr": "*i64"},
+                          {"BLOCK_L": 8, "BLOCK_C": triton.next_power_of_2(n_chunks), "CHECK_VALUES": chk}, 4)
+                  for d in ("*i32", "*i64") for qo in ("*i32", "*i64") for chk in (False, True)]
     return specs

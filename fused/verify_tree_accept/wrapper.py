@@ -216,10 +216,11 @@ def verify_tree_accept(*, target_logits, candidates, retrive_index, retrive_next
 def compile_specs():
     """Signatures for the ahead-of-time compile check (``python -m harness compile``): both index
     dtypes of the tree tensors (the kernel's own arguments: ``fused.compile_specs``); an EAGLE tree
-    of 64 slots and 8 steps."""
+    of 64 slots and 8 steps; each also with ``checked="device"``'s checks (CHECK_VALUES)."""
     block_v, warps, stages = block_config(interpreted=False)
-    return [variant(f"tree={sig[1:]}", verify_tree_accept_kernel,
+    return [variant(f"tree={sig[1:]}{',checked' if chk else ''}", verify_tree_accept_kernel,
                     {"predicts_ptr": "*i32", "accept_index_ptr": "*i32", "accept_num_ptr": "*i32", "logits_ptr": "*bf16",
-                     "cand_ptr": sig, "index_ptr": sig, "next_token_ptr": sig, "next_sibling_ptr": sig},
-                    {"BLOCK_N": 64, "BLOCK_S": 8, "BLOCK_V": block_v, "NUM_STAGES": stages}, warps)
-            for sig in ("*i32", "*i64")]
+                     "cand_ptr": sig, "index_ptr": sig, "next_token_ptr": sig, "next_sibling_ptr": sig,
+                     "flag_ptr": "*i64"},
+                    {"BLOCK_N": 64, "BLOCK_S": 8, "BLOCK_V": block_v, "NUM_STAGES": stages, "CHECK_VALUES": chk}, warps)
+            for sig in ("*i32", "*i64") for chk in (False, True)]
