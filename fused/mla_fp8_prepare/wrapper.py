@@ -26,10 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
-from fused import gates
+from fused import device_checks, gates
+from fused.device_checks import SLOT_PAST_KIND, SLOT_TWICE_KIND, note
 from harness.devices import kernel_arch
 from reference.mla_fp8_prepare import chain as ref
-from reference.checks import UnsupportedError, check_bool, check_inner_contiguous, values_checked
+from reference.checks import UnsupportedError, check_bool, check_inner_contiguous, value_check_mode
 
 KERNEL_FP8_POLICY = "saturate"
 # Compile targets per fp8 format. Measured with triton 3.9: compiling for sm90 with fp8e4b8
@@ -57,7 +58,28 @@ def _saturate(x, FP8_MAX: tl.constexpr):
     return tl.where(x != x, x, tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX))
 
 
-@triton.jit(do_not_specialize=["T", "H"])  # one compile per layout, not per batch shape
+@triton.jit
+def _check_loc(flag_ptr, loc_ptr, slot, tok, write, T, n_slots, BLOCK_S: tl.constexpr):
+    """The device-side checks of one k program's tokens (``fused.device_checks``): a row past
+    kv_buffer (``SLOT_PAST_KIND``) and a row another token of the call names too (``SLOT_TWICE_KIND``:
+    an O(T) scan of loc). Returns the tokens that may write: neither kind (a repeated row is written
+    by none of its tokens)."""
+    past = write & (slot >= n_slots)
+    note(flag_ptr, SLOT_PAST_KIND, tl.max(past.to(tl.int32), axis=0) > 0,
+         tl.max(tl.where(past, slot, -1), axis=0), n_slots, 0, 0)
+    twice = tl.zeros_like(write)
+    for j0 in range(0, T, BLOCK_S):
+        offs_j = j0 + tl.arange(0, BLOCK_S)
+        other = tl.load(loc_ptr + offs_j, mask=offs_j < T, other=-1).to(tl.int64)
+        same = (slot[:, None] == other[None, :]) & (offs_j[None, :] != tok[:, None]) & (other >= 0)[None, :]
+        twice = twice | (tl.max(same.to(tl.int32), axis=1) > 0)
+    twice = twice & write
+    note(flag_ptr, SLOT_TWICE_KIND, tl.max(twice.to(tl.int32), axis=0) > 0,
+         tl.max(tl.where(twice, slot, -1), axis=0), 0, 0, 0)
+    return write & ~past & ~twice
+
+
+@triton.jit(do_not_specialize=["T", "H", "n_slots"])  # one compile per layout, not per batch shape
 def mla_fp8_prepare_kernel(
     q8_ptr,  # (T, H, DN + R) fp8 out
     kv_ptr,  # (S, DN + R) fp8 KV buffer: rows loc[t] written, every other row untouched
@@ -82,6 +104,10 @@ def mla_fp8_prepare_kernel(
     BLOCK_DN: tl.constexpr,  # next_power_of_2(DN)
     BLOCK_R: tl.constexpr,  # next_power_of_2(R)
     HAS_K_MUL: tl.constexpr,
+    flag_ptr=None,  # (FLAG_WORDS,) int64 error record of fused.device_checks, written when CHECK_VALUES
+    n_slots=0,  # rows of kv_buffer (read when CHECK_VALUES)
+    CHECK_VALUES: tl.constexpr = False,  # the k programs check loc (fused.device_checks)
+    BLOCK_S: tl.constexpr = 256,  # slots compared per step of the duplicate scan
 ):
     """The op's one launch (module docstring): q rows to q8, then k rows to ``kv_buffer[loc]``, in fp8."""
     pid = tl.program_id(0).to(tl.int64)  # int64: row offsets can pass 2**31 on large pools
@@ -110,6 +136,8 @@ def mla_fp8_prepare_kernel(
         mask_tok = tok < T
         slot = tl.load(loc_ptr + tok, mask=mask_tok, other=-1).to(tl.int64)
         write = mask_tok & (slot >= 0)
+        if CHECK_VALUES:
+            write = _check_loc(flag_ptr, loc_ptr, slot, tok, write, T, n_slots, BLOCK_S=BLOCK_S)
         m_n = write[:, None] & mask_dn[None, :]
         m_r = write[:, None] & mask_r[None, :]
         kn = tl.load(k_nope_ptr + (tok * stride_kn_t)[:, None] + offs_dn[None, :], mask=m_n, other=0.0).to(tl.float32)
@@ -147,8 +175,10 @@ def k_mul_tensor(kv_descale, device) -> torch.Tensor | None:
     return t
 
 
-def launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.Tensor | None) -> None:
-    """The one launch. Arguments already validated; ``k_mul`` a (1,) fp32 tensor on the device, or None."""
+def launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.Tensor | None,
+           flags: torch.Tensor | None = None) -> None:
+    """The one launch. Arguments already validated; ``k_mul`` a (1,) fp32 tensor on the device, or None;
+    ``flags``: the device's error record (``fused.device_checks``): the k programs check loc."""
     T, H, DN = q_nope.shape
     R = q_rope.shape[2]
     if T == 0:
@@ -167,6 +197,7 @@ def launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.T
         FP8_MAX=torch.finfo(kv_buffer.dtype).max,
         BLOCK_ROWS=block_rows, BLOCK_DN=triton.next_power_of_2(DN), BLOCK_R=triton.next_power_of_2(R),
         HAS_K_MUL=k_mul is not None,
+        **({"flag_ptr": flags, "n_slots": kv_buffer.shape[0], "CHECK_VALUES": True} if flags is not None else {}),
         num_warps=num_warps,
     )
 
@@ -179,14 +210,22 @@ def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descal
     strides with a unit innermost one (else LayoutError); kv_buffer (S, Dn + R) fp8;
     loc (T,) int physical rows, negative = padding. Returns q8 (T, H, Dn + R) fp8.
 
-    Checks: shapes, dtypes, strides, devices and scalars on every call (no sync); ``checked``
-    (None: ``VP_CHECK_VALUES``, on by default; see ``reference.checks``): also loc's values (in
-    kv_buffer, no row twice), one host sync before anything is written. ``checked=False``: the
-    caller guarantees them (a bad row is then written out of bounds) and nothing waits on the device.
+    Checks: shapes, dtypes, strides, devices and scalars on every call (no sync). loc's values (in
+    kv_buffer, negative = padding, no row twice) by ``checked`` (None: ``VP_CHECK_VALUES``;
+    ``reference.checks.value_check_mode``):
+
+    - True (the default): on the host, one sync, before anything is written; a bad one is a
+      RangeError naming loc.
+    - ``"device"``: by the kernel's k programs, no sync (``fused.device_checks``): a token whose row
+      is past kv_buffer or named by another token too writes nothing (no row gets bytes it should
+      not; q8 is complete), and ``fused.device_checks.raise_pending()`` raises the same RangeError later.
+    - False: the caller guarantees them (a bad row is then written out of bounds) and nothing waits
+      on the device.
     """
+    mode = value_check_mode(checked)
     T, H, Dn, R = ref.validate(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
                                loc=loc, kv_descale=kv_descale, fp8_policy=fp8_policy,
-                               check_values=values_checked(checked))
+                               check_values=mode == "host")
     for name, t in (("q_nope", q_nope), ("q_rope", q_rope), ("k_nope", k_nope), ("k_rope", k_rope),
                     ("kv_buffer", kv_buffer)):
         check_inner_contiguous(name, t)  # the kernel's loads and stores run along a unit stride
@@ -198,7 +237,8 @@ def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descal
         raise UnsupportedError("kv_buffer", why)
     q8 = torch.empty((T, H, Dn + R), dtype=kv_buffer.dtype, device=kv_buffer.device)
     launch(q8=q8, kv_buffer=kv_buffer, q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, loc=loc,
-           k_mul=k_mul_tensor(kv_descale, kv_buffer.device))
+           k_mul=k_mul_tensor(kv_descale, kv_buffer.device),
+           flags=device_checks.record(kv_buffer.device) if mode == "device" else None)
     return q8
 
 
@@ -320,12 +360,12 @@ def compile_specs():
             "T": "i32", "H": "i32", "DN": "i32", "R": "i32",
             "stride_qn_t": "i32", "stride_qn_h": "i32", "stride_qr_t": "i32", "stride_qr_h": "i32",
             "stride_kn_t": "i32", "stride_kr_t": "i32", "stride_q8_t": "i32", "stride_q8_h": "i32",
-            "stride_kv_s": "i32",
+            "stride_kv_s": "i32", "flag_ptr": "*i64", "n_slots": "i32",
         }
         block_rows, warps = block_config(interpreted=False)
-        for has_k_mul in (False, True):
+        for has_k_mul, chk in ((False, False), (True, False), (False, True)):
             const = {"FP8_MAX": torch.finfo(ref.FP8_DTYPES[fmt]).max, "BLOCK_ROWS": block_rows, "BLOCK_DN": 512,
-                     "BLOCK_R": 64, "HAS_K_MUL": has_k_mul}
-            specs.append((f"mla_fp8_prepare_kernel[{fmt},k_mul={int(has_k_mul)}]", mla_fp8_prepare_kernel, sig,
-                          const, warps, FP8_TARGETS[fmt]))
+                     "BLOCK_R": 64, "HAS_K_MUL": has_k_mul, "CHECK_VALUES": chk, "BLOCK_S": 256}
+            specs.append((f"mla_fp8_prepare_kernel[{fmt},k_mul={int(has_k_mul)}{',checked' if chk else ''}]",
+                          mla_fp8_prepare_kernel, sig, const, warps, FP8_TARGETS[fmt]))
     return specs

@@ -25,8 +25,18 @@ import torch
 import triton
 import triton.language as tl
 
+from fused import device_checks
 from fused.compile_specs import variant
-from reference.checks import values_checked
+from fused.device_checks import (
+    DRAFT,
+    DRAFT_PROBS,
+    LOGITS_NAN,
+    LOGITS_ROW,
+    TEMPERATURE,
+    UNIFORMS,
+    note,
+)
+from reference.checks import value_check_mode
 from reference.spec_sampling import chain as ref
 
 
@@ -50,6 +60,7 @@ def spec_sampling_kernel(
     BLOCK_B: tl.constexpr,  # requests per program
     BLOCK_V: tl.constexpr,  # vocabulary entries per chunk
     HAS_UNIFORMS: tl.constexpr,  # the uniforms are an input (else drawn here from seed)
+    CHECK_VALUES: tl.constexpr = False,  # checked="device": a draft outside [0, V) is rejected, never read at
 ):
     """The op's one launch (module docstring): BLOCK_B requests' walks, residuals and samples."""
     rb = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -71,6 +82,12 @@ def spec_sampling_kernel(
         row = logits_ptr + rb64[:, None] * stride_lb + j * stride_lj  # (BLOCK_B, 1)
         qrow = q_ptr + rb64[:, None] * stride_qb + j * stride_qj  # (BLOCK_B, 1)
         x = tl.load(draft_ptr + rb64 * L + j, mask=walking & is_draft, other=0).to(tl.int32)
+        if CHECK_VALUES:  # (spec_sampling_check_kernel records it): no q read past the row; the draft is rejected
+            x_in = tl.load(draft_ptr + rb64 * L + j, mask=walking & is_draft, other=0).to(tl.int64)
+            x_ok = (x_in >= 0) & (x_in < V)
+            x = tl.where(x_ok, x, 0)
+        else:
+            x_ok = walking | ~walking
         # pass 1: online softmax statistics of z = logits / temperature, and z at the draft token
         m = tl.full([BLOCK_B], float("-inf"), tl.float32)
         s = tl.zeros([BLOCK_B], dtype=tl.float32)
@@ -93,7 +110,7 @@ def spec_sampling_kernel(
             u = tl.load(u_ptr + u_col + j, mask=walking & is_draft, other=0.0)
         else:
             u = tl.rand(seed, (u_col + j).to(tl.int32))
-        accept = walking & is_draft & (u * qx < px)
+        accept = walking & is_draft & (u * qx < px) & x_ok
         stop = walking & ~accept
         any_stop = tl.max(stop.to(tl.int32), axis=0) > 0
         # pass 2: totals of the residual max(p - q, 0) (q = 0 at row L) and of p, for the requests stopping here
@@ -137,6 +154,62 @@ def spec_sampling_kernel(
     tl.store(len_ptr + rb, n, mask=live)
 
 
+@triton.jit(do_not_specialize=["B", "L"])
+def spec_sampling_check_kernel(
+    flag_ptr,  # (FLAG_WORDS,) int64 error record of fused.device_checks
+    logits_ptr, temp_ptr, q_ptr, draft_ptr, u_ptr,  # as spec_sampling_kernel's
+    B, V, L,
+    stride_lb, stride_lj, stride_qb, stride_qj,
+    BLOCK_V: tl.constexpr,
+    HAS_UNIFORMS: tl.constexpr,
+):
+    """checked="device": the host check's rules (``reference.spec_sampling.chain.validate``) over
+    row j of request b, program (b, j): its logits (no NaN or +inf, not all −inf), its draft and
+    draft probabilities (j < L), its uniform, and the request's temperature (j = 0). Reads every
+    row once: the op's own launch reads only the rows up to each request's stop."""
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, BLOCK_V)
+    if j == 0:
+        t = tl.load(temp_ptr + b)
+        note(flag_ptr, TEMPERATURE, ~((t > 0) & (t < float("inf"))), b, t.to(tl.int32, bitcast=True), 0, 0)
+    if HAS_UNIFORMS:
+        u = tl.load(u_ptr + b * (L + 1) + j)
+        note(flag_ptr, UNIFORMS, ~((u >= 0) & (u < 1)), b, j, u.to(tl.int32, bitcast=True), 0)
+    row = logits_ptr + b * stride_lb + j * stride_lj
+    qrow = q_ptr + b * stride_qb + j * stride_qj
+    is_draft = j < L
+    if is_draft:
+        x = tl.load(draft_ptr + b * L + j).to(tl.int64)
+        note(flag_ptr, DRAFT, (x < 0) | (x >= V), x, V, 0, 0)
+    zero = tl.full((), 0, tl.int32)  # loop-carried scalars: one type from the start (V may be a constexpr 1)
+    bad_x = zero + V  # the first bad logit's column, and its value's bits
+    bad_xv = zero
+    bad_q = zero + V
+    bad_qv = zero
+    finite = zero
+    for c in range(0, tl.cdiv(V, BLOCK_V)):
+        idx = c * BLOCK_V + offs
+        valid = idx < V
+        z = tl.load(row + idx, mask=valid, other=0.0).to(tl.float32)
+        bad = valid & ((z != z) | (z == float("inf")))
+        first = tl.min(tl.where(bad, idx, V), axis=0)
+        bad_xv = tl.where((bad_x == V) & (first < V), tl.max(tl.where(idx == first, z.to(tl.int32, bitcast=True),
+                                                                      -(2 ** 31)), axis=0), bad_xv)
+        bad_x = tl.minimum(bad_x, first)
+        finite += tl.sum((valid & (z > float("-inf")) & (z < float("inf"))).to(tl.int32), axis=0)
+        q_in = valid & (tl.full([BLOCK_V], j, tl.int64) < L)  # a vector: the interpreter's masks need one
+        q = tl.load(qrow + idx, mask=q_in, other=0.0)
+        qbad = q_in & ~((q >= 0) & (q < float("inf")))
+        first = tl.min(tl.where(qbad, idx, V), axis=0)
+        bad_qv = tl.where((bad_q == V) & (first < V), tl.max(tl.where(idx == first, q.to(tl.int32, bitcast=True),
+                                                                      -(2 ** 31)), axis=0), bad_qv)
+        bad_q = tl.minimum(bad_q, first)
+    note(flag_ptr, DRAFT_PROBS, bad_q < V, b, j, bad_q, bad_qv)
+    note(flag_ptr, LOGITS_NAN, bad_x < V, b, j, bad_x, bad_xv)
+    note(flag_ptr, LOGITS_ROW, (bad_x == V) & (finite == 0), b, j, 0, 0)
+
+
 def block_config(B: int, V: int, interpreted: bool) -> tuple[int, int, int]:
     """(BLOCK_B, BLOCK_V, num_warps). Compiled: chunks of up to 4096 entries per request, requests
     packed into a program only while a request's row is smaller than a chunk (small vocabularies).
@@ -148,18 +221,28 @@ def block_config(B: int, V: int, interpreted: bool) -> tuple[int, int, int]:
     return bb, bv, (1 if interpreted else 4 if bb * bv <= 2048 else 8)
 
 
-def launch(*, output_ids, accept_length, target_logits, temperature, draft_probs, draft_tokens, uniforms, seed
-           ) -> None:
-    """The one launch. Arguments already validated; ``seed`` an int when ``uniforms`` is None."""
+def launch(*, output_ids, accept_length, target_logits, temperature, draft_probs, draft_tokens, uniforms, seed,
+           flags: torch.Tensor | None = None) -> None:
+    """The one launch. Arguments already validated; ``seed`` an int when ``uniforms`` is None;
+    ``flags``: the device's error record (``fused.device_checks``): a check launch first."""
     B, Lp1, V = target_logits.shape
     bb, bv, warps = block_config(B, V, os.environ.get("TRITON_INTERPRET") == "1")
+    if flags is not None:
+        spec_sampling_check_kernel[(B, Lp1)](
+            flag_ptr=flags, logits_ptr=target_logits, temp_ptr=temperature, q_ptr=draft_probs, draft_ptr=draft_tokens,
+            u_ptr=uniforms if uniforms is not None else temperature, B=B, V=V, L=Lp1 - 1,
+            stride_lb=target_logits.stride(0), stride_lj=target_logits.stride(1),
+            stride_qb=draft_probs.stride(0), stride_qj=draft_probs.stride(1),
+            BLOCK_V=bv, HAS_UNIFORMS=uniforms is not None, num_warps=4 if bv >= 1024 else 1,
+        )
     spec_sampling_kernel[(triton.cdiv(B, bb),)](
         out_ptr=output_ids, len_ptr=accept_length, logits_ptr=target_logits, temp_ptr=temperature,
         q_ptr=draft_probs, draft_ptr=draft_tokens, u_ptr=uniforms if uniforms is not None else temperature,
         seed=0 if seed is None else int(seed), B=B, V=V, L=Lp1 - 1,
         stride_lb=target_logits.stride(0), stride_lj=target_logits.stride(1),
         stride_qb=draft_probs.stride(0), stride_qj=draft_probs.stride(1),
-        BLOCK_B=bb, BLOCK_V=bv, HAS_UNIFORMS=uniforms is not None, num_warps=warps,
+        BLOCK_B=bb, BLOCK_V=bv, HAS_UNIFORMS=uniforms is not None, CHECK_VALUES=flags is not None,
+        num_warps=warps,
     )
 
 
@@ -169,27 +252,46 @@ def spec_sampling(*, target_logits, temperature, draft_probs, draft_tokens, unif
     Shapes: target_logits (B, L + 1, V) fp32/bf16; temperature (B,) fp32; draft_probs (B, L, V) fp32;
     draft_tokens (B, L) int; uniforms (B, L + 1) fp32 or None (then the kernel draws its own from
     ``seed``; None: a seed from torch's global generator). Returns {"output_ids": (B, L + 1) int32,
-    "accept_length": (B,) int32}. ``checked``: as ``fused.verify_accept.wrapper.verify_accept``'s.
+    "accept_length": (B,) int32}.
+
+    Checks: shapes, dtypes, strides, devices and the seed on every call (no sync). The values
+    (``reference.spec_sampling.chain.validate``: drafts in [0, V), temperature finite and > 0,
+    draft_probs finite and >= 0, target_logits without NaN or +inf and no row all −inf, uniforms
+    in [0, 1)) by ``checked`` (None: ``VP_CHECK_VALUES``; ``reference.checks.value_check_mode``):
+
+    - True (the default): on the host, one sync, before the launch; a RangeError naming the argument.
+    - ``"device"``: by a check launch before the op's (``spec_sampling_check_kernel``: it reads every
+      row of target_logits and draft_probs once more), no sync (``fused.device_checks``); a draft
+      outside [0, V) is rejected without reading its probability, and a request with any bad value
+      gets outputs that are not the op's (within its own output row: nothing outside a tensor is
+      read or written); ``fused.device_checks.raise_pending()`` raises the host check's RangeError later.
+    - False: the caller guarantees them.
     """
+    mode = value_check_mode(checked)
     B, L, V = ref.validate(target_logits=target_logits, temperature=temperature, draft_probs=draft_probs,
                            draft_tokens=draft_tokens, uniforms=uniforms, seed=seed,
-                           check_values=values_checked(checked))
+                           check_values=mode == "host")
     if uniforms is None and seed is None:
         seed = int(torch.randint(0, ref.SEED_MAX, ()))
     dev = target_logits.device
     out = torch.empty((B, L + 1), dtype=ref.OUT_DTYPE, device=dev)
     n = torch.empty((B,), dtype=ref.OUT_DTYPE, device=dev)
     launch(output_ids=out, accept_length=n, target_logits=target_logits, temperature=temperature,
-           draft_probs=draft_probs, draft_tokens=draft_tokens, uniforms=uniforms, seed=seed)
+           draft_probs=draft_probs, draft_tokens=draft_tokens, uniforms=uniforms, seed=seed,
+           flags=device_checks.record(dev) if mode == "device" else None)
     return {"output_ids": out, "accept_length": n}
 
 
 def compile_specs():
     """Signatures for the ahead-of-time compile check: both logits dtypes, both draft index dtypes,
-    uniforms given or drawn (a real vocabulary's block shape)."""
+    uniforms given or drawn (a real vocabulary's block shape), with and without ``checked="device"``
+    (CHECK_VALUES, and its check launch)."""
     bb, bv, warps = block_config(1, 152064, interpreted=False)
-    return [variant(f"logits={lg[1:]},draft={dr[1:]},uniforms={hu}", spec_sampling_kernel,
-                    {"out_ptr": "*i32", "len_ptr": "*i32", "logits_ptr": lg, "temp_ptr": "*fp32", "q_ptr": "*fp32",
-                     "draft_ptr": dr, "u_ptr": "*fp32"},
-                    {"BLOCK_B": bb, "BLOCK_V": bv, "HAS_UNIFORMS": hu}, warps)
-            for lg in ("*fp32", "*bf16") for dr in ("*i32", "*i64") for hu in (True, False)]
+    types = {"logits_ptr": None, "temp_ptr": "*fp32", "q_ptr": "*fp32", "draft_ptr": None, "u_ptr": "*fp32"}
+    return [variant(f"logits={lg[1:]},draft={dr[1:]},uniforms={hu}{',checked' if chk else ''}", spec_sampling_kernel,
+                    {"out_ptr": "*i32", "len_ptr": "*i32", **types, "logits_ptr": lg, "draft_ptr": dr},
+                    {"BLOCK_B": bb, "BLOCK_V": bv, "HAS_UNIFORMS": hu, "CHECK_VALUES": chk}, warps)
+            for lg in ("*fp32", "*bf16") for dr in ("*i32", "*i64") for hu in (True, False) for chk in (False, True)] + \
+        [variant(f"logits={lg[1:]},draft={dr[1:]},uniforms={hu}", spec_sampling_check_kernel,
+                 {"flag_ptr": "*i64", **types, "logits_ptr": lg, "draft_ptr": dr}, {"BLOCK_V": bv, "HAS_UNIFORMS": hu}, 4)
+         for lg in ("*fp32", "*bf16") for dr in ("*i32", "*i64") for hu in (True, False)]

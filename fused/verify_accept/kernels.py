@@ -32,6 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fused.device_checks import DRAFT, QO_ROWS, QO_SIZE, QO_START, note
+
 SENTINEL = tl.constexpr(2 ** 31 - 1)  # an index no row has: lanes that saw no element (constexpr: the compiler reads no other global)
 
 
@@ -57,6 +59,12 @@ def _best_of_lanes(best_v, best_nan, best_i, AXIS: tl.constexpr):
 # the row's tile loads are 16-byte vectors only when the compiler knows them aligned. Unspecialized, every
 # bf16 element was a 2-byte load of its own (the PTX of sm90: 16 `ld.global.b16` per tile instead of `cp.async`;
 # tests/test_vector_loads.py)
+@triton.jit
+def _rows_ok(start, end, L, n_logit_rows):
+    """checked="device": request [start, end) is a real one whose L + 1 rows lie in target_logits."""
+    return (end - start == L + 1) & (start >= 0) & (end <= n_logit_rows)
+
+
 @triton.jit(do_not_specialize=["L", "n_chunks"])  # one compile per layout, not per batch
 def verify_accept_partial_kernel(
     part_v_ptr,  # (B·(L + 1), n_chunks) fp32 out: each chunk's maximum, NaN when the chunk holds one
@@ -70,6 +78,8 @@ def verify_accept_partial_kernel(
     stride_row,  # elements between target rows (>= V)
     BLOCK_V: tl.constexpr,  # columns per tile and lane count
     NUM_STAGES: tl.constexpr,  # software-pipelined tile loads in flight (compiled; the interpreter ignores it)
+    n_logit_rows=0,  # rows of target_logits (read when CHECK_VALUES)
+    CHECK_VALUES: tl.constexpr = False,  # checked="device": a request whose rows are not its own reads nothing
 ):
     """Launch 1 (module docstring): the best (value, index) of one chunk of one row."""
     r = tl.program_id(0).to(tl.int64)  # b·(L + 1) + j
@@ -77,7 +87,11 @@ def verify_accept_partial_kernel(
     b = r // (L + 1)
     j = r - b * (L + 1)
     start = tl.load(qo_ptr + b).to(tl.int64)
-    real = tl.load(qo_ptr + b + 1).to(tl.int64) > start  # padding requests read no row
+    end = tl.load(qo_ptr + b + 1).to(tl.int64)
+    if CHECK_VALUES:
+        real = _rows_ok(start, end, L, n_logit_rows)
+    else:
+        real = end > start  # padding requests read no row
     row = logits_ptr + (start + j) * stride_row
     lo = c * chunk_len
     offs = tl.arange(0, BLOCK_V)
@@ -113,11 +127,24 @@ def verify_accept_combine_kernel(
     stride_out,  # elements between output rows (L + 1)
     BLOCK_L: tl.constexpr,  # rows per request, padded: next_power_of_2(L + 1)
     BLOCK_C: tl.constexpr,  # chunks per row, padded: next_power_of_2(n_chunks)
+    flag_ptr=None,  # (FLAG_WORDS,) int64 error record of fused.device_checks, written when CHECK_VALUES
+    n_logit_rows=0,  # rows of target_logits (read when CHECK_VALUES)
+    V=0,  # vocabulary (read when CHECK_VALUES)
+    CHECK_VALUES: tl.constexpr = False,  # checked="device": qo_indptr and the drafts checked here
 ):
     """Launch 2 (module docstring): request b's row tokens from the partials, then the walk."""
     b = tl.program_id(0).to(tl.int64)
-    start = tl.load(qo_ptr + b)
-    real = tl.load(qo_ptr + b + 1) > start
+    start = tl.load(qo_ptr + b).to(tl.int64)
+    end = tl.load(qo_ptr + b + 1).to(tl.int64)
+    if CHECK_VALUES:  # the host check's rules (reference.verify_accept.chain.validate), request b's part
+        real = _rows_ok(start, end, L, n_logit_rows)
+        size = end - start
+        sized = (size == 0) | (size == L + 1)
+        note(flag_ptr, QO_START, (b == 0) & (start != 0), start, 0, 0, 0)
+        note(flag_ptr, QO_SIZE, ~sized, b, size, L + 1, 0)
+        note(flag_ptr, QO_ROWS, sized & (size > 0) & ~real, b, start, end, n_logit_rows)
+    else:
+        real = end > start
     n_rows = tl.where(real, L + 1, 0)  # padding: no partial or draft read, all -1, length 0
     rows = tl.arange(0, BLOCK_L)
     chunks = tl.arange(0, BLOCK_C)
@@ -128,6 +155,10 @@ def verify_accept_combine_kernel(
     _, _, tok = _best_of_lanes(v, v != v, i, 1)  # (BLOCK_L,) the row tokens; SENTINEL off the tile
     is_draft = rows < n_rows - 1
     d = tl.load(draft_ptr + b * L + rows, mask=is_draft, other=-1).to(tl.int64)
+    if CHECK_VALUES:  # a draft outside [0, V) never equals a row token: the walk stops at it
+        bad_d = is_draft & ((d < 0) | (d >= V))
+        first = tl.min(tl.where(bad_d, rows, BLOCK_L), axis=0)
+        note(flag_ptr, DRAFT, first < BLOCK_L, tl.max(tl.where(rows == first, d, -(2 ** 62)), axis=0), V, 0, 0)
     stop = ~is_draft | (tok.to(tl.int64) != d)  # the walk ends at the first mismatch, or at row L
     n_acc = tl.min(tl.where(stop, rows, BLOCK_L), axis=0)  # padding: 0
     ids = tl.where((rows <= n_acc) & (rows < n_rows), tok, -1)  # before n_acc the token is the draft

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from fused import device_checks
 from fused.compile_specs import variant
 from fused.verify_accept import kernels as k
-from reference.checks import values_checked
+from reference.checks import value_check_mode
 from reference.verify_accept import chain as ref
 
 # compiled: programs launch 1 aims at (H100/H200: 132 SMs x 16 programs of 4 warps resident is 2112):
@@ -56,9 +57,10 @@ def split_config(rows: int, V: int, interpreted: bool) -> SplitConfig:
 
 
 def launch(*, output_ids, accept_length, target_logits, draft_tokens, qo_indptr, stride_row: int | None = None,
-           config: SplitConfig | None = None) -> None:
+           config: SplitConfig | None = None, flags: torch.Tensor | None = None) -> None:
     """The two launches. Arguments already validated. ``stride_row``: the row stride the kernels are
-    told (default: the tensor's own); ``config``: launch 1's tiling (default ``split_config``'s)."""
+    told (default: the tensor's own); ``config``: launch 1's tiling (default ``split_config``'s);
+    ``flags``: the device's error record (``fused.device_checks``): the kernels check the values."""
     B, Lp1 = output_ids.shape
     V = target_logits.shape[1]
     cfg = config or split_config(B * Lp1, V, os.environ.get("TRITON_INTERPRET") == "1")
@@ -69,11 +71,14 @@ def launch(*, output_ids, accept_length, target_logits, draft_tokens, qo_indptr,
         chunk_len=cfg.chunk_len, n_chunks=cfg.n_chunks,
         stride_row=target_logits.stride(0) if stride_row is None else stride_row,
         BLOCK_V=cfg.block_v, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        **({"n_logit_rows": target_logits.shape[0], "CHECK_VALUES": True} if flags is not None else {}),
     )
     k.verify_accept_combine_kernel[(B,)](
         out_ptr=output_ids, len_ptr=accept_length, part_v_ptr=part_v, part_i_ptr=part_i, draft_ptr=draft_tokens,
         qo_ptr=qo_indptr, L=Lp1 - 1, n_chunks=cfg.n_chunks, stride_out=output_ids.stride(0),
         BLOCK_L=triton.next_power_of_2(Lp1), BLOCK_C=triton.next_power_of_2(cfg.n_chunks), num_warps=4,
+        **({"flag_ptr": flags, "n_logit_rows": target_logits.shape[0], "V": V, "CHECK_VALUES": True}
+           if flags is not None else {}),
     )
 
 
@@ -84,35 +89,45 @@ def verify_accept(*, target_logits, draft_tokens, qo_indptr, checked=None):
     (B·L,) int; qo_indptr (B + 1,) int, each request L + 1 rows or 0 (padding).
     Returns {"output_ids": (B, L + 1) int32, "accept_length": (B,) int32}.
 
-    Checks: shapes, dtypes, strides and devices on every call (no sync); ``checked`` (None:
-    ``VP_CHECK_VALUES``, on by default; see ``reference.checks``): also the values of qo_indptr
-    and of the real requests' drafts, one host sync. ``checked=False``: the caller guarantees
-    them (a bad qo_indptr is then read past target_logits) and nothing waits on the device.
+    Checks: shapes, dtypes, strides and devices on every call (no sync). The values of qo_indptr
+    (starts at 0, every request 0 or L + 1 rows, inside target_logits) and of the real requests'
+    drafts (in [0, V)) by ``checked`` (None: ``VP_CHECK_VALUES``; ``reference.checks.value_check_mode``):
+
+    - True (the default): on the host, one sync, before the launch; a bad one is a RangeError naming it.
+    - ``"device"``: by the kernels, no sync (``fused.device_checks``): a request whose qo_indptr
+      entries do not give it L + 1 rows inside target_logits reads nothing and gets the padding
+      outputs (−1, length 0); a draft outside [0, V) matches no token (the walk stops at it); and
+      ``fused.device_checks.raise_pending()`` raises the host check's RangeError later.
+    - False: the caller guarantees them (a bad qo_indptr is then read past target_logits) and
+      nothing waits on the device.
     """
+    mode = value_check_mode(checked)
     B, L, _ = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr,
-                           check_values=values_checked(checked))
+                           check_values=mode == "host")
     dev = target_logits.device
     out = torch.empty((B, L + 1), dtype=ref.OUT_DTYPE, device=dev)
     n = torch.empty((B,), dtype=ref.OUT_DTYPE, device=dev)
     launch(output_ids=out, accept_length=n, target_logits=target_logits, draft_tokens=draft_tokens,
-           qo_indptr=qo_indptr)
+           qo_indptr=qo_indptr, flags=device_checks.record(dev) if mode == "device" else None)
     return {"output_ids": out, "accept_length": n}
 
 
 def compile_specs():
     """Signatures for the ahead-of-time compile check (``python -m harness compile``): launch 1 for
     both index dtypes of qo_indptr, launch 2 for both of the drafts and of qo_indptr at B 1 x L 4 x
-    V 160K's tile (79 chunks: BLOCK_C 128) and B 64's (7: BLOCK_C 8) (``fused.compile_specs``)."""
+    V 160K's tile (79 chunks: BLOCK_C 128) and B 64's (7: BLOCK_C 8) (``fused.compile_specs``), each
+    also with ``checked="device"``'s checks (CHECK_VALUES)."""
     cfg = split_config(5, 160000, interpreted=False)
-    specs = [variant(f"qo={qo[1:]}", k.verify_accept_partial_kernel,
+    specs = [variant(f"qo={qo[1:]}{',checked' if chk else ''}", k.verify_accept_partial_kernel,
                      {"part_v_ptr": "*fp32", "part_i_ptr": "*i32", "logits_ptr": "*bf16", "qo_ptr": qo},
-                     {"BLOCK_V": cfg.block_v, "NUM_STAGES": cfg.num_stages}, cfg.num_warps)
-             for qo in ("*i32", "*i64")]
+                     {"BLOCK_V": cfg.block_v, "NUM_STAGES": cfg.num_stages, "CHECK_VALUES": chk}, cfg.num_warps)
+             for qo in ("*i32", "*i64") for chk in (False, True)]
     for rows in (5, 320):
         n_chunks = split_config(rows, 160000, interpreted=False).n_chunks
-        specs += [variant(f"draft={d[1:]},qo={qo[1:]},chunks={n_chunks}", k.verify_accept_combine_kernel,
+        specs += [variant(f"draft={d[1:]},qo={qo[1:]},chunks={n_chunks}{',checked' if chk else ''}",
+                          k.verify_accept_combine_kernel,
                           {"out_ptr": "*i32", "len_ptr": "*i32", "part_v_ptr": "*fp32", "part_i_ptr": "*i32",
-                           "draft_ptr": d, "qo_ptr": qo},
-                          {"BLOCK_L": 8, "BLOCK_C": triton.next_power_of_2(n_chunks)}, 4)
-                  for d in ("*i32", "*i64") for qo in ("*i32", "*i64")]
+                           "draft_ptr": d, "qo_ptr": qo, "flag_ptr": "*i64"},
+                          {"BLOCK_L": 8, "BLOCK_C": triton.next_power_of_2(n_chunks), "CHECK_VALUES": chk}, 4)
+                  for d in ("*i32", "*i64") for qo in ("*i32", "*i64") for chk in (False, True)]
     return specs
