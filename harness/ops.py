@@ -56,17 +56,16 @@ def stem_spec(op: str, *, case_type: str, reference: str, **fields) -> OpSpec:
     ``prepare``, its timeline adapter from ``cases/<op>/prepare.py`` (``timeline``) unless
     ``fields`` say otherwise. ``fields``: every other OpSpec field."""
     c = importlib.import_module(f"cases.{op}.catalog")
-    r = importlib.import_module(f"reference.{op}.chain")
-    o = (importlib.import_module(f"reference.{op}.oracle")
-         if importlib.util.find_spec(f"reference.{op}.oracle") is not None else r)
-    from harness.registry import OpSpec
+    oracle = f"reference.{op}.oracle" if importlib.util.find_spec(f"reference.{op}.oracle") is not None else f"reference.{op}.chain"
+    from harness.registry import Deferred, OpSpec
 
     fields.setdefault("bench", f"cases.{op}.bench")
     fields.setdefault("case_cost", getattr(c, "case_cost", None))
     if fields.get("role") == "prepare":
         fields.setdefault("timeline", functools.partial(_prepare_adapter, op))
     return OpSpec(name=op, case_type=getattr(c, case_type), catalog=c.catalog, strategy=c.cases,
-                  build_inputs=c.build_inputs, reference=getattr(r, reference), oracle=getattr(o, f"{op}_oracle"),
+                  build_inputs=c.build_inputs, reference=Deferred(f"reference.{op}.chain:{reference}"),
+                  oracle=Deferred(f"{oracle}:{op}_oracle"),
                   **fields)
 
 

@@ -66,13 +66,13 @@ def test_help_imports_no_torch(cmd):
 
 def test_list_and_the_run_header_state_the_generated_counts_the_run_draws():
     """``list``'s "generated per run" and the run header's "generated cases" per op are the number of
-    generated cases the run plans on this device (``suite.generated_count``: the profile's count, an op's
+    generated cases the run plans on this device (``cases.profiles.generated_count``: the profile's count, an op's
     interpreter cap under the interpreter). Planted: before, ``list`` said 300 for every op on the CPU,
     where a ci run draws 150 verify_accept and 40 verify_attention cases."""
     from cases import profiles
     from harness import devices
     from harness.ops import default_registry
-    from harness.parity.suite import generated_count
+    from cases.profiles import generated_count
 
     dev = devices.select(os.environ.get("VP_DEVICE", "auto"))
     reg = default_registry(with_mutants=False, with_plugins=False)
