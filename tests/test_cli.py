@@ -58,15 +58,17 @@ def _imported(*args, cwd=ROOT, env=None) -> tuple[subprocess.CompletedProcess, s
     return r, imported
 
 
-@pytest.mark.parametrize("cmd", ["", "list", "run", "mutants", "timelines", "compile", "repro", "report"])
+@pytest.mark.parametrize("cmd", ["", "list", "run", "mutants", "timelines", "compile", "gpu", "bench", "nightly", "warmup",
+                                 "repro", "report", "gate", "serve"],
+                         ids=lambda cmd: f"{cmd or 'harness'}-help")  # not the id "gpu": conftest skips it off a GPU
 def test_help_imports_no_torch(cmd):
     """``python -m harness [CMD] --help`` imports none of torch, triton, pandas, numpy, hypothesis (read off
     ``-X importtime``, not a clock: the 2-core machine's load makes wall times noisy); measured at 0.05 s of
     imports against 1.8 s before (docs/cli.md). Planted: before, every command imported torch (``harness.usage``
     subclassed the ops' input error, whose module imports torch) and pandas, and the parser built every
-    command's choices from the registry; ``timelines --help`` imported torch and hypothesis for the model
-    families until the catalogs declared them without (``cases.base.composite``). (``gate`` and ``serve``
-    still do: their choices are the micro-model layouts of ``harness.e2e.model``.)"""
+    command's choices from the registry; ``timelines``, ``gate``, ``serve``, ``nightly``, ``gpu`` and ``bench
+    --help`` imported torch for their choices (the model families, the micro-model layouts, the benchmark
+    modules) until those were declared without it (``cases.base.composite``, ``cases.e2e_gate.LAYOUTS``)."""
     r, imported = _imported(*cmd.split(), "--help")
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
     assert imported and not imported & set(HEAVY), sorted(imported & set(HEAVY))

@@ -253,7 +253,6 @@ def cmd_gate(args) -> int:
     from cases import e2e_gate
     from harness import devices
     from harness.e2e import gate
-    from harness.e2e import model
     from reports.rows import write_csv
 
     dev = devices.select(args.device)
@@ -277,7 +276,7 @@ def cmd_gate(args) -> int:
 
         timeline_suite.load_backend(args.backend)  # a bad spec is one line before any work
         prof = replace(prof, backend=args.backend)
-    rows = gate.run(load_registry(), dev, prof, layouts=args.layout or model.LAYOUTS,
+    rows = gate.run(load_registry(), dev, prof, layouts=args.layout or e2e_gate.LAYOUTS,
                     models_dir=args.models or e2e_gate.MODEL_DIR,
                     problems=args.problems, seed=args.seed, progress=None if args.quiet else lambda m: print(m, flush=True),
                     jobs=args.jobs)
