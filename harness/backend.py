@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from cases import timeline_family
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 VERIFY_STORES = ("pre", "post", "as-history", "none")
 BRANCHES = ("unified-extend", "unified-decode", "unified-verify", "non-unified")

@@ -19,10 +19,13 @@ capture-stable physical write location (``decode_kernel_loc``) for target-verify
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from cases.base import composite
 from cases.timeline_family import Family
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 FP8_FORMATS = ("e4m3fn", "e4m3fnuz")  # the fp8 dtypes by name (reference.mla_fp8_prepare.chain.FP8_DTYPES)
 Q_LAYOUTS = ("model", "contiguous", "inner_strided")  # inner_strided: not covered -> fallback
@@ -181,6 +184,7 @@ def _bf16_neighbours(x: torch.Tensor) -> torch.Tensor:
 def edge_values(fmt: str) -> torch.Tensor:
     """bf16 values (both signs) where fp8 ``fmt`` rounding is decided; every one exactly a bf16."""
     import torch
+
     from reference.mla_fp8_prepare.encoder import fp8_code_values
 
     vals = fp8_code_values(fmt)
@@ -211,6 +215,7 @@ def _values(shape, g, *, scale: float, specials: float, edges: torch.Tensor, mul
 def build_inputs(case: MlaFp8PrepareCase, device) -> dict:
     """Keyword arguments of a prepare step, on ``device`` (a harness.devices.Device)."""
     import torch
+
     from reference.mla_fp8_prepare.chain import FP8_DTYPES
 
     g = torch.Generator().manual_seed(case.seed)

@@ -6,7 +6,12 @@ that flag it and the catalog case that shows it (``tests/test_mla_fp8_prepare.py
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from harness.registry import Impl
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 OP = "mla_fp8_prepare"
 
@@ -40,6 +45,7 @@ def _skip_fallback_write(**kw):
 def _truncate_fp8(x: torch.Tensor, fp8_dtype: torch.dtype, scale_mul) -> torch.Tensor:
     """fp8 rounding toward zero (what the raw interpreter and some hand-written casts do)."""
     import torch
+
     from reference.mla_fp8_prepare import chain as ref
 
     xf = x.float() * (1.0 if scale_mul is None else scale_mul)
@@ -79,6 +85,7 @@ def _policy_flip(**kw):
     """The dispatch forgets that the kernel saturates: ``nan``-policy calls take the kernel,
     so overflow and ±inf become ±max where the contract says NaN."""
     import torch
+
     from reference.mla_fp8_prepare import chain as ref
 
     f = _fused()

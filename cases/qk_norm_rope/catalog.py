@@ -9,11 +9,14 @@ gate's third branch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Literal
 
 from cases.base import composite
 from cases.timeline_family import Family
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 FORWARD_MODES = ("decode", "target_verify")
 
@@ -128,6 +131,7 @@ def cases(draw, *, max_tokens: int = 40, max_heads: int = 12, head_dims=(64, 128
     large (>= 4096 rows: large angles), and positions are all 0 (RoPE the identity) in 1 case
     in 8 only."""
     from hypothesis import strategies as st
+
     from reference.qk_norm_rope.swa import SWA_TILE
 
     D = draw(st.sampled_from(head_dims))
@@ -180,6 +184,7 @@ def rope_tables(max_pos: int, R: int, base: float = 10000.0) -> tuple[torch.Tens
 def build_inputs(case: QkNormRopeCase, device) -> dict:
     """Keyword arguments of a prepare step, on ``device`` (a harness.devices.Device)."""
     import torch
+
     from reference.qk_norm_rope.swa import SwaLayout
 
     g = torch.Generator().manual_seed(case.seed)

@@ -79,7 +79,8 @@ def _nonunified_skips_paged_store(**kw):
 def _chain_with_store(kw, store):
     """The reference chain's two launches, then ``store(kv_out, swa_cache, loc, layout)`` on a
     non-unified layer (the chain's own store otherwise)."""
-    from reference.qk_norm_rope import chain as r, swa
+    from reference.qk_norm_rope import chain as r
+    from reference.qk_norm_rope import swa
 
     kw = dict(kw)
     forward_mode, ring, loc = kw.pop("forward_mode"), kw.pop("ring"), kw.pop("loc")
@@ -116,6 +117,7 @@ def _floor_exponent_store(kv_out, swa_cache, loc, lay):
     """The paged store with the tile exponent floor(log2(amax/448)) instead of the ceiling: every
     tile's largest values scale past 448 and saturate."""
     import torch
+
     from reference.qk_norm_rope import swa
 
     def floor_exp(amax):

@@ -25,9 +25,13 @@ trials of each request (``cases/spec_sampling/distribution.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from cases.base import composite
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import numpy as np
+    import torch
 
 DRAFTS = ("near", "far", "equal", "onehot", "sparse")
 MODES = ("exact", "distribution")
@@ -206,6 +210,7 @@ def clear_of_boundaries(u: np.ndarray, p: np.ndarray, q: np.ndarray, d: np.ndarr
 def build_inputs(case: SpecSamplingCase, device) -> dict:
     """Keyword arguments of ``spec_sampling`` on ``device`` (a harness.devices.Device)."""
     import torch
+
     from reference.spec_sampling import oracle
 
     g = torch.Generator().manual_seed(case.seed)

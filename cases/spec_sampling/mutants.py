@@ -39,6 +39,7 @@ def _residual_from_q(**kw):
     """After a rejection the token is sampled from q_n itself (max(q, 0)), not max(p − q, 0); the bonus
     after a full chain stays p_L (q_L = 0: no weight, so p_L as the reference takes it)."""
     import torch
+
     from reference.spec_sampling import chain as ref
 
     def weights(p, q, n):
@@ -86,6 +87,7 @@ def _bonus_after_rejection(**kw):
     """After a rejection at n < L a bonus token from p_{n+1} is written at n + 1 too (the bonus
     path taken whatever the walk did); the accept length is unchanged."""
     import torch
+
     from reference.spec_sampling import chain as ref
 
     def after(ids, p, n, u):
@@ -112,6 +114,7 @@ def _temperature_twice(**kw):
 def _bonus_wrong_row(**kw):
     """After a fully accepted chain the bonus is sampled from row L − 1 (the last draft's row), not row L."""
     import torch
+
     from reference.spec_sampling import chain as ref
 
     def weights(p, q, n):

@@ -39,6 +39,7 @@ def _accepts_first_mismatch(**kw):
     by one: an off-by-one in the walk); the rejected draft lands in the output, the bonus comes
     from the row after it."""
     import torch
+
     from reference.verify_accept import chain as ref
 
     def accept(matched, real):
@@ -64,6 +65,7 @@ def _ties_to_highest(*, target_logits, draft_tokens, qo_indptr):
     index among equal maxima (and the last NaN), what a max-reduction that breaks ties with >=,
     or a split that combines partials in the wrong order, gives."""
     import torch
+
     from reference.verify_accept import chain as ref
 
     f = _fused()
@@ -80,6 +82,7 @@ def _row_stride_ignored(*, target_logits, draft_tokens, qo_indptr):
     """The real kernel told that rows are V apart (``stride_row = V``: the logits assumed
     contiguous): on an LM head's output sliced to the vocabulary it reads the wrong rows."""
     import torch
+
     from reference.verify_accept import chain as ref
 
     f = _fused()

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from cases.base import composite
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 KV_DTYPES = ("bf16", "e4m3fn", "e4m3fnuz")
 FAMILIES = ("generic", "kimi-k3", "qwen3.5", "minimax", "dspark-draft")

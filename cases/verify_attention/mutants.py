@@ -59,9 +59,8 @@ def _kv_head_can_handle(case, device):
 
 def _last_partial_tile_dropped(**kw):
     """Each split's prefix loop runs over whole BLOCK_N tiles only: the partial last tile is lost."""
-    from reference.verify_attention import chain as r
-
     from fused.verify_attention import config as vc
+    from reference.verify_attention import chain as r
 
     block_n = vc.block_config(kw["q"].shape[2])[1]
 
@@ -93,6 +92,7 @@ def _padded_draft_keys_unmasked(**kw):
     padded keys (k = 0, v = 0) get score 0 and join the softmax denominator wherever the draft
     rule lets them (non-causal drafts see every column of the tile)."""
     import torch
+
     from reference.verify_attention import chain as r
 
     def draft(qh, kd, vd, *, scale, mask):
@@ -134,9 +134,8 @@ def _unwritten_split_scratch(**kw):
     merges their m/l/acc straight from torch.empty scratch. Zeroed scratch (m = 0, l = 0, acc = 0)
     happens to contribute nothing; NaN scratch turns every output row into NaN. Where neither
     kernel runs (ragged widths, no prefix...), the reference chain, as in the backend."""
-    from reference.verify_attention import chain as r
-
     from fused.verify_attention import wrapper as f
+    from reference.verify_attention import chain as r
 
     kind = next((k for k in ("shared_kv", "split_kv") if f.can_handle(k, **kw) is True), None)
     if kind is None:

@@ -36,9 +36,12 @@ wrong if read (pointers 0, candidates −1).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from cases.base import composite
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 ACCEPT = ("mixed", "all", "none")
 MATCH = ("any", "first", "last")

@@ -69,6 +69,7 @@ def _bonus_at_node_n(**kw):
     """The bonus token read at node n (n = accepted drafts: chain indexing, ``retrive_index[b, n]``)
     instead of at the last accepted node; written where it belongs. Right on a path 0, 1, …, n only."""
     import torch
+
     from reference.verify_tree_accept import chain as ref
 
     def bonus(predict, acc, n, ri):
@@ -89,6 +90,7 @@ def _level_match(**kw):
     """The walk matches by level, not by parent: at each step it accepts the first node (in index
     order) one level deeper whose token is the target's, a child of the current node or not."""
     import torch
+
     from reference.verify_tree_accept import chain as ref
 
     def path(candidates, target, parent, ri, S):
@@ -119,6 +121,7 @@ def _rows_assumed_identity(**kw):
     """The real kernel given retrive_index = b·N + i (SGLang's usual layout assumed instead of read):
     with rows permuted within a block it argmaxes other nodes' rows and writes other entries."""
     import torch
+
     from reference.verify_tree_accept import chain as ref
 
     f = _fused()

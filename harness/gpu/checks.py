@@ -21,9 +21,13 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from harness.ops import BUILTIN
 from reports.rows import with_provenance
+
+if TYPE_CHECKING:  # annotations only: --help imports no torch
+    from harness.gpu.runners import Outcome
 
 CHECKS = ("launches", "graph", "determinism")
 ROW_CHECK = {"launches": ("gpu:launches",), "graph": ("gpu:graph-replay", "gpu:graph-gate"),

@@ -35,10 +35,9 @@ from harness.nightly.plan import OPS, plan
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cases import profiles
+    from cases import e2e_gate, profiles
     from cases import timelines as tl
     from harness import usage
-    from cases import e2e_gate
 
     ap = usage.ArgumentParser(prog="python -m harness nightly", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
