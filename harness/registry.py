@@ -34,8 +34,8 @@ from typing import Any
 from harness import tolerance
 
 # the plugin API is imported from here (docs/plugins.md)
-__all__ = ["ENTRY_POINT_GROUP", "ENTRY_POINT_SOURCE", "KINDS", "ROLES", "Deferred", "DistributionPlan", "Effect", "GpuPlan",
-           "Impl",
+__all__ = ["ENTRY_POINT_GROUP", "ENTRY_POINT_SOURCE", "KINDS", "ROLES", "Deferred", "DistributionPlan", "Effect",
+           "GpuPlan", "Impl",
            "KillPlan", "OpSpec", "OutputSpec", "Registry", "always", "can_handle_takes_inputs", "cwd_on_path",
            "nan_policy_of", "parse_spec"]
 

@@ -158,7 +158,8 @@ def _spec() -> OpSpec:
 
 def register(reg: Registry) -> None:
     reg.add_op(_spec())
-    reg.add(Impl(OP, "reference", "reference", Deferred("reference.mla_fp8_prepare.chain:mla_fp8_prepare_step"), fp8_policy="case (saturate|nan)",
+    reg.add(Impl(OP, "reference", "reference", Deferred("reference.mla_fp8_prepare.chain:mla_fp8_prepare_step"),
+                 fp8_policy="case (saturate|nan)",
                  doc="five launches: cat q, cast q, cast k_nope, cast k_rope, scatter at the physical rows"))
     reg.add(Impl(OP, "fused", "fused", _fused, can_handle=_fused_can_handle, fp8_policy="saturate",
                  doc="gate + one Triton launch (q8 and KV rows); the fallback chain when the gate says so"))

@@ -17,7 +17,8 @@ def _chain(*, target_logits, temperature, draft_probs, draft_tokens, uniforms=No
     the sampling weights; ``after_fn(ids, p, n, u) -> ids`` a change to the written ids."""
     from reference.spec_sampling import chain as ref
 
-    probs_fn, accept_fn, cdf_fn = probs_fn or ref.target_probs, accept_fn or ref.accept_drafts, cdf_fn or ref.inverse_cdf
+    probs_fn, accept_fn = probs_fn or ref.target_probs, accept_fn or ref.accept_drafts
+    cdf_fn = cdf_fn or ref.inverse_cdf
 
     B, L, V = ref.validate(target_logits=target_logits, temperature=temperature, draft_probs=draft_probs,
                            draft_tokens=draft_tokens, uniforms=uniforms, seed=seed)

@@ -51,8 +51,9 @@ def _spec() -> OpSpec:
         doc="chain speculative sampling at temperature > 0: accept draft x with probability min(1, p(x)/q(x)), "
             "else a token from the normalised max(p - q, 0); a bonus from p after a full chain; ids padded with -1",
         kill=KILL,
-        distribution=DistributionPlan(*(Deferred(f"cases.spec_sampling.distribution:{name}")
-                                        for name in ("applies", "batches", "verdict"))),
+        distribution=DistributionPlan(applies=Deferred("cases.spec_sampling.distribution:applies"),
+                                      batches=Deferred("cases.spec_sampling.distribution:batches"),
+                                      verdict=Deferred("cases.spec_sampling.distribution:verdict")),
         role="sampler",  # the sampled gate's speculative sampler (harness.e2e.gate)
         nightly_group="acceptance",  # a light acceptance op: one parity step for the group
         parity_weight=0.5,

@@ -211,9 +211,11 @@ def _spec() -> OpSpec:
 
 def register(reg: Registry) -> None:
     reg.add_op(_spec())
-    reg.add(Impl("verify_attention", "reference", "reference", Deferred("reference.verify_attention.chain:verify_attention"),
+    reg.add(Impl("verify_attention", "reference", "reference",
+                 Deferred("reference.verify_attention.chain:verify_attention"),
                  doc="per-head split-KV chain: prefix split partials, draft triangle, LSE combine"))
-    reg.add(Impl("verify_attention", "reference-batched", "reference", Deferred("reference.verify_attention.batched:verify_attention_batched"),
+    reg.add(Impl("verify_attention", "reference-batched", "reference",
+                 Deferred("reference.verify_attention.batched:verify_attention_batched"),
                  can_handle=_batched_can_handle,
                  doc="the same chain's three launches over the whole batch at once (one verify width, no tree)"))
     reg.add(Impl("verify_attention", "fused-split-kv", "fused", _split_kv, can_handle=kernel_can_handle("split_kv"),
@@ -228,5 +230,6 @@ def register(reg: Registry) -> None:
                  doc="backend: gate, then shared-KV -> split-KV -> reference by can_handle"))
     reg.add(Impl("verify_attention", "compiled", "compiled", _compiled, can_handle=_compiled_can_handle,
                  doc="torch.compile(dynamic=True) of the reference chain's three launches; launch 1 per split"))
-    reg.add(Impl("verify_attention", "sdpa", "external", Deferred("reference.verify_attention.sdpa:verify_attention_sdpa"),
+    reg.add(Impl("verify_attention", "sdpa", "external",
+                 Deferred("reference.verify_attention.sdpa:verify_attention_sdpa"),
                  doc="torch SDPA (fp64) on dense K/V with the explicit verify mask"))

@@ -177,7 +177,8 @@ def _gate(p) -> None:
     p.add_argument("--profile", default=None, choices=sorted(e2e_gate.PROFILES),
                    help="cases/e2e_gate.py (default: cpu-lite on the CPU, else full; sampled, sampled-full: "
                         "temperature > 0, speculative vs plain sampling)")
-    p.add_argument("--layout", action="append", choices=e2e_gate.LAYOUTS, help="micro-model layout (repeatable; default: all)")
+    p.add_argument("--layout", action="append", choices=e2e_gate.LAYOUTS,
+                   help="micro-model layout (repeatable; default: all)")
     p.add_argument("--models", type=usage.input_dir, default=None,
                    help=f"directory of <layout>.safetensors (default {e2e_gate.MODEL_DIR}; a layout without "
                         f"one runs on random weights)")
