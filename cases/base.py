@@ -7,10 +7,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import typing
-
-from hypothesis import given, settings
 
 DRAW_BYTES = 4096  # random bytes behind one drawn case; the strategies here take 63 at most (timelines)
 
@@ -49,6 +48,23 @@ def parse_case(case_type: type, text: str):
     return case_type(**kwargs)
 
 
+def composite(fn):
+    """``hypothesis.strategies.composite`` applied at the first call, not at import: a catalog module
+    declares its strategies without importing hypothesis, so reading the catalogs (``python -m harness
+    list``) imports neither it nor torch. ``fn`` imports what it draws with in its body."""
+    @functools.cache
+    def strategy():
+        from hypothesis import strategies as st
+
+        return st.composite(fn)
+
+    @functools.wraps(fn)
+    def build(*args, **kwargs):
+        return strategy()(*args, **kwargs)
+
+    return build
+
+
 def draw(strategy, n: int, *, rng_seed: int = 0, slack: int = 10) -> list:
     """``n`` distinct cases from a strategy (fewer if it repeats itself), deterministic for a given
     seed, on a budget of ``n + n // 3 + slack`` draws.
@@ -60,6 +76,8 @@ def draw(strategy, n: int, *, rng_seed: int = 0, slack: int = 10) -> list:
     cases mutate one another (one fallback branch took 1 % or 23 % of 300 cases, by seed) and
     take constants from the source of whatever local modules are loaded (the same seed gave
     other cases once another project module had been imported first)."""
+    from hypothesis import given, settings
+
     out, seen = [], set()
 
     @settings(database=None)

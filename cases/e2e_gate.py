@@ -23,6 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the micro-models' layouts (harness.e2e.model: each is the timeline family of that name), by name here so
+# that the commands' choices (gate, serve, nightly --layout) import no torch
+LAYOUTS = ("dsv4-mqa-ring", "k3-mla-fp8", "qwen35-gqa")
+
 
 @dataclass(frozen=True)
 class Thresholds:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # an annotation only
+    from harness.registry import OpSpec
 
 ENV = "VP_PROFILE"
 
@@ -33,6 +37,17 @@ def current(name: str | None = None) -> Profile:
     if name not in PROFILES:
         raise ValueError(f"{ENV}: expected one of {sorted(PROFILES)}, got {name!r}")
     return PROFILES[name]
+
+
+def generated_count(spec: OpSpec, profile: Profile, *, interpreted: bool, generated: int | None = None) -> int:
+    """The generated cases a parity run of ``spec``'s op draws (what ``list`` and the run's header state):
+    ``generated`` when given; else the profile's count, capped by the op under the interpreter
+    (``OpSpec.interpreter_generated``)."""
+    if generated is not None:
+        return generated
+    if interpreted and spec.interpreter_generated is not None:
+        return min(profile.generated, spec.interpreter_generated)
+    return profile.generated
 
 
 def load_hypothesis_profile(name: str | None = None) -> Profile:

@@ -19,8 +19,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from hypothesis import strategies as st
-
+from cases.base import composite
 from cases.timeline_family import Family
 from harness.ops import BUILTIN
 
@@ -193,11 +192,13 @@ def catalog() -> list[Timeline]:
 
 # ----------------------------------------------------------------------------- strategy
 
-@st.composite
+@composite
 def timelines(draw, *, family: str | None = None, max_requests: int = 3, max_batches: int = 6,
               max_width: int = 4) -> Timeline:
     """A random valid timeline: requests prefilled at different times, then decode/verify
     batches over random subsets of the prefilled requests with random accept counts."""
+    from hypothesis import strategies as st
+
     fam = family or draw(st.sampled_from(sorted(FAMILIES)))
     B = draw(st.integers(1, max_requests))
     tree = FAMILIES[fam]

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import NamedTuple
-
-import torch
+from typing import TYPE_CHECKING, NamedTuple
 
 from cases import timeline_family
-from harness.timelines.prepare import prepare_of
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 VERIFY_STORES = ("pre", "post", "as-history", "none")
 BRANCHES = ("unified-extend", "unified-decode", "unified-verify", "non-unified")
@@ -88,6 +88,8 @@ class Backend:
         every mode (in a cache of its own: ``Prepare.layer_caches``), and its verify attention reads
         the chunk from there causally indexed: the ``pre`` policy with the chunk read back. A verify
         prepare that handed no kv back leaves the backend nothing to attend to but the ring."""
+        from harness.timelines.prepare import prepare_of
+
         prep = prepare_of(fam)
         store = self.verify_store(fam)
         if store not in VERIFY_STORES:
@@ -134,6 +136,8 @@ class Backend:
         each chunk (``owners``: (request, width) in batch order) reads its request's history — the
         last W of its visible table — plus, when the chunk is history (``as_history``), the other
         chunk tokens, one query group per token. Built on the host, one copy to the device."""
+        import torch
+
         chunk_all = loc_logical.tolist()
         ends, lens, flat, off = [], [], [], 0
         for r, c in owners:
@@ -162,6 +166,8 @@ class Backend:
         """(custom_mask (Σ L_b²,) bool, topk) that verify attention is handed for a batch of draft
         trees: chunk token i sees chunk token j when j is i or an ancestor of i (row-major per request,
         verify_attention's layout); the history is seen by every token."""
+        import torch
+
         out = []
         for parents in trees:
             L = len(parents) - 1

@@ -8,17 +8,31 @@ the conversion shim (``harness.shim``); both are recorded in every row's provena
 
 fp8 formats: ``e4m3fn`` on NVIDIA and AMD gfx950 (MI355), ``e4m3fnuz`` on AMD gfx942 (MI300).
 On the CPU the format is whatever the run asks for (both run under the interpreter).
+
+Naming the device (``resolve``: what ``python -m harness list`` prints) imports torch only where the
+answer needs it: with a CPU-only build of torch (its ``torch.version``, read from the file) there is no
+GPU to ask about, and neither torch nor Triton is imported.
 """
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.util
 import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+FP8_FORMATS = ("e4m3fn", "e4m3fnuz")  # torch.float8_<format>
 _FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
+# the id of harness.shim's conversions (what the interpreter's casts and arithmetic do), in every row's provenance:
+# change it with the shim
+SHIM_ID = ("vp-interp-shim/4 (bf16 RNE, fp8 RNE+satfinite, bf16 dot upcast, rtz bf16/fp16, rtz fp8 refused, "
+           "bf16 arithmetic in fp32, half reductions rounded per add, elementwise and/or/not, fp32 float arguments)")
 
 
 class DeviceUnavailable(RuntimeError):
@@ -35,11 +49,13 @@ class Device:
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         return torch.device("cpu" if self.kind == "cpu" else "cuda")
 
     @property
     def fp8_dtype(self) -> torch.dtype:
-        return FP8_DTYPES[self.fp8_format]
+        return fp8_dtype(self.fp8_format)
 
     @property
     def interpreted(self) -> bool:
@@ -51,7 +67,39 @@ def fp8_format_for_arch(arch: str) -> str:
     return "e4m3fnuz" if arch.split(":")[0] in _FNUZ_ARCHS else "e4m3fn"
 
 
+def fp8_dtype(fmt: str) -> torch.dtype:
+    """``torch.float8_<fmt>`` of a format of ``FP8_FORMATS``."""
+    import torch
+
+    if fmt not in FP8_FORMATS:
+        raise ValueError(f"fp8_format: expected one of {sorted(FP8_FORMATS)}, got {fmt!r}")
+    return getattr(torch, f"float8_{fmt}")
+
+
+def gpu_build() -> bool:
+    """Whether this torch is built for a GPU (``torch.version.cuda`` or ``.hip`` set), without importing
+    torch: read from its generated ``torch/version.py`` (plain assignments). True where it cannot be read,
+    so that ``gpu_present`` asks torch."""
+    if "torch" in sys.modules:
+        import torch
+
+        return bool(torch.version.cuda or torch.version.hip)
+    try:
+        spec = importlib.util.find_spec("torch")
+        tree = ast.parse(Path(spec.submodule_search_locations[0], "version.py").read_text())
+        found = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        return bool(found["cuda"] or found["hip"])
+    except Exception:  # noqa: BLE001 - no such file, another layout, not a literal: torch answers
+        return True
+
+
 def gpu_present() -> bool:
+    """Whether torch sees a GPU (``torch.cuda.is_available``); a CPU-only build answers no without its import."""
+    if not gpu_build():
+        return False
+    import torch
+
     return torch.cuda.is_available()
 
 
@@ -66,6 +114,8 @@ def stand_in_gpu(device: Device) -> None:
 
 
 def _gpu_device() -> Device:
+    import torch
+
     if _STAND_IN:
         return _STAND_IN[0]
     props = torch.cuda.get_device_properties(0)
@@ -118,6 +168,8 @@ def cuda_sync_mode(mode: str) -> None:
     a core that the others' host work needs. NVIDIA only (ROCm: ``DeviceUnavailable``)."""
     import ctypes
 
+    import torch
+
     if mode not in _CU_CTX_SCHED:
         raise ValueError(f"{SYNC_ENV}: expected one of {sorted(_CU_CTX_SCHED)}, got {mode!r}")
     if torch.version.hip:
@@ -134,24 +186,19 @@ def cuda_sync_mode(mode: str) -> None:
             raise DeviceUnavailable(f"{SYNC_ENV}={mode}: {call} returned CUDA error {rc}")
 
 
-def select(requested: str = "auto", *, fp8_format: str | None = None) -> Device:
-    """Resolve "auto" | "cpu" | "cuda" | "rocm" to a Device and prepare Triton for it.
-
-    ``fp8_format`` overrides the arch's format only on the CPU, where both formats run.
-    """
+def resolve(requested: str = "auto", *, fp8_format: str | None = None) -> Device:
+    """The Device "auto" | "cpu" | "cuda" | "rocm" is on this machine, Triton left as it is (``select``
+    prepares it): what ``python -m harness list`` prints. ``fp8_format`` overrides the arch's format only
+    on the CPU, where both formats run. On a GPU it sets ``VP_CUDA_SYNC``'s mode before torch first uses it."""
     if requested not in ("auto", "cpu", "cuda", "rocm"):
         raise ValueError(f"device: expected auto, cpu, cuda or rocm, got {requested!r}")
     if requested == "auto":
-        requested = "cpu" if not gpu_present() else ("rocm" if torch.version.hip else "cuda")
-    os.environ["VP_DEVICE"] = requested
+        requested = "cpu" if not gpu_present() else ("rocm" if _hip_build() else "cuda")
     if requested == "cpu":
-        prepare_triton()
-        from harness import shim
-
         fmt = fp8_format or "e4m3fn"
-        if fmt not in FP8_DTYPES:
-            raise ValueError(f"fp8_format: expected one of {sorted(FP8_DTYPES)}, got {fmt!r}")
-        return Device("cpu", "cpu", "interpreter", fmt, shim.SHIM_ID)
+        if fmt not in FP8_FORMATS:
+            raise ValueError(f"fp8_format: expected one of {sorted(FP8_FORMATS)}, got {fmt!r}")
+        return Device("cpu", "cpu", "interpreter", fmt, SHIM_ID)
     if not gpu_present():
         raise DeviceUnavailable(f"device {requested!r} requested but torch sees no GPU")
     if os.environ.get(SYNC_ENV, "spin") != "spin":
@@ -159,13 +206,27 @@ def select(requested: str = "auto", *, fp8_format: str | None = None) -> Device:
     dev = _gpu_device()
     if dev.kind != requested:
         raise DeviceUnavailable(f"device {requested!r} requested but this GPU is {dev.kind} ({dev.name})")
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    return dev
+
+
+def _hip_build() -> bool:
+    import torch
+
+    return bool(torch.version.hip)
+
+
+def select(requested: str = "auto", *, fp8_format: str | None = None) -> Device:
+    """Resolve "auto" | "cpu" | "cuda" | "rocm" to a Device (``resolve``) and prepare Triton for it."""
+    dev = resolve(requested, fp8_format=fp8_format)
+    os.environ["VP_DEVICE"] = dev.kind
+    if not dev.interpreted and os.environ.get("TRITON_INTERPRET") == "1":
         raise DeviceUnavailable("TRITON_INTERPRET=1 is set but a GPU run was requested; unset it")
     prepare_triton()
     return dev
 
 
 def versions() -> dict[str, str]:
+    import torch
     import triton
 
     return {"torch": torch.__version__, "triton": triton.__version__}
@@ -173,4 +234,6 @@ def versions() -> dict[str, str]:
 
 def synchronize(dev: Device) -> None:
     if not dev.interpreted:
+        import torch
+
         torch.cuda.synchronize()

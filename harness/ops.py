@@ -52,21 +52,23 @@ def stem_spec(op: str, *, case_type: str, reference: str, **fields) -> OpSpec:
     ``case_type`` and the case side (``catalog``, ``strategy`` = its ``cases``, ``build_inputs``,
     ``case_cost`` when it has one) from ``cases/<op>/catalog.py``; the chain ``reference`` from
     ``reference/<op>/chain.py`` and the oracle ``<op>_oracle`` from ``reference/<op>/oracle.py`` (the chain's
-    module when the op has no oracle module); its GPU benchmark ``cases/<op>/bench.py`` (``bench``) and, for role
+    module when the op has no oracle module), both as ``harness.registry.Deferred`` (imported at the first call:
+    reading the spec imports no torch); its GPU benchmark ``cases/<op>/bench.py`` (``bench``) and, for role
     ``prepare``, its timeline adapter from ``cases/<op>/prepare.py`` (``timeline``) unless
     ``fields`` say otherwise. ``fields``: every other OpSpec field."""
     c = importlib.import_module(f"cases.{op}.catalog")
-    r = importlib.import_module(f"reference.{op}.chain")
-    o = (importlib.import_module(f"reference.{op}.oracle")
-         if importlib.util.find_spec(f"reference.{op}.oracle") is not None else r)
-    from harness.registry import OpSpec
+    oracle = f"reference.{op}.oracle"
+    if importlib.util.find_spec(oracle) is None:
+        oracle = f"reference.{op}.chain"
+    from harness.registry import Deferred, OpSpec
 
     fields.setdefault("bench", f"cases.{op}.bench")
     fields.setdefault("case_cost", getattr(c, "case_cost", None))
     if fields.get("role") == "prepare":
         fields.setdefault("timeline", functools.partial(_prepare_adapter, op))
     return OpSpec(name=op, case_type=getattr(c, case_type), catalog=c.catalog, strategy=c.cases,
-                  build_inputs=c.build_inputs, reference=getattr(r, reference), oracle=getattr(o, f"{op}_oracle"),
+                  build_inputs=c.build_inputs, reference=Deferred(f"reference.{op}.chain:{reference}"),
+                  oracle=Deferred(f"{oracle}:{op}_oracle"),
                   **fields)
 
 

@@ -34,9 +34,48 @@ from typing import Any
 from harness import tolerance
 
 # the plugin API is imported from here (docs/plugins.md)
-__all__ = ["ENTRY_POINT_GROUP", "ENTRY_POINT_SOURCE", "KINDS", "ROLES", "DistributionPlan", "Effect", "GpuPlan", "Impl",
+__all__ = ["ENTRY_POINT_GROUP", "ENTRY_POINT_SOURCE", "KINDS", "ROLES", "Deferred", "DistributionPlan", "Effect",
+           "GpuPlan", "Impl",
            "KillPlan", "OpSpec", "OutputSpec", "Registry", "always", "can_handle_takes_inputs", "cwd_on_path",
            "nan_policy_of", "parse_spec"]
+
+
+# ----------------------------------------------------------------------------- a function imported when called
+
+_TARGET = re.compile(r"^[\w.]+:[\w.]+$")
+
+
+@functools.cache
+def _resolve(target: str) -> Callable:
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """The function ``module:attr``, imported at its first call: a declaration (an ``OpSpec`` field, an
+    ``Impl.fn``) names a function of a module that imports torch without importing that module, so that
+    reading the declarations (``python -m harness list``, every ``--help``) imports no torch. Called, it
+    calls the function; ``inspect.signature`` sees the function's own signature. Equal when the targets are."""
+    target: str  # "module:attr" (attr may be dotted: a class's attribute)
+
+    def __post_init__(self):
+        if not isinstance(self.target, str) or not _TARGET.match(self.target):
+            raise ValueError(f"Deferred: expected 'module:attr', got {self.target!r}")
+
+    def resolve(self) -> Callable:
+        """The function itself (its module imported on the first call)."""
+        return _resolve(self.target)
+
+    def __call__(self, *args, **kwargs):
+        return _resolve(self.target)(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(_resolve(self.target))
 
 
 # ----------------------------------------------------------------------------- an op

@@ -54,16 +54,14 @@ The GPU run is the judge: ``tests/test_shim.py`` checks on a GPU that compiled
 conversions agree byte for byte with this shim, and that the vendor-style mini kernels give the
 same right answers there.
 
-``install()`` is idempotent and is called only by ``harness.devices``; ``SHIM_ID`` goes into
-every row's provenance.
+``install()`` is idempotent and is called only by ``harness.devices``; its id, ``harness.devices.SHIM_ID``
+(there, so that naming the device imports neither torch nor this module), goes into every row's
+provenance: change it with what the shim does.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
-
-SHIM_ID = ("vp-interp-shim/4 (bf16 RNE, fp8 RNE+satfinite, bf16 dot upcast, rtz bf16/fp16, rtz fp8 refused, "
-           "bf16 arithmetic in fp32, half reductions rounded per add, elementwise and/or/not, fp32 float arguments)")
 
 _installed = False
 

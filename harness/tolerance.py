@@ -25,8 +25,10 @@ Undeclared means ``exact-fp32``: no rounding, the standard above.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # an annotation only: the registry imports this module, and `list` imports no torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,13 @@ class Tolerance:
         return max(self.floor, self.factor * ref_err)
 
 
-# Per output dtype: the floor every op starts from.
-DTYPE_FLOORS: dict[torch.dtype, Tolerance] = {
-    torch.bfloat16: Tolerance(atol=1e-5, rtol=2.0 ** -8, floor=1.02, factor=2.0,
+# Per output dtype, by its name in torch (``torch.bfloat16`` -> "bfloat16"): the floor every op starts from.
+DTYPE_FLOORS: dict[str, Tolerance] = {
+    "bfloat16": Tolerance(atol=1e-5, rtol=2.0 ** -8, floor=1.02, factor=2.0,
                               rationale="half a bf16 ulp, +2% for fp32 noise flipping a rounding near a midpoint"),
-    torch.float16: Tolerance(atol=1e-6, rtol=2.0 ** -11, floor=1.02, factor=2.0,
+    "float16": Tolerance(atol=1e-6, rtol=2.0 ** -11, floor=1.02, factor=2.0,
                              rationale="half an fp16 ulp, +2% for fp32 noise"),
-    torch.float32: Tolerance(atol=1e-7, rtol=2.0 ** -20, floor=1.0, factor=2.0,
+    "float32": Tolerance(atol=1e-7, rtol=2.0 ** -20, floor=1.0, factor=2.0,
                              rationale="fp32 accumulation over short reductions: ~8 ulps"),
 }
 
@@ -122,7 +124,8 @@ def canonical_precision(precision: str) -> str:
 
 def floor(op: str, output: str, dtype: torch.dtype) -> Tolerance:
     """The dtype's standard tolerance (``DTYPE_FLOORS``); KeyError naming ``op.output`` for a dtype without one."""
-    if dtype not in DTYPE_FLOORS:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPE_FLOORS:
         raise KeyError(f"no tolerance for {op}.{output} in dtype {dtype}: add one to harness/tolerance.py "
                        f"(DTYPE_FLOORS) or to the op's OpSpec.tolerances")
-    return DTYPE_FLOORS[dtype]
+    return DTYPE_FLOORS[name]

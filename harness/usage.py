@@ -50,11 +50,12 @@ def one_line(message) -> str:
 
 def usage_errors() -> tuple[type[BaseException], ...]:
     """What ``main`` turns into one line and exit 2: usage errors, the ops' typed input errors, a device
-    not present."""
+    not present. The input errors' module (it imports torch) is not imported here: one was raised only where
+    it had been, and ``list``'s errors come without torch."""
     from harness.devices import DeviceUnavailable
-    from reference.checks import VerifyParityInputError
 
-    return (UsageError, VerifyParityInputError, DeviceUnavailable)
+    checks = sys.modules.get("reference.checks")
+    return (UsageError, DeviceUnavailable) + ((checks.VerifyParityInputError,) if checks is not None else ())
 
 
 def guarded(prog: str, fn: Callable[..., int], *args) -> int:

@@ -4,6 +4,7 @@ run loop with the measurement faked (no timing is asserted anywhere)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 
 import pandas as pd
@@ -21,7 +22,7 @@ from harness.bench import __main__ as bench_main
 from reports import frames
 from reports.rows import PerfRow, Provenance, columns, write_csv
 
-MODULES = tuple(bench_main.OPS.values())  # every op's benchmark (OpSpec.bench), as `python -m harness bench` runs them
+MODULES = tuple(importlib.import_module(m) for m in bench_main.OPS.values())  # every op's benchmark (OpSpec.bench), as `python -m harness bench` runs them
 PROV = Provenance(git_sha="abc123", device="cuda:NVIDIA H200", arch="sm90", fp8_format="e4m3fn", torch="2.11",
                   triton="3.6", shim="", profile="bench-quick", seed=0)
 

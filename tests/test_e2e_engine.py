@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cases import gsm8k_synth as g
+from cases.e2e_gate import LAYOUTS
 from harness import devices
 from harness.timelines import path as path_mod
 from harness.e2e import drafters as D
@@ -65,7 +66,7 @@ def test_tokenizer_round_trip():
     assert max(tok.encode(text)) < tok.VOCAB
 
 
-@pytest.mark.parametrize("layout", M.LAYOUTS)
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_training_forward_matches_inference_path(layout):
     """The fp32 dense training forward and the engine's prefill (ops through the registry, bf16
     between launches, fp8 KV for K3) compute the same function up to bf16/fp8 rounding."""
@@ -76,7 +77,7 @@ def test_training_forward_matches_inference_path(layout):
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.95
 
 
-@pytest.mark.parametrize("layout", M.LAYOUTS)
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_speculative_equals_greedy_on_reference_path(layout):
     base = _greedy(layout)
     prompts = [list(p) for p in _prompts(3)]
@@ -98,7 +99,7 @@ def test_noisy_drafter_controls_acceptance():
     assert perfect.steps < wrong.steps and wrong.tokens == perfect.tokens == base.tokens
 
 
-@pytest.mark.parametrize("layout", M.LAYOUTS)
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_store_before_attention_changes_output(layout):
     """Seed 000's path mutant (chunk stored, then attended 1-source as history) with clean kernels."""
     base = _greedy(layout)

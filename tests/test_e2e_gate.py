@@ -53,14 +53,13 @@ def test_cpu_lite_profile_keeps_its_content(registry):
     kernels (on the first kernel_problems of them: >= 1), the store-before-attention mutant where it
     applies, the common thresholds, and no solution of the slice cut by max_new (a cut answer is a wrong one)."""
     from cases import gsm8k_synth as g
-    from harness.e2e import model as M
 
     p = cfg.PROFILES["cpu-lite"]
     assert p.problems >= 100 and p.thresholds == cfg.Thresholds()
     assert p.kernel_problems is not None and 1 <= p.kernel_problems <= p.problems
     assert cfg.PROFILES["full"].kernel_problems is None
     assert "fused+fused" in p.paths and "path-store-before-attention" in p.path_mutants
-    for layout in M.LAYOUTS:
+    for layout in cfg.LAYOUTS:
         by = {label: (path, expect) for label, path, expect in gate.paths_for(registry, layout, p)}
         path, expect = by["fused+fused"]
         assert expect == "pass" and path.attn.kind == "fused", layout

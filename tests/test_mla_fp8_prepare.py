@@ -438,3 +438,12 @@ def test_the_step_sends_a_format_the_gpu_cannot_compile_to_the_chain(device, mon
     assert torch.equal(got["q8"].view(torch.uint8), want["q8"].view(torch.uint8))
     assert torch.equal(mine["kv_buffer"].view(torch.uint8), theirs["kv_buffer"].view(torch.uint8))
     assert torch.equal(got["kv_writes"], want["kv_writes"])
+
+
+def test_the_catalog_names_the_chains_fp8_formats():
+    """The catalog names the fp8 formats without importing the chain (``list`` imports no torch): the
+    chain's dtypes, and the device helper's, by the same names in the same order."""
+    from harness.devices import FP8_FORMATS, fp8_dtype
+
+    assert cases.FP8_FORMATS == tuple(ref.FP8_DTYPES) == FP8_FORMATS
+    assert all(fp8_dtype(f) is ref.FP8_DTYPES[f] for f in FP8_FORMATS)

@@ -507,3 +507,39 @@ def test_the_tutorials_counts_agree_with_a_run(tmp_path):
     assert {k: int(step4[k]) for k in got["3"]} == got["3"], (step4, got["3"])
     passed, failed, refused = map(int, step7.groups())
     assert (passed, failed, refused) == (got["7"]["passed"], got["7"]["failed"], got["7"]["refused"]), got["7"]
+
+
+def _three(case, device, inputs):
+    return True
+
+
+def test_a_deferred_function_is_the_function_it_names_once_called():
+    """``Deferred('module:attr')`` (an Impl's ``fn`` or ``can_handle``, an OpSpec's chain) calls the function
+    it names, shows its signature (a three-argument ``can_handle`` is still told apart), equals another
+    naming the same target, and refuses what is not ``module:attr``."""
+    from harness.registry import Deferred, always
+
+    d = Deferred(f"{__name__}:_three")
+    assert d(None, None, {}) is True and d.resolve() is _three
+    assert can_handle_takes_inputs(d) and not can_handle_takes_inputs(Deferred("harness.registry:always"))
+    assert Deferred("harness.registry:always") == Deferred("harness.registry:always") != d
+    assert Deferred("harness.registry:always").resolve() is always
+    for bad in ("harness.registry", "harness.registry:", "a b:c", 3):
+        with pytest.raises(ValueError, match="module:attr"):
+            Deferred(bad)
+
+
+def test_every_deferred_function_of_the_built_in_registry_exists(registry):
+    """The built-in declarations name their torch-side functions by ``module:attr`` (so that ``list`` imports
+    no torch): each one resolves, so a misspelt target fails here, not in the first run that calls it."""
+    from dataclasses import fields
+
+    from harness.registry import Deferred
+
+    found = []
+    for obj in [*registry.ops.values(), *registry.impls.values(),
+                *(s.distribution for s in registry.ops.values() if s.distribution is not None)]:
+        found += [(obj, getattr(obj, f.name)) for f in fields(obj) if isinstance(getattr(obj, f.name), Deferred)]
+    assert len(found) >= 2 * len(registry.ops)  # each op's reference chain and oracle at least
+    for obj, d in found:
+        assert callable(d.resolve()), (obj, d)

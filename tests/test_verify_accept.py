@@ -569,3 +569,10 @@ def test_report_shows_each_implementations_nan_policy(spec, device):
     s = summary(to_frame(rows)).set_index("impl")
     assert s.loc["chain-ignore", "nan_policy"] == "ignore" and s.loc["plain", "nan_policy"] == "max"
     assert s.loc["chain-ignore", "failed"] == 0 and s.loc["plain", "failed"] == 0
+
+
+def test_the_spec_declares_the_chains_nan_policies(spec):
+    """The spec names the chain's NaN rules without importing it (``list`` imports no torch): the same
+    names, the chain's default first."""
+    assert tuple(spec.nan_policies) == ref.NAN_POLICIES
+    assert all(kw == {"nan_policy": p} for p, kw in spec.nan_policies.items())

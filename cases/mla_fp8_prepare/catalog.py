@@ -19,16 +19,15 @@ capture-stable physical write location (``decode_kernel_loc``) for target-verify
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from hypothesis import strategies as st
-
+from cases.base import composite
 from cases.timeline_family import Family
-from reference.mla_fp8_prepare.chain import FP8_DTYPES
-from reference.mla_fp8_prepare.encoder import fp8_code_values
 
-FP8_FORMATS = tuple(FP8_DTYPES)
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
+
+FP8_FORMATS = ("e4m3fn", "e4m3fnuz")  # the fp8 dtypes by name (reference.mla_fp8_prepare.chain.FP8_DTYPES)
 Q_LAYOUTS = ("model", "contiguous", "inner_strided")  # inner_strided: not covered -> fallback
 K_LAYOUTS = ("model", "contiguous")
 POOLS = ("translated", "identity")
@@ -133,12 +132,14 @@ def catalog(*, big: bool = False) -> list[MlaFp8PrepareCase]:
 DISPATCH = ("fused",) * 12 + ("writes-off", "switch-off", "no-capture-loc", "inner-strided")
 
 
-@st.composite
+@composite
 def cases(draw, *, max_tokens: int = 12, max_heads: int = 8, head_dims=((512, 64), (64, 16), (100, 28), (17, 5)),
           formats=FP8_FORMATS, policies=("saturate",) * 3 + ("nan",)):
     """Generated cases, built bottom-up; shrink toward T=1, H=1, the Kimi-K3 dims, e4m3fn,
     saturate, the fused dispatch. ``policies`` repeats an entry to weight it; every region
     tests/test_reach.py lists holds >= 20 % of a profile's cases (no kv_descale, a full pool: 1 in 4)."""
+    from hypothesis import strategies as st
+
     Dn, R = draw(st.sampled_from(head_dims))
     T = draw(st.integers(1, max_tokens))
     H = draw(st.integers(1, max_heads))
@@ -166,11 +167,15 @@ def cases(draw, *, max_tokens: int = 12, max_heads: int = 8, head_dims=((512, 64
 # ----------------------------------------------------------------------------- values
 
 def _bf16_bits(bits: list[int]) -> torch.Tensor:
+    import torch
+
     return torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
 
 
 def _bf16_neighbours(x: torch.Tensor) -> torch.Tensor:
     """x (bf16, finite, non-negative) and the next bf16 values below and above."""
+    import torch
+
     b = x.view(torch.int16).to(torch.int32)
     return torch.cat([x, (b - 1).clamp(min=0).to(torch.int16).view(torch.bfloat16),
                       (b + 1).to(torch.int16).view(torch.bfloat16)])
@@ -178,6 +183,10 @@ def _bf16_neighbours(x: torch.Tensor) -> torch.Tensor:
 
 def edge_values(fmt: str) -> torch.Tensor:
     """bf16 values (both signs) where fp8 ``fmt`` rounding is decided; every one exactly a bf16."""
+    import torch
+
+    from reference.mla_fp8_prepare.encoder import fp8_code_values
+
     vals = fp8_code_values(fmt)
     pos = vals[:0x80][~torch.isnan(vals[:0x80])].sort().values  # finite non-negative codes
     mids = (pos[1:] + pos[:-1]) / 2  # ties between adjacent codes (incl. subnormal ones)
@@ -193,6 +202,8 @@ def edge_values(fmt: str) -> torch.Tensor:
 
 def _values(shape, g, *, scale: float, specials: float, edges: torch.Tensor, mul: float) -> torch.Tensor:
     """bf16 tensor: randn·scale with a ``specials`` fraction replaced by ``edges``·mul."""
+    import torch
+
     x = (torch.randn(shape, generator=g) * scale).bfloat16()
     pick = torch.rand(shape, generator=g) < specials
     idx = torch.randint(0, edges.numel(), shape, generator=g)
@@ -203,6 +214,10 @@ def _values(shape, g, *, scale: float, specials: float, edges: torch.Tensor, mul
 
 def build_inputs(case: MlaFp8PrepareCase, device) -> dict:
     """Keyword arguments of a prepare step, on ``device`` (a harness.devices.Device)."""
+    import torch
+
+    from reference.mla_fp8_prepare.chain import FP8_DTYPES
+
     g = torch.Generator().manual_seed(case.seed)
     T, H, Dn, R = case.T, case.H, case.Dn, case.R
     edges = edge_values(case.fp8_format)
@@ -271,6 +286,8 @@ def case_from_display(display: str) -> MlaFp8PrepareCase:
 
 def written_rows(case: MlaFp8PrepareCase, inputs: dict) -> torch.Tensor:
     """Physical rows attention reads for this step's tokens: the only rows that may change."""
+    import torch
+
     if not case.save_kv_cache:
         return torch.empty(0, dtype=torch.long)
     loc = inputs["out_cache_loc"].cpu().long()

@@ -6,10 +6,12 @@ that flag it and the catalog case that shows it (``tests/test_mla_fp8_prepare.py
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from harness.registry import Impl
-from reference.mla_fp8_prepare import chain as ref
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 OP = "mla_fp8_prepare"
 
@@ -23,6 +25,8 @@ def _fused():
 def _skip_fallback_write(**kw):
     """The KV write keyed on "fused was attempted" (writes on + switch on) instead of on the
     sentinel: when the write location does not resolve, nobody writes the rows."""
+    from reference.mla_fp8_prepare import chain as ref
+
     f = _fused()
     pool = ref.KVPool(kw["kv_buffer"], kw["slot_map"])
     attempted = kw["save_kv_cache"] and kw["fused_switch"]
@@ -40,6 +44,10 @@ def _skip_fallback_write(**kw):
 
 def _truncate_fp8(x: torch.Tensor, fp8_dtype: torch.dtype, scale_mul) -> torch.Tensor:
     """fp8 rounding toward zero (what the raw interpreter and some hand-written casts do)."""
+    import torch
+
+    from reference.mla_fp8_prepare import chain as ref
+
     xf = x.float() * (1.0 if scale_mul is None else scale_mul)
     rne = ref.cast_fp8(x, fp8_dtype, "saturate", scale_mul)
     up = rne.double().abs() > xf.double().abs()  # RNE rounded away from zero: step one code back
@@ -51,6 +59,8 @@ def _truncate_fp8(x: torch.Tensor, fp8_dtype: torch.dtype, scale_mul) -> torch.T
 def _double_write(**kw):
     """Sentinel ignored for the KV write: the kernel writes the rows, then the fallback's
     scatter writes them again — with a cast that truncates instead of rounding."""
+    from reference.mla_fp8_prepare import chain as ref
+
     f = _fused()
     out = f.mla_fp8_prepare_step(**kw)
     if kw["save_kv_cache"]:
@@ -74,6 +84,10 @@ def _untranslated_loc(**kw):
 def _policy_flip(**kw):
     """The dispatch forgets that the kernel saturates: ``nan``-policy calls take the kernel,
     so overflow and ±inf become ±max where the contract says NaN."""
+    import torch
+
+    from reference.mla_fp8_prepare import chain as ref
+
     f = _fused()
     pool = ref.KVPool(kw["kv_buffer"], kw["slot_map"])
     loc = kw["decode_kernel_loc"]
@@ -88,6 +102,8 @@ def _policy_flip(**kw):
 
 def _descale_multiplied(**kw):
     """k multiplied by kv_descale instead of by 1/kv_descale (scale vs descale confusion)."""
+    import torch
+
     f = _fused()
 
     def kernel(*, kv_descale, **a):
@@ -107,6 +123,8 @@ def _kernel_args(kw, policy: bool = True) -> dict:
 
 
 def _chain(kw):
+    from reference.mla_fp8_prepare import chain as ref
+
     return ref.quantize_chain(q_nope=kw["q_nope"], q_rope=kw["q_rope"], k_nope=kw["k_nope"], k_rope=kw["k_rope"],
                               fp8_dtype=kw["kv_buffer"].dtype, kv_descale=kw["kv_descale"], fp8_policy=kw["fp8_policy"])
 

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 from harness.ops import stem_spec
-from harness.registry import Effect, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
+from harness.registry import Deferred, Effect, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 OP = "mla_fp8_prepare"
 
@@ -62,6 +60,8 @@ def _observed_writes(reported, after, before):
     ``reported`` (S,) int: the implementation's own count. Returned as it is when it is None or of
     another shape, or the buffer is not there to diff (the exact check names what it sees).
     Computed on the buffer's device. Shape: (S,), ``reported``'s dtype."""
+    import torch
+
     from harness.compare import as_bytes, on_device_of
 
     new, old = (after or {}).get("kv_buffer"), (before or {}).get("kv_buffer")
@@ -102,6 +102,8 @@ def _compiled_can_handle(case, dev):
 
 @functools.cache
 def _compiled_chain():
+    import torch
+
     from reference.mla_fp8_prepare import chain as r
 
     def chain(q_nope, q_rope, k_nope, k_rope, kv_buffer, phys, inv, policy: str):
@@ -119,6 +121,8 @@ def _compiled_chain():
 def _compiled(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache_loc, slot_map, decode_kernel_loc,
               save_kv_cache, fused_switch, kv_descale, fp8_policy):
     """torch.compile of the reference chain's five launches (the write through the pool model)."""
+    import torch
+
     from reference.mla_fp8_prepare import chain as r
 
     r.validate_pool(kv_buffer=kv_buffer, out_cache_loc=out_cache_loc, slot_map=slot_map,
@@ -153,10 +157,9 @@ def _spec() -> OpSpec:
 
 
 def register(reg: Registry) -> None:
-    from reference.mla_fp8_prepare import chain as r
-
     reg.add_op(_spec())
-    reg.add(Impl(OP, "reference", "reference", r.mla_fp8_prepare_step, fp8_policy="case (saturate|nan)",
+    reg.add(Impl(OP, "reference", "reference", Deferred("reference.mla_fp8_prepare.chain:mla_fp8_prepare_step"),
+                 fp8_policy="case (saturate|nan)",
                  doc="five launches: cat q, cast q, cast k_nope, cast k_rope, scatter at the physical rows"))
     reg.add(Impl(OP, "fused", "fused", _fused, can_handle=_fused_can_handle, fp8_policy="saturate",
                  doc="gate + one Triton launch (q8 and KV rows); the fallback chain when the gate says so"))

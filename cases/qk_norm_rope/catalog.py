@@ -9,14 +9,14 @@ gate's third branch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from hypothesis import strategies as st
-
+from cases.base import composite
 from cases.timeline_family import Family
-from reference.qk_norm_rope.swa import SWA_TILE, SwaLayout
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 FORWARD_MODES = ("decode", "target_verify")
 
@@ -119,7 +119,7 @@ def tile_edges(D: int, max_tokens: int) -> list[int]:
             if 2 <= t <= max_tokens]
 
 
-@st.composite
+@composite
 def cases(draw, *, max_tokens: int = 40, max_heads: int = 12, head_dims=(64, 128, 256, 512),
           rope_dims=(16, 32, 64), max_positions: int = 8192):
     """Generated cases, built bottom-up; shrinks toward T=1, H=1, the smallest head_dim, a unified
@@ -130,6 +130,10 @@ def cases(draw, *, max_tokens: int = 40, max_heads: int = 12, head_dims=(64, 128
     half the token counts sit on a compiled tile edge, tables are small (2..64 rows, 1 in 3) or
     large (>= 4096 rows: large angles), and positions are all 0 (RoPE the identity) in 1 case
     in 8 only."""
+    from hypothesis import strategies as st
+
+    from reference.qk_norm_rope.swa import SWA_TILE
+
     D = draw(st.sampled_from(head_dims))
     non_unified = draw(st.sampled_from((False, False, False, True, True)))  # 2 in 5
     fits = [r for r in rope_dims if r <= D and D % r == 0 and (not non_unified or (D - r) % SWA_TILE == 0)]
@@ -170,6 +174,8 @@ def cases(draw, *, max_tokens: int = 40, max_heads: int = 12, head_dims=(64, 128
 
 def rope_tables(max_pos: int, R: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin (max_pos, R/2) fp32."""
+    import torch
+
     inv_freq = 1.0 / base ** (torch.arange(0, R, 2, dtype=torch.float64) / R)
     ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
     return ang.cos().float().contiguous(), ang.sin().float().contiguous()
@@ -177,6 +183,10 @@ def rope_tables(max_pos: int, R: int, base: float = 10000.0) -> tuple[torch.Tens
 
 def build_inputs(case: QkNormRopeCase, device) -> dict:
     """Keyword arguments of a prepare step, on ``device`` (a harness.devices.Device)."""
+    import torch
+
+    from reference.qk_norm_rope.swa import SwaLayout
+
     g = torch.Generator().manual_seed(case.seed)
     T, H, D, R = case.T, case.H, case.D, case.R
     q = (torch.randn(T, H, D, generator=g) * case.scale).bfloat16()
@@ -218,7 +228,7 @@ def build_inputs(case: QkNormRopeCase, device) -> dict:
 
 # ----------------------------------------------------------------------------- reach (cases.reach)
 
-_CPU = SimpleNamespace(torch_device=torch.device("cpu"))  # all build_inputs reads of a Device
+_CPU = SimpleNamespace(torch_device="cpu")  # all build_inputs reads of a Device
 
 
 def reach_facts(c: QkNormRopeCase) -> dict:

@@ -1,11 +1,7 @@
 """Mutants of qk_norm_rope (seed 000), the unified ring's and the non-unified paged store's."""
 from __future__ import annotations
 
-import torch
-
 from harness.registry import Impl
-from reference.qk_norm_rope import chain as r
-from reference.qk_norm_rope import swa
 
 
 def _rope_swapped_on(side: str):
@@ -13,6 +9,8 @@ def _rope_swapped_on(side: str):
     the other side correct."""
     def step(*, forward_mode, ring, loc, q, q_norm_weight, eps, cos, sin, positions, rope_dim, rope_style, q_out, kv,
              kv_norm_weight):
+        from reference.qk_norm_rope import chain as r
+
         other = "neox" if rope_style == "interleaved" else "interleaved"
         q_res = r.q_norm_rope(q, q_norm_weight, eps, cos, sin, positions, rope_dim,
                               other if side == "q" else rope_style, q_out)
@@ -29,6 +27,8 @@ def _rope_swapped_on(side: str):
 def _eps_outside_sqrt(*, forward_mode, ring, loc, q, q_norm_weight, eps, cos, sin, positions, rope_dim,
                       rope_style, q_out, kv, kv_norm_weight):
     """x / (sqrt(mean(x²)) + eps) instead of x * rsqrt(mean(x²) + eps)."""
+    from reference.qk_norm_rope import chain as r
+
     def norm_rope(x, w):
         xf = x.float()
         y = xf / (xf.pow(2).mean(-1, keepdim=True).sqrt() + eps)
@@ -79,6 +79,9 @@ def _nonunified_skips_paged_store(**kw):
 def _chain_with_store(kw, store):
     """The reference chain's two launches, then ``store(kv_out, swa_cache, loc, layout)`` on a
     non-unified layer (the chain's own store otherwise)."""
+    from reference.qk_norm_rope import chain as r
+    from reference.qk_norm_rope import swa
+
     kw = dict(kw)
     forward_mode, ring, loc = kw.pop("forward_mode"), kw.pop("ring"), kw.pop("loc")
     swa_cache, page_size = kw.pop("swa_cache", None), kw.pop("swa_page_size", None)
@@ -93,6 +96,8 @@ def _chain_with_store(kw, store):
 def _bf16_row_store(kv_out, swa_cache, loc, lay):
     """The unified ring's store on the paged pool (``bf16_store`` left on): each token's whole bf16
     row, 2·D bytes, at its value record; no fp8, no scales, and it runs over the next records."""
+    import torch
+
     valid = loc >= 0
     slot_id = loc[valid].long()
     page, slot = slot_id // lay.page_size, slot_id % lay.page_size
@@ -111,6 +116,10 @@ def _bf16_row_in_fp8_cache(**kw):
 def _floor_exponent_store(kv_out, swa_cache, loc, lay):
     """The paged store with the tile exponent floor(log2(amax/448)) instead of the ceiling: every
     tile's largest values scale past 448 and saturate."""
+    import torch
+
+    from reference.qk_norm_rope import swa
+
     def floor_exp(amax):
         return torch.floor(torch.log2(amax.clamp_min(swa.SWA_AMAX_FLOOR) / swa.SWA_FP8_MAX)).to(torch.int32)
 
@@ -123,6 +132,8 @@ def _scale_exponent_floored(**kw):
 
 def _pad_byte_store(kv_out, swa_cache, loc, lay):
     """The paged store writing the whole scale record, its pad byte zeroed too."""
+    from reference.qk_norm_rope import swa
+
     swa.swa_paged_store(kv_out, swa_cache, loc, lay)
     valid = loc >= 0
     slot_id = loc[valid].long()

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 from harness.ops import stem_spec
-from harness.registry import Effect, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
+from harness.registry import Deferred, Effect, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 from harness.tolerance import Tolerance
 
 # overrides of the bf16 floor (harness.tolerance), each with its reason
@@ -47,6 +45,8 @@ def _paged_effect(inputs, oracle, valid) -> Effect:
     """The non-unified store's effect on ``swa_cache``: the pages holding loc's slots; their token
     records decoded (``swa_decode``: what attention reads) against the oracle's kv rows; every other
     byte of those pages (other slots, the pad bytes, the page padding) and every other page kept."""
+    import torch
+
     from reference.qk_norm_rope import swa
 
     lay = swa.SwaLayout(inputs["kv"].shape[1], int(inputs["rope_dim"]), int(inputs["swa_page_size"]))
@@ -67,6 +67,8 @@ def _decode_tokens(page_rows, *, where, slot, lay):
 
 
 def _qk_effects(case, inputs, oracle):
+    import torch
+
     loc = inputs["loc"].cpu()
     valid = loc >= 0
     if inputs.get("swa_cache") is not None:  # non-unified layer: the paged fp8 store, every mode
@@ -95,6 +97,8 @@ def _qk_fused_device_checked(**kw):
 
 @functools.cache
 def _qk_compiled_fns():
+    import torch
+
     from reference.qk_norm_rope import chain as r
 
     # One graph per (rope style, weight present, q_out given) × dynamic shapes: past the default
@@ -147,10 +151,8 @@ def _qk_spec() -> OpSpec:
 
 
 def register(reg: Registry) -> None:
-    from reference.qk_norm_rope import chain as r
-
     reg.add_op(_qk_spec())
-    reg.add(Impl("qk_norm_rope", "reference", "reference", r.qk_norm_rope_step,
+    reg.add(Impl("qk_norm_rope", "reference", "reference", Deferred("reference.qk_norm_rope.chain:qk_norm_rope_step"),
                  doc="two launches (q, kv) + the decode ring store"))
     reg.add(Impl("qk_norm_rope", "fused", "fused", _qk_fused,
                  doc="gate + one Triton launch; in-kernel store in unified decode and on non-unified layers"))

@@ -25,18 +25,18 @@ trials of each request (``cases/spec_sampling/distribution.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-import torch
-from hypothesis import strategies as st
+from cases.base import composite
 
-from reference.spec_sampling import oracle
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import numpy as np
+    import torch
 
 DRAFTS = ("near", "far", "equal", "onehot", "sparse")
 MODES = ("exact", "distribution")
-INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
-LOGIT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+INDEX_DTYPES = ("int32", "int64")  # names in torch of the index dtypes a case may ask for
+LOGIT_DTYPES = ("float32", "bfloat16")  # names in torch
 MARGIN = 1e-4  # every uniform this far (relative) from a decision boundary of the fp64 walk
 
 
@@ -106,9 +106,11 @@ def catalog(*, big: bool = False) -> list[SpecSamplingCase]:
 VOCABS = (1, 2, 17, 100, 1000, 4095, 4096, 4097, 5000)
 
 
-@st.composite
+@composite
 def cases(draw, *, max_batch: int = 6, max_drafts: int = 5, vocabs=VOCABS):
     """Generated exact-mode cases; shrink toward B = 1, L = 1, the smallest vocabulary, near drafts."""
+    from hypothesis import strategies as st
+
     return SpecSamplingCase(
         B=draw(st.sampled_from((1, 1, *range(1, max_batch + 1)))),
         L=draw(st.sampled_from((1, 1, *range(1, max_drafts + 1)))),
@@ -119,8 +121,8 @@ def cases(draw, *, max_batch: int = 6, max_drafts: int = 5, vocabs=VOCABS):
         draft=draw(st.sampled_from(DRAFTS)),
         topk=draw(st.sampled_from((0, 0, 5))),
         row_pad=draw(st.sampled_from((0, 0, 3))),
-        logit_dtype=draw(st.sampled_from(tuple(LOGIT_DTYPES))),
-        draft_dtype=draw(st.sampled_from(tuple(INDEX_DTYPES))),
+        logit_dtype=draw(st.sampled_from(LOGIT_DTYPES)),
+        draft_dtype=draw(st.sampled_from(INDEX_DTYPES)),
         seed=draw(st.integers(0, 2 ** 16)),
     )
 
@@ -129,6 +131,8 @@ def cases(draw, *, max_batch: int = 6, max_drafts: int = 5, vocabs=VOCABS):
 
 def temperatures(case: SpecSamplingCase, g: torch.Generator) -> torch.Tensor:
     """(B,) fp32."""
+    import torch
+
     if case.temp_spread:
         return (0.3 + 1.2 * torch.rand(case.B, generator=g)).float()
     return torch.full((case.B,), case.temperature, dtype=torch.float32)
@@ -136,8 +140,10 @@ def temperatures(case: SpecSamplingCase, g: torch.Generator) -> torch.Tensor:
 
 def target_and_draft(case: SpecSamplingCase, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits (B, L + 1, V) in the case's dtype, temperature (B,), draft_probs (B, L, V) fp32)."""
+    import torch
+
     B, L, V = case.B, case.L, case.V
-    x = (torch.randn(B, L + 1, V, generator=g) * case.scale).to(LOGIT_DTYPES[case.logit_dtype])
+    x = (torch.randn(B, L + 1, V, generator=g) * case.scale).to(getattr(torch, case.logit_dtype))
     if 0 < case.topk < V:
         kth = x.float().topk(case.topk, dim=-1).values[..., -1:]
         x = x.masked_fill(x.float() < kth, float("-inf"))
@@ -162,6 +168,8 @@ def target_and_draft(case: SpecSamplingCase, g: torch.Generator) -> tuple[torch.
 
 def draw_drafts(q: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """(B, L) int64 drafts drawn from q (B, L, V), as the drafter drew them."""
+    import torch
+
     B, L, V = q.shape
     return torch.multinomial(q.reshape(-1, V).double(), 1, generator=g).reshape(B, L)
 
@@ -170,6 +178,8 @@ def clear_of_boundaries(u: np.ndarray, p: np.ndarray, q: np.ndarray, d: np.ndarr
     """The uniforms moved at least ``MARGIN`` (relative) from every boundary of the fp64 walk: u_j
     off p_j(x_j)/q_j(x_j); u_L to the middle of its token's CDF interval when that interval is
     narrower than ``3 · MARGIN`` of the total, or to the widest interval's middle."""
+    import numpy as np
+
     u = u.copy()
     B, L = d.shape
     for b in range(B):
@@ -199,6 +209,10 @@ def clear_of_boundaries(u: np.ndarray, p: np.ndarray, q: np.ndarray, d: np.ndarr
 
 def build_inputs(case: SpecSamplingCase, device) -> dict:
     """Keyword arguments of ``spec_sampling`` on ``device`` (a harness.devices.Device)."""
+    import torch
+
+    from reference.spec_sampling import oracle
+
     g = torch.Generator().manual_seed(case.seed)
     B, L, V = case.B, case.L, case.V
     x, t, q = target_and_draft(case, g)
@@ -207,7 +221,7 @@ def build_inputs(case: SpecSamplingCase, device) -> dict:
     storage[..., :V] = x
     dev = device.torch_device
     kw = dict(target_logits=storage.to(dev)[..., :V], temperature=t.to(dev), draft_probs=q.to(dev),
-              draft_tokens=d.to(INDEX_DTYPES[case.draft_dtype]).to(dev))
+              draft_tokens=d.to(getattr(torch, case.draft_dtype)).to(dev))
     if case.mode == "distribution":
         return {**kw, "uniforms": None, "seed": case.seed}
     p64, _ = oracle.sampling_tables(x, t, q)

@@ -66,7 +66,7 @@ def batches(case, device):
         qr = q.repeat(r, 1, 1)
         d = c.draw_drafts(qr, g)
         yield dict(target_logits=x.repeat(r, 1, 1).to(dev), temperature=t.repeat(r).to(dev), draft_probs=qr.to(dev),
-                   draft_tokens=d.to(c.INDEX_DTYPES[case.draft_dtype]).to(dev), uniforms=None, seed=call_seed(case, i))
+                   draft_tokens=d.to(getattr(torch, case.draft_dtype)).to(dev), uniforms=None, seed=call_seed(case, i))
         done, i = done + r, i + 1
 
 

@@ -5,19 +5,21 @@ the checks that flag it, ``tests/test_spec_sampling.py`` the catalog cases.
 """
 from __future__ import annotations
 
-import torch
-
 from harness.registry import Impl
-from reference.spec_sampling import chain as ref
 
 OP = "spec_sampling"
 
 
 def _chain(*, target_logits, temperature, draft_probs, draft_tokens, uniforms=None, seed=None,
-           probs_fn=ref.target_probs, accept_fn=ref.accept_drafts, weights_fn=None, cdf_fn=ref.inverse_cdf,
-           after_fn=None):
-    """The reference chain with launches replaced: ``weights_fn(p, q, n) -> (B, V)`` the sampling
-    weights; ``after_fn(ids, p, n, u) -> ids`` a change to the written ids."""
+           probs_fn=None, accept_fn=None, weights_fn=None, cdf_fn=None, after_fn=None):
+    """The reference chain with launches replaced (None: the chain's own): ``probs_fn``, ``accept_fn``,
+    ``cdf_fn`` the chain's ``target_probs``, ``accept_drafts``, ``inverse_cdf``; ``weights_fn(p, q, n) -> (B, V)``
+    the sampling weights; ``after_fn(ids, p, n, u) -> ids`` a change to the written ids."""
+    from reference.spec_sampling import chain as ref
+
+    probs_fn, accept_fn = probs_fn or ref.target_probs, accept_fn or ref.accept_drafts
+    cdf_fn = cdf_fn or ref.inverse_cdf
+
     B, L, V = ref.validate(target_logits=target_logits, temperature=temperature, draft_probs=draft_probs,
                            draft_tokens=draft_tokens, uniforms=uniforms, seed=seed)
     u = uniforms if uniforms is not None else ref.draw_uniforms(B, L, seed, target_logits.device)
@@ -37,6 +39,10 @@ def _chain(*, target_logits, temperature, draft_probs, draft_tokens, uniforms=No
 def _residual_from_q(**kw):
     """After a rejection the token is sampled from q_n itself (max(q, 0)), not max(p − q, 0); the bonus
     after a full chain stays p_L (q_L = 0: no weight, so p_L as the reference takes it)."""
+    import torch
+
+    from reference.spec_sampling import chain as ref
+
     def weights(p, q, n):
         pn, qn = ref.stop_rows(p, q, n)
         return torch.where((qn.sum(dim=-1) > 0)[:, None], qn, pn)  # BUG: q_n; row L (q_L = 0): p_L as before
@@ -46,6 +52,8 @@ def _residual_from_q(**kw):
 def _unnormalised_residual(**kw):
     """The inverse CDF compares the running sum of max(p − q, 0) with u, not u · S: the residual's
     total is taken as 1, so a u past S falls off the end (the last token with weight)."""
+    import torch
+
     def cdf(w, u):
         c = torch.cumsum(w, dim=-1)
         t = (c <= u[:, None]).sum(dim=-1)  # BUG: u, not u * c[:, -1]
@@ -56,6 +64,8 @@ def _unnormalised_residual(**kw):
 
 def _p_q_swapped(*, target_logits, temperature, draft_probs, **kw):
     """p and q swapped: accepted with min(1, q/p), the residual max(q − p, 0)."""
+    from reference.spec_sampling import chain as ref
+
     def accept(u, px, qx):
         return u[:, :-1] * px < qx  # BUG
     def weights(p, q, n):
@@ -67,6 +77,8 @@ def _p_q_swapped(*, target_logits, temperature, draft_probs, **kw):
 
 def _swap_residual(pn, qn, n, L):
     """max(q − p, 0) after a rejection (BUG), p itself at row L (there is no q_L to swap with)."""
+    import torch
+
     w = torch.clamp(qn - pn, min=0)
     w = torch.where((w.sum(-1) > 0)[:, None], w, pn)
     return torch.where((n.long() == L)[:, None], pn, w)
@@ -75,6 +87,10 @@ def _swap_residual(pn, qn, n, L):
 def _bonus_after_rejection(**kw):
     """After a rejection at n < L a bonus token from p_{n+1} is written at n + 1 too (the bonus
     path taken whatever the walk did); the accept length is unchanged."""
+    import torch
+
+    from reference.spec_sampling import chain as ref
+
     def after(ids, p, n, u):
         B, Lp1 = ids.shape
         rows = torch.arange(B, device=ids.device)
@@ -89,6 +105,8 @@ def _bonus_after_rejection(**kw):
 
 def _temperature_twice(**kw):
     """The temperature applied twice: softmax(logits / T / T) (once by the sampler's caller, once inside)."""
+    from reference.spec_sampling import chain as ref
+
     def probs(logits, t):
         return ref.target_probs(logits.float() / t[:, None, None], t)  # BUG
     return _chain(**kw, probs_fn=probs)
@@ -96,6 +114,10 @@ def _temperature_twice(**kw):
 
 def _bonus_wrong_row(**kw):
     """After a fully accepted chain the bonus is sampled from row L − 1 (the last draft's row), not row L."""
+    import torch
+
+    from reference.spec_sampling import chain as ref
+
     def weights(p, q, n):
         L = q.shape[1]
         pn, qn = ref.stop_rows(p, q, n)

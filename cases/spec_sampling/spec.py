@@ -9,9 +9,9 @@ implementation with probability at most 1e-6. No buffer is written; every input 
 """
 from __future__ import annotations
 
-from cases.spec_sampling import distribution as dist
 from harness.ops import stem_spec
 from harness.registry import (
+    Deferred,
     DistributionPlan,
     Impl,
     KillPlan,
@@ -51,7 +51,9 @@ def _spec() -> OpSpec:
         doc="chain speculative sampling at temperature > 0: accept draft x with probability min(1, p(x)/q(x)), "
             "else a token from the normalised max(p - q, 0); a bonus from p after a full chain; ids padded with -1",
         kill=KILL,
-        distribution=DistributionPlan(applies=dist.applies, batches=dist.batches, verdict=dist.verdict),
+        distribution=DistributionPlan(applies=Deferred("cases.spec_sampling.distribution:applies"),
+                                      batches=Deferred("cases.spec_sampling.distribution:batches"),
+                                      verdict=Deferred("cases.spec_sampling.distribution:verdict")),
         role="sampler",  # the sampled gate's speculative sampler (harness.e2e.gate)
         nightly_group="acceptance",  # a light acceptance op: one parity step for the group
         parity_weight=0.5,
@@ -60,10 +62,8 @@ def _spec() -> OpSpec:
 
 
 def register(reg: Registry) -> None:
-    from reference.spec_sampling import chain as r
-
     reg.add_op(_spec())
-    reg.add(Impl(OP, "reference", "reference", r.spec_sampling,
+    reg.add(Impl(OP, "reference", "reference", Deferred("reference.spec_sampling.chain:spec_sampling"),
                  doc="seven launches: softmax, gather, accept test, cumprod length, residual, inverse CDF, ids"))
     reg.add(Impl(OP, "fused", "fused", _fused,
                  doc="one Triton launch: per request the online softmax, the walk, the residual and its inverse CDF"))

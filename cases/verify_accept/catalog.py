@@ -23,14 +23,16 @@ token — and the drafts after it are random. Padding requests' drafts are −1 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from hypothesis import strategies as st
+from cases.base import composite
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 ACCEPT = ("mixed", "all", "none")
 VALUES = ("randn", "coarse", "constant", "neginf")
-INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
+INDEX_DTYPES = ("int32", "int64")  # names in torch of the index dtypes a case may ask for
 NAN_BITS = (0x7FC0, 0xFFC0, 0x7FA1)  # +NaN, -NaN, a NaN with a payload
 
 
@@ -115,10 +117,12 @@ def catalog(*, big: bool = False) -> list[VerifyAcceptCase]:
 VOCABS = (1, 2, 17, 100, 1000, 4095, 4096, 4097, 5000, 8193, 32000)
 
 
-@st.composite
+@composite
 def cases(draw, *, max_batch: int = 8, max_drafts: int = 6, vocabs=VOCABS):
     """Generated cases; shrink toward B = 1, L = 1, the smallest vocabulary, contiguous rows, no
     padding, mixed acceptance of randn logits."""
+    from hypothesis import strategies as st
+
     # one request and one draft are edges of their own (B 1: the widest split of its rows; a chain of one): drawn
     # three times as often as any other count, so each holds about a third of the draws (REACH)
     B = draw(st.sampled_from((1, 1, *range(1, max_batch + 1))))
@@ -132,8 +136,8 @@ def cases(draw, *, max_batch: int = 8, max_drafts: int = 6, vocabs=VOCABS):
         ties=draw(st.sampled_from((0.0, 0.5, 1.0))),
         nans=draw(st.sampled_from((0.0, 0.0, 0.3))),
         tie_drafts=draw(st.sampled_from((True, True, False))),
-        draft_dtype=draw(st.sampled_from(tuple(INDEX_DTYPES))),
-        indptr_dtype=draw(st.sampled_from(tuple(INDEX_DTYPES))),
+        draft_dtype=draw(st.sampled_from(INDEX_DTYPES)),
+        indptr_dtype=draw(st.sampled_from(INDEX_DTYPES)),
         seed=draw(st.integers(0, 2 ** 16)),
     )
 
@@ -141,11 +145,15 @@ def cases(draw, *, max_batch: int = 8, max_drafts: int = 6, vocabs=VOCABS):
 # ----------------------------------------------------------------------------- inputs
 
 def _bf16(bits: int) -> torch.Tensor:
+    import torch
+
     return torch.tensor([bits], dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
 
 
 def _logits(case: VerifyAcceptCase, N: int, g: torch.Generator) -> torch.Tensor:
     """(N, V) bf16 values of the case (before the layout)."""
+    import torch
+
     V = case.V
     if case.values == "constant":
         return torch.full((N, V), 1.5, dtype=torch.bfloat16)
@@ -170,6 +178,8 @@ def _logits(case: VerifyAcceptCase, N: int, g: torch.Generator) -> torch.Tensor:
 def _mismatch(row: torch.Tensor, t: int, g: torch.Generator, tie_drafts: bool) -> int:
     """A draft token other than ``t`` for a row whose argmax is ``t``: the highest other index that
     ties it (the same maximum, or another NaN) when asked and there is one, else a random one."""
+    import torch
+
     V = row.shape[0]
     if tie_drafts:
         x = row.float()
@@ -183,6 +193,8 @@ def _mismatch(row: torch.Tensor, t: int, g: torch.Generator, tie_drafts: bool) -
 
 def build_inputs(case: VerifyAcceptCase, device) -> dict:
     """Keyword arguments of ``verify_accept`` on ``device`` (a harness.devices.Device)."""
+    import torch
+
     g = torch.Generator().manual_seed(case.seed)
     B, L, V = case.B, case.L, case.V
     N = B * (L + 1)
@@ -212,8 +224,8 @@ def build_inputs(case: VerifyAcceptCase, device) -> dict:
             drafts[b, k + 1:] = torch.randint(0, V, (L - k - 1,), generator=g)
     dev = device.torch_device
     return dict(target_logits=storage.to(dev)[:, :V],
-                draft_tokens=drafts.flatten().to(INDEX_DTYPES[case.draft_dtype]).to(dev),
-                qo_indptr=qo.to(INDEX_DTYPES[case.indptr_dtype]).to(dev))
+                draft_tokens=drafts.flatten().to(getattr(torch, case.draft_dtype)).to(dev),
+                qo_indptr=qo.to(getattr(torch, case.indptr_dtype)).to(dev))
 
 
 def case_from_display(display: str) -> VerifyAcceptCase:

@@ -8,10 +8,7 @@ each; ``tests/test_verify_accept.py`` names the catalog case that shows it and t
 """
 from __future__ import annotations
 
-import torch
-
 from harness.registry import Impl
-from reference.verify_accept import chain as ref
 
 OP = "verify_accept"
 
@@ -22,7 +19,13 @@ def _fused():
     return f
 
 
-def _chain(*, target_logits, draft_tokens, qo_indptr, accept_fn=ref.accept_lengths, bonus_fn=ref.bonus_tokens):
+def _chain(*, target_logits, draft_tokens, qo_indptr, accept_fn=None, bonus_fn=None):
+    """The reference chain with ``accept_fn`` / ``bonus_fn`` in place of its ``accept_lengths`` /
+    ``bonus_tokens`` (None: the chain's own)."""
+    from reference.verify_accept import chain as ref
+
+    accept_fn, bonus_fn = accept_fn or ref.accept_lengths, bonus_fn or ref.bonus_tokens
+
     B, L, _ = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr)
     rows, real = ref.request_rows(qo_indptr, L)
     target = ref.gather_targets(ref.row_argmax(target_logits), rows, real)
@@ -35,6 +38,10 @@ def _accepts_first_mismatch(**kw):
     """The accept length counts the first mismatching draft too (``cumprod`` of the match shifted
     by one: an off-by-one in the walk); the rejected draft lands in the output, the bonus comes
     from the row after it."""
+    import torch
+
+    from reference.verify_accept import chain as ref
+
     def accept(matched, real):
         shifted = torch.cat((torch.ones_like(matched[:, :1]), matched[:, :-1]), dim=1)  # BUG: match[j-1] gates j
         n = torch.cumprod(shifted.int(), dim=1).sum(dim=1)
@@ -57,6 +64,10 @@ def _ties_to_highest(*, target_logits, draft_tokens, qo_indptr):
     """The real kernel run on each row reversed, ids mapped back: the argmax keeps the HIGHEST
     index among equal maxima (and the last NaN), what a max-reduction that breaks ties with >=,
     or a split that combines partials in the wrong order, gives."""
+    import torch
+
+    from reference.verify_accept import chain as ref
+
     f = _fused()
     B, L, V = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr)
     flipped = target_logits.flip(-1)
@@ -70,6 +81,10 @@ def _ties_to_highest(*, target_logits, draft_tokens, qo_indptr):
 def _row_stride_ignored(*, target_logits, draft_tokens, qo_indptr):
     """The real kernel told that rows are V apart (``stride_row = V``: the logits assumed
     contiguous): on an LM head's output sliced to the vocabulary it reads the wrong rows."""
+    import torch
+
+    from reference.verify_accept import chain as ref
+
     f = _fused()
     B, L, V = ref.validate(target_logits=target_logits, draft_tokens=draft_tokens, qo_indptr=qo_indptr)
     out = torch.empty((B, L + 1), dtype=ref.OUT_DTYPE, device=target_logits.device)

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 from harness.ops import stem_spec
-from harness.registry import GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
+from harness.registry import Deferred, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 OP = "verify_accept"
 
@@ -46,6 +44,8 @@ def _fused(**kw):
 
 @functools.cache
 def _compiled_chain():
+    import torch
+
     from reference.verify_accept import chain as r
 
     def chain(target_logits, drafts, qo_indptr):
@@ -69,8 +69,6 @@ def _compiled(*, target_logits, draft_tokens, qo_indptr):
 
 
 def _spec() -> OpSpec:
-    from reference.verify_accept import chain as r
-
     return stem_spec(
         OP, case_type="VerifyAcceptCase", reference="verify_accept",
         outputs=(OutputSpec("output_ids", "exact"), OutputSpec("accept_length", "exact")),
@@ -81,7 +79,8 @@ def _spec() -> OpSpec:
             "length, bonus token, ids padded with -1",
         # the argmax's NaN rule an implementation declares (Impl.nan_policy): "max" as torch.argmax (the
         # default), "ignore" as vLLM's greedy sampler (NaN taken as -inf); reference/verify_accept/chain.py
-        nan_policies={p: {"nan_policy": p} for p in r.NAN_POLICIES},
+        # (reference/verify_accept/chain.py's NAN_POLICIES, by name: this declaration imports no torch)
+        nan_policies={p: {"nan_policy": p} for p in ("max", "ignore")},
         kill=KILL,
         gpu=GPU,
         role="accept",  # the accept(n) step of every timeline: its n is what the backend rolls back to
@@ -97,10 +96,8 @@ def _spec() -> OpSpec:
 
 
 def register(reg: Registry) -> None:
-    from reference.verify_accept import chain as r
-
     reg.add_op(_spec())
-    reg.add(Impl(OP, "reference", "reference", r.verify_accept,
+    reg.add(Impl(OP, "reference", "reference", Deferred("reference.verify_accept.chain:verify_accept"),
                  doc="six launches: argmax, gather per request, match, cumprod accept length, bonus, ids"))
     reg.add(Impl(OP, "fused", "fused", _fused,
                  doc="two Triton launches: the vocab argmax split over (row, chunk) programs, then per request the "

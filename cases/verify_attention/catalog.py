@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from hypothesis import strategies as st
+from cases.base import composite
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 KV_DTYPES = ("bf16", "e4m3fn", "e4m3fnuz")
 FAMILIES = ("generic", "kimi-k3", "qwen3.5", "minimax", "dspark-draft")
@@ -47,6 +49,8 @@ class VerifyAttentionCase:
 
 
 def prefix_lengths(pattern: str, B: int, seed: int) -> list[int]:
+    import torch
+
     kind, arg = pattern.split(":", 1)
     if kind == "const":
         return [int(arg)] * B
@@ -65,6 +69,8 @@ def prefix_lengths(pattern: str, B: int, seed: int) -> list[int]:
 
 
 def widths(case: VerifyAttentionCase) -> list[int]:
+    import torch
+
     if not case.ragged:
         return [case.L] * case.B
     g = torch.Generator().manual_seed(case.seed + 11)
@@ -172,7 +178,7 @@ def at_tile_edge(keys: int, D: int) -> bool:
     return keys >= bn - 1 and keys % bn in (bn - 1, 0, 1)
 
 
-@st.composite
+@composite
 def cases(draw, *, max_batch: int = 3, max_width: int = 8, max_heads: int = 8, max_prefix: int = 200,
           max_splits: int = 3, head_dims=(64, 128, 256), layouts=("gqa", "gqa", "gqa", "mla")):
     """Generated cases, built bottom-up; shrink toward one request, width 1, one head, gqa D 64.
@@ -181,6 +187,8 @@ def cases(draw, *, max_batch: int = 3, max_width: int = 8, max_heads: int = 8, m
     ``layouts`` repeats gqa so that each head_dim (gqa's and MLA's 576) gets about a quarter, width 1
     takes 1 in 4 (plus its share of the rest), 3 in 5 gqa cases have one KV head, 2 in 3 causal multi-draft cases are trees, and half the
     prefix lengths give every split a share at a compiled key-tile edge ±1."""
+    from hypothesis import strategies as st
+
     layout = draw(st.sampled_from(layouts))
     B = draw(st.integers(1, max_batch))
     L = 1 if draw(st.sampled_from((False, False, False, True))) else draw(st.integers(1, max_width))
@@ -214,6 +222,8 @@ def cases(draw, *, max_batch: int = 3, max_width: int = 8, max_heads: int = 8, m
 
 def _tree(L: int, g: torch.Generator) -> torch.Tensor:
     """(L, L) bool ancestor-or-self mask of a random draft tree (parent[i] < i, −1 = root)."""
+    import torch
+
     parent = [int(torch.randint(-1, i, (1,), generator=g)) if i else -1 for i in range(L)]
     m = torch.zeros(L, L, dtype=torch.bool)
     for i in range(L):
@@ -227,13 +237,15 @@ def _tree(L: int, g: torch.Generator) -> torch.Tensor:
 def _to_kv(x: torch.Tensor, kv_dtype: str) -> torch.Tensor:
     if kv_dtype == "bf16":
         return x.bfloat16()
-    from harness.devices import FP8_DTYPES
+    from harness.devices import fp8_dtype
 
-    return x.clamp(-200, 200).to(FP8_DTYPES[kv_dtype])  # in range: no overflow policy involved here
+    return x.clamp(-200, 200).to(fp8_dtype(kv_dtype))  # in range: no overflow policy involved here
 
 
 def build_inputs(case: VerifyAttentionCase, device) -> dict:
     """Keyword arguments of one verify step, on ``device`` (a harness.devices.Device)."""
+    import torch
+
     g = torch.Generator().manual_seed(case.seed)
     w = widths(case)
     pre = prefix_lengths(case.prefix, case.B, case.seed)

@@ -7,10 +7,7 @@ where the same bug would sit in any implementation of the chain.
 """
 from __future__ import annotations
 
-import torch
-
 from harness.registry import Impl
-from reference.verify_attention import chain as r
 
 
 def _dispatch(**kw):
@@ -31,6 +28,8 @@ def _is_causal_ignored(**kw):
 
 def _k_scale_on_drafts(**kw):
     """Draft scores multiplied by k_scale too (drafts are bf16, never quantised)."""
+    from reference.verify_attention import chain as r
+
     def draft(qh, kd, vd, *, scale, mask):
         return r.draft_partial(qh, kd, vd, scale=scale * kw["k_scale"], mask=mask)
 
@@ -61,6 +60,7 @@ def _kv_head_can_handle(case, device):
 def _last_partial_tile_dropped(**kw):
     """Each split's prefix loop runs over whole BLOCK_N tiles only: the partial last tile is lost."""
     from fused.verify_attention import config as vc
+    from reference.verify_attention import chain as r
 
     block_n = vc.block_config(kw["q"].shape[2])[1]
 
@@ -76,6 +76,8 @@ def _last_partial_tile_dropped(**kw):
 def _split_boundary_overlap(**kw):
     """Off-by-one split partition: split s > 0 starts one token early, so every boundary key is
     counted in two splits."""
+    from reference.verify_attention import chain as r
+
     def bounds(n, splits):
         return [(max(0, lo - 1) if s and hi > lo else lo, hi) for s, (lo, hi) in enumerate(r.split_bounds(n, splits))]
 
@@ -89,6 +91,10 @@ def _padded_draft_keys_unmasked(**kw):
     """Seed 002 class: the draft tile padded to 16 rows/keys for tl.dot, the padding not masked —
     padded keys (k = 0, v = 0) get score 0 and join the softmax denominator wherever the draft
     rule lets them (non-causal drafts see every column of the tile)."""
+    import torch
+
+    from reference.verify_attention import chain as r
+
     def draft(qh, kd, vd, *, scale, mask):
         L = kd.shape[1]
         pad = max(16, 1 << (L - 1).bit_length()) - L
@@ -129,6 +135,7 @@ def _unwritten_split_scratch(**kw):
     happens to contribute nothing; NaN scratch turns every output row into NaN. Where neither
     kernel runs (ragged widths, no prefix...), the reference chain, as in the backend."""
     from fused.verify_attention import wrapper as f
+    from reference.verify_attention import chain as r
 
     kind = next((k for k in ("shared_kv", "split_kv") if f.can_handle(k, **kw) is True), None)
     if kind is None:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 from harness.ops import stem_spec
-from harness.registry import GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
+from harness.registry import Deferred, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 # kill matrix: its clean paths, the targeted catalog subset (each per-op proof case) and one short
 # timeline of every family (all of them attend through it)
@@ -61,14 +59,16 @@ def kernel_can_handle(kind):
     """Impl-level can_handle: the kernel's own shape rule on the case's shape, plus topk == 1
     (neither kernel reads a tree mask; in the backend the gate keeps them away from trees)."""
     def can_handle(case, device):
+        import torch
+
         from cases.verify_attention import catalog as c
         from fused.verify_attention import wrapper as f
 
         if case.topk != 1:
             return f"topk {case.topk} > 1 needs a tree mask; the {kind} kernel has none"
-        from harness.devices import FP8_DTYPES
+        from harness.devices import fp8_dtype
 
-        kv = torch.bfloat16 if case.kv_dtype == "bf16" else FP8_DTYPES[case.kv_dtype]
+        kv = torch.bfloat16 if case.kv_dtype == "bf16" else fp8_dtype(case.kv_dtype)
         return f.shape_can_handle(kind, uniform=len(set(c.widths(case))) == 1, H=case.H, Hkv=case.Hkv, D=case.D,
                                   Dv=case.Dv, kv_dtype=kv)
     return can_handle
@@ -110,6 +110,8 @@ def compiled_prefix(compile_fn):
 
 @functools.cache
 def _compiled_stages():
+    import torch
+
     from reference.verify_attention import chain as r
 
     opts = dict(dynamic=True)
@@ -208,14 +210,12 @@ def _spec() -> OpSpec:
 
 
 def register(reg: Registry) -> None:
-    from reference.verify_attention import chain as r
-    from reference.verify_attention import batched as rb
-    from reference.verify_attention import sdpa as rs
-
     reg.add_op(_spec())
-    reg.add(Impl("verify_attention", "reference", "reference", r.verify_attention,
+    reg.add(Impl("verify_attention", "reference", "reference",
+                 Deferred("reference.verify_attention.chain:verify_attention"),
                  doc="per-head split-KV chain: prefix split partials, draft triangle, LSE combine"))
-    reg.add(Impl("verify_attention", "reference-batched", "reference", rb.verify_attention_batched,
+    reg.add(Impl("verify_attention", "reference-batched", "reference",
+                 Deferred("reference.verify_attention.batched:verify_attention_batched"),
                  can_handle=_batched_can_handle,
                  doc="the same chain's three launches over the whole batch at once (one verify width, no tree)"))
     reg.add(Impl("verify_attention", "fused-split-kv", "fused", _split_kv, can_handle=kernel_can_handle("split_kv"),
@@ -230,5 +230,6 @@ def register(reg: Registry) -> None:
                  doc="backend: gate, then shared-KV -> split-KV -> reference by can_handle"))
     reg.add(Impl("verify_attention", "compiled", "compiled", _compiled, can_handle=_compiled_can_handle,
                  doc="torch.compile(dynamic=True) of the reference chain's three launches; launch 1 per split"))
-    reg.add(Impl("verify_attention", "sdpa", "external", rs.verify_attention_sdpa,
+    reg.add(Impl("verify_attention", "sdpa", "external",
+                 Deferred("reference.verify_attention.sdpa:verify_attention_sdpa"),
                  doc="torch SDPA (fp64) on dense K/V with the explicit verify mask"))

@@ -36,14 +36,16 @@ wrong if read (pointers 0, candidates −1).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from hypothesis import strategies as st
+from cases.base import composite
+
+if TYPE_CHECKING:  # annotations only: reading the declarations imports no torch (python -m harness list)
+    import torch
 
 ACCEPT = ("mixed", "all", "none")
 MATCH = ("any", "first", "last")
-INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
+INDEX_DTYPES = ("int32", "int64")  # names in torch of the index dtypes a case may ask for
 
 
 @dataclass(frozen=True)
@@ -127,10 +129,12 @@ def catalog(*, big: bool = False) -> list[VerifyTreeAcceptCase]:
 VOCABS = (2, 17, 1000, 4095, 4097, 32000)
 
 
-@st.composite
+@composite
 def cases(draw, *, max_batch: int = 6, max_nodes: int = 64, vocabs=VOCABS):
     """Generated cases; shrink toward B = 1, top-k 1, one step, N = 1, the smallest vocabulary, no
     padding, contiguous rows."""
+    from hypothesis import strategies as st
+
     B = draw(st.sampled_from((1, 1, *range(1, max_batch + 1))))
     topk = draw(st.sampled_from((1, 2, 4, 4, 8, 10)))
     depth = draw(st.integers(1, 8))
@@ -149,8 +153,8 @@ def cases(draw, *, max_batch: int = 6, max_nodes: int = 64, vocabs=VOCABS):
         row_pad=draw(st.sampled_from((0, 0, 3, 128))),
         tail=draw(st.sampled_from((0, 0, 2))),
         values=draw(st.sampled_from(("randn", "randn", "coarse"))),
-        cand_dtype=draw(st.sampled_from(tuple(INDEX_DTYPES))),
-        index_dtype=draw(st.sampled_from(tuple(INDEX_DTYPES))),
+        cand_dtype=draw(st.sampled_from(INDEX_DTYPES)),
+        index_dtype=draw(st.sampled_from(INDEX_DTYPES)),
         seed=draw(st.integers(0, 2 ** 16)),
     )
 
@@ -162,6 +166,8 @@ def eagle_tree(topk: int, depth: int, nodes: int, g: torch.Generator) -> list[in
     by level in creation order (SGLang's order): per step the top-k scoring nodes of the last level
     expand their top-k; the ``nodes − 1`` best of all levels are kept (ties: the earlier created).
     Fewer when the construction has fewer candidates."""
+    import torch
+
     sharp = 0.5 + 3.0 * float(torch.rand((), generator=g))  # draft confidence: deep narrow or shallow wide
 
     def child_logp() -> list[float]:
@@ -197,6 +203,8 @@ def _dfs_order(parents: list[int]) -> list[int]:
 
 def request_tree(case: VerifyTreeAcceptCase, g: torch.Generator) -> list[int]:
     """One request's parents over its N slots: −2 for a spare slot, −1 for the root."""
+    import torch
+
     parents = eagle_tree(case.topk, case.depth, max(1, case.N - case.spare), g)
     if case.order == "dfs":
         old = _dfs_order(parents)
@@ -236,12 +244,16 @@ def depths(parents: list[int]) -> list[int]:
 
 
 def _other(t: int, V: int, g: torch.Generator) -> int:
+    import torch
+
     d = int(torch.randint(0, V - 1, (), generator=g))
     return d + (d >= t)  # uniform over the other V - 1 tokens
 
 
 def real_requests(case: VerifyTreeAcceptCase) -> list[bool]:
     """Which requests are real (the others padding), drawn from the case's seed."""
+    import torch
+
     g = torch.Generator().manual_seed(case.seed)
     real = torch.ones(case.B, dtype=torch.bool)
     real[torch.randperm(case.B, generator=g)[: case.padding]] = False
@@ -251,6 +263,8 @@ def real_requests(case: VerifyTreeAcceptCase) -> list[bool]:
 def trees(case: VerifyTreeAcceptCase) -> list[list[int] | None]:
     """Each request's parents over its slots (``request_tree``; None for padding), each from a
     generator of its own seeded by the case's seed and the request."""
+    import torch
+
     return [request_tree(case, torch.Generator().manual_seed(case.seed * 4096 + b + 1)) if r else None
             for b, r in enumerate(real_requests(case))]
 
@@ -259,6 +273,8 @@ def tree_tensors(case: VerifyTreeAcceptCase, pred: torch.Tensor) -> dict:
     """The tree of every request as CPU int64 tensors (candidates, retrive_index, retrive_next_token,
     retrive_next_sibling), its tokens planted against ``pred`` ((B·N,) the argmax of each target row,
     the chain's rule): the module docstring's path, duplicates and decoys."""
+    import torch
+
     g = torch.Generator().manual_seed(case.seed + 1)
     B, N, V = case.B, case.N, case.V
     cand = torch.full((B, N), -1, dtype=torch.long)
@@ -302,6 +318,8 @@ def tree_tensors(case: VerifyTreeAcceptCase, pred: torch.Tensor) -> dict:
 
 def build_inputs(case: VerifyTreeAcceptCase, device) -> dict:
     """Keyword arguments of ``verify_tree_accept`` on ``device`` (a harness.devices.Device)."""
+    import torch
+
     g = torch.Generator().manual_seed(case.seed)
     B, N, V = case.B, case.N, case.V
     R = B * N + case.tail
@@ -317,9 +335,9 @@ def build_inputs(case: VerifyTreeAcceptCase, device) -> dict:
     storage = torch.full((R, V + case.row_pad), float("inf"), dtype=torch.bfloat16)
     storage[:, :V] = x
     dev = device.torch_device
-    idx = INDEX_DTYPES[case.index_dtype]
+    idx = getattr(torch, case.index_dtype)
     return dict(target_logits=storage.to(dev)[:, :V],
-                candidates=tree["candidates"].to(INDEX_DTYPES[case.cand_dtype]).to(dev),
+                candidates=tree["candidates"].to(getattr(torch, case.cand_dtype)).to(dev),
                 **{k: tree[k].to(idx).to(dev) for k in ("retrive_index", "retrive_next_token", "retrive_next_sibling")},
                 num_speculative_tokens=case.S)
 

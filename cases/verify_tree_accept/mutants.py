@@ -8,10 +8,7 @@ catalog case that shows it and one where it hides.
 """
 from __future__ import annotations
 
-import torch
-
 from harness.registry import Impl
-from reference.verify_tree_accept import chain as ref
 
 OP = "verify_tree_accept"
 
@@ -22,10 +19,14 @@ def _fused():
     return f
 
 
-def _chain(*, first_fn=ref.first_matches, path_fn=None, bonus_fn=None, **kw):
-    """The reference chain with launches swapped: ``first_fn`` (match, parent, rank) -> chosen;
+def _chain(*, first_fn=None, path_fn=None, bonus_fn=None, **kw):
+    """The reference chain with launches swapped: ``first_fn`` (match, parent, rank) -> chosen (None: the
+    chain's ``first_matches``);
     ``path_fn`` (candidates, target, parent, retrive_index, S) -> (accept_index, n) replaces
     launches 4–6; ``bonus_fn`` (predict, accept_index, n, retrive_index) -> predicts replaces 7."""
+    from reference.verify_tree_accept import chain as ref
+
+    first_fn = first_fn or ref.first_matches
     B, N, _, S = ref.validate(**kw)
     predict = ref.row_argmax(kw["target_logits"], B * N)
     target = ref.gather_targets(predict, kw["retrive_index"])
@@ -42,6 +43,8 @@ def _chain(*, first_fn=ref.first_matches, path_fn=None, bonus_fn=None, **kw):
 def _last_sibling_wins(**kw):
     """Among matching siblings the LAST in list order is accepted (a scan that keeps overwriting its
     hit instead of stopping at the first)."""
+    import torch
+
     def last(matched, parent, rank):
         B, N = matched.shape
         best = torch.full((B, N + 1), -1, dtype=torch.long, device=rank.device)
@@ -54,6 +57,8 @@ def _last_sibling_wins(**kw):
 def _first_child_only(**kw):
     """Only the first child of each node is compared (the sibling list never scanned: the tree walked
     as if it were a chain): a shorter path is accepted whenever the match is a later sibling."""
+    from reference.verify_tree_accept import chain as ref
+
     def first_child(matched, parent, rank):
         return ref.first_matches(matched & (rank == 0), parent, rank)  # BUG: siblings never tried
 
@@ -63,6 +68,10 @@ def _first_child_only(**kw):
 def _bonus_at_node_n(**kw):
     """The bonus token read at node n (n = accepted drafts: chain indexing, ``retrive_index[b, n]``)
     instead of at the last accepted node; written where it belongs. Right on a path 0, 1, …, n only."""
+    import torch
+
+    from reference.verify_tree_accept import chain as ref
+
     def bonus(predict, acc, n, ri):
         p = ref.write_predicts(predict, acc).long()
         real = ri[:, 0] >= 0
@@ -80,6 +89,10 @@ def _bonus_at_node_n(**kw):
 def _level_match(**kw):
     """The walk matches by level, not by parent: at each step it accepts the first node (in index
     order) one level deeper whose token is the target's, a child of the current node or not."""
+    import torch
+
+    from reference.verify_tree_accept import chain as ref
+
     def path(candidates, target, parent, ri, S):
         B, N = candidates.shape
         depth = torch.zeros((B, N), dtype=torch.long, device=candidates.device)
@@ -107,6 +120,10 @@ def _level_match(**kw):
 def _rows_assumed_identity(**kw):
     """The real kernel given retrive_index = b·N + i (SGLang's usual layout assumed instead of read):
     with rows permuted within a block it argmaxes other nodes' rows and writes other entries."""
+    import torch
+
+    from reference.verify_tree_accept import chain as ref
+
     f = _fused()
     B, N, _, S = ref.validate(**kw)
     ri = kw["retrive_index"]

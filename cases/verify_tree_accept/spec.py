@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 from harness.ops import stem_spec
-from harness.registry import GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
+from harness.registry import Deferred, GpuPlan, Impl, KillPlan, OpSpec, OutputSpec, Registry
 
 OP = "verify_tree_accept"
 
@@ -60,6 +58,8 @@ def chain_body(target_logits, candidates, retrive_index, retrive_next_token, ret
 @functools.cache
 def compiled_chain():
     """torch.compile of ``chain_body`` (dynamic shapes; N and S, loop bounds, specialise)."""
+    import torch
+
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return torch.compile(chain_body, dynamic=True)
 
@@ -97,10 +97,8 @@ def _spec() -> OpSpec:
 
 
 def register(reg: Registry) -> None:
-    from reference.verify_tree_accept import chain as r
-
     reg.add_op(_spec())
-    reg.add(Impl(OP, "reference", "reference", r.verify_tree_accept,
+    reg.add(Impl(OP, "reference", "reference", Deferred("reference.verify_tree_accept.chain:verify_tree_accept"),
                  doc="seven launches: argmax, gather per node, parents and sibling ranks, match, first match "
                      "among siblings, the level walk, predicts"))
     reg.add(Impl(OP, "fused", "fused", _fused,

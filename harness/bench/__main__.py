@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 from harness import usage
-from harness.bench import perf
 from harness.ops import builtin_specs
 
-# op name -> its benchmark module (OpSpec.bench), in harness.ops.BUILTIN order
-OPS = {name: importlib.import_module(spec.bench) for name, spec in builtin_specs().items() if spec.bench}
+# op name -> the name of its benchmark module (OpSpec.bench), in harness.ops.BUILTIN order; imported when it runs
+# (they import torch: --help does not)
+OPS = {name: spec.bench for name, spec in builtin_specs().items() if spec.bench}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -38,7 +38,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    mods = [OPS[name] for name in dict.fromkeys(args.op or OPS)]
+    from harness.bench import perf  # here, after parsing: --help imports no torch
+
+    mods = [importlib.import_module(OPS[name]) for name in dict.fromkeys(args.op or OPS)]
     return perf.run_ops(mods, out=args.out, quick=args.quick, nested=True)
 
 

@@ -14,15 +14,16 @@ INTERRUPTED = 130  # exit status of a run cut short by Ctrl-C or SIGTERM (128 + 
 
 def cmd_list(args) -> int:
     """Ops, their implementations (``--impl NAME``: only those; an unknown name is a usage error),
-    catalogs, timelines, profiles and the device."""
-    dev, prof, reg = setup(args)
+    catalogs, timelines, profiles and the device. Nothing runs: torch is not imported (a plugin module
+    may import it), and Triton is left as it is."""
+    dev, prof, reg = setup(args, prepare=False)
     names = {s for s in args.impl or () if ":" not in s}
     unknown = names - {i.name for i in reg.impls.values()}
     if unknown:
         raise UsageError("--impl", f"unknown implementation(s) {', '.join(sorted(unknown))}; known: "
                                    f"{', '.join(sorted({i.name for i in reg.impls.values()}))}")
     from harness import registry  # here, not at the top: --help imports no torch
-    from harness.parity.suite import generated_count
+    from cases.profiles import generated_count
 
     for name, spec in sorted(reg.ops.items()):
         print(f"{name}: {spec.doc}")
@@ -83,7 +84,7 @@ def cmd_run(args) -> int:
     # compiles cost minutes per run, so there it is opt-in: --kind compiled or --impl compiled.
     default = ("reference", "fused", "external") + (() if dev.interpreted else ("compiled",))
     ops, impls = select_impls(reg, args, default)
-    from harness.parity.suite import generated_count
+    from cases.profiles import generated_count
 
     counts = ", ".join(f"{op} {generated_count(reg.ops[op], prof, interpreted=dev.interpreted, generated=args.generated)}"
                        for op in ops)
@@ -252,7 +253,6 @@ def cmd_gate(args) -> int:
     from cases import e2e_gate
     from harness import devices
     from harness.e2e import gate
-    from harness.e2e import model
     from reports.rows import write_csv
 
     dev = devices.select(args.device)
@@ -276,7 +276,7 @@ def cmd_gate(args) -> int:
 
         timeline_suite.load_backend(args.backend)  # a bad spec is one line before any work
         prof = replace(prof, backend=args.backend)
-    rows = gate.run(load_registry(), dev, prof, layouts=args.layout or model.LAYOUTS,
+    rows = gate.run(load_registry(), dev, prof, layouts=args.layout or e2e_gate.LAYOUTS,
                     models_dir=args.models or e2e_gate.MODEL_DIR,
                     problems=args.problems, seed=args.seed, progress=None if args.quiet else lambda m: print(m, flush=True),
                     jobs=args.jobs)

@@ -172,13 +172,13 @@ def _report(p) -> None:
 
 def _gate(p) -> None:
     from cases import e2e_gate
-    from harness.e2e import model as M
 
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "rocm"))
     p.add_argument("--profile", default=None, choices=sorted(e2e_gate.PROFILES),
                    help="cases/e2e_gate.py (default: cpu-lite on the CPU, else full; sampled, sampled-full: "
                         "temperature > 0, speculative vs plain sampling)")
-    p.add_argument("--layout", action="append", choices=M.LAYOUTS, help="micro-model layout (repeatable; default: all)")
+    p.add_argument("--layout", action="append", choices=e2e_gate.LAYOUTS,
+                   help="micro-model layout (repeatable; default: all)")
     p.add_argument("--models", type=usage.input_dir, default=None,
                    help=f"directory of <layout>.safetensors (default {e2e_gate.MODEL_DIR}; a layout without "
                         f"one runs on random weights)")
@@ -202,9 +202,8 @@ def _gate(p) -> None:
 def _serve(p) -> None:
     from cases import e2e_gate
     from cases.mutants import timelines as mt
-    from harness.e2e import model as M
 
-    p.add_argument("--layout", default="qwen35-gqa", choices=M.LAYOUTS)
+    p.add_argument("--layout", default="qwen35-gqa", choices=e2e_gate.LAYOUTS)
     p.add_argument("--models", type=usage.input_dir, default=None,
                    help=f"directory of <layout>.safetensors (default {e2e_gate.MODEL_DIR}; else random weights)")
     p.add_argument("--path", type=ids.path_arg, default=("reference", "reference"),

@@ -55,11 +55,14 @@ def select_profile(name: str | None):
     return profiles.current(name)
 
 
-def setup(args):
+def setup(args, *, prepare: bool = True):
+    """The device (``prepare=False``: named only, Triton left alone, as ``list`` does), the profile and
+    the registry with ``--impl module:attr``'s implementations loaded (``args.loaded``)."""
     from harness import devices
 
     prof = select_profile(getattr(args, "profile", None))
-    dev = devices.select(args.device, fp8_format=getattr(args, "fp8_format", None))
+    choose = devices.select if prepare else devices.resolve
+    dev = choose(args.device, fp8_format=getattr(args, "fp8_format", None))
     reg = load_registry()
     args.loaded = load_specs(reg, plugin_specs(args))
     return dev, prof, reg

@@ -252,7 +252,7 @@ def _run_cost(run: tuple, kernels: bool, interpreted: bool) -> int:
     return (10 if kernels and interpreted else 0) + (2 if run[1] is None else 0) + (1 if kernels else 0)
 
 
-def run(reg, dev, profile: cfg.GateProfile, layouts=M.LAYOUTS, *, models_dir=cfg.MODEL_DIR, seed: int = 0,
+def run(reg, dev, profile: cfg.GateProfile, layouts=cfg.LAYOUTS, *, models_dir=cfg.MODEL_DIR, seed: int = 0,
         problems: int | None = None, progress=None, jobs: int = 1) -> list[GateRow]:
     """Every (layout, path) generation, then the rows. ``jobs`` > 1 runs the generations (the
     reference greedy run and each path's speculative run) in that many spawned processes: on a

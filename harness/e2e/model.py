@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from cases import timelines as tl
+from cases.e2e_gate import LAYOUTS
 from cases import timeline_family
 from harness.timelines.prepare import prepare_of
 from harness.e2e import tokenizer as tok
 from reference.qk_norm_rope import chain as qk_ref
 
-LAYOUTS = ("dsv4-mqa-ring", "k3-mla-fp8", "qwen35-gqa")
 ROPE = {"dsv4-mqa-ring": ("interleaved", 16), "k3-mla-fp8": ("neox", 16), "qwen35-gqa": ("neox", 32)}
 EPS = 1e-6
 

@@ -25,7 +25,6 @@ import torch
 from cases import e2e_gate as cfg
 from harness import devices
 from harness.e2e import gate
-from harness.e2e import model as M
 from harness.ops import default_registry
 
 
@@ -72,12 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sampler", action="append", help="implementations of the sampler op (default: mutant-residual-from-q)")
     ap.add_argument("--seeds", type=int, default=10, help="runs per (layout, sampler): gate seeds 0..N-1")
-    ap.add_argument("--layout", action="append", choices=M.LAYOUTS, help="default: every layout")
+    ap.add_argument("--layout", action="append", choices=cfg.LAYOUTS, help="default: every layout")
     ap.add_argument("--profile", default="sampled", choices=[k for k, p in cfg.PROFILES.items() if p.temperature > 0])
     ap.add_argument("--models", default=cfg.MODEL_DIR, help="directory of <layout>.safetensors (else random weights)")
     ap.add_argument("--out", help="CSV of every run")
     args = ap.parse_args(argv)
-    df = measure(args.layout or M.LAYOUTS, args.sampler or ["mutant-residual-from-q"], args.seeds,
+    df = measure(args.layout or cfg.LAYOUTS, args.sampler or ["mutant-residual-from-q"], args.seeds,
                  cfg.PROFILES[args.profile], args.models)
     if args.out:
         df.to_csv(args.out, index=False)

@@ -33,6 +33,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from cases import e2e_gate
 from cases import gsm8k_synth as g
 from harness.e2e import model as M
 from harness.e2e import tokenizer as tok
@@ -195,7 +196,7 @@ def train(args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.e2e.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layout", required=True, choices=M.LAYOUTS)
+    ap.add_argument("--layout", required=True, choices=e2e_gate.LAYOUTS)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=200_000, help="upper bound; --max-minutes usually ends the run")
     ap.add_argument("--batch", type=int, default=256)

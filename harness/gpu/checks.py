@@ -21,12 +21,13 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from harness.gpu.runners import Inputs, Outcome, check_determinism, check_graph, check_launches
 from harness.ops import BUILTIN
 from reports.rows import with_provenance
+
+if TYPE_CHECKING:  # annotations only: --help imports no torch
+    from harness.gpu.runners import Outcome
 
 CHECKS = ("launches", "graph", "determinism")
 ROW_CHECK = {"launches": ("gpu:launches",), "graph": ("gpu:graph-replay", "gpu:graph-gate"),
@@ -57,6 +58,10 @@ def _repro(op: str, impl: str, check: str) -> str:
 
 
 def _safely(fn, check_names: tuple[str, ...]) -> list[Outcome]:
+    import torch
+
+    from harness.gpu.runners import Outcome
+
     try:
         res = fn()
         return res if isinstance(res, list) else [res]
@@ -69,6 +74,8 @@ def _safely(fn, check_names: tuple[str, ...]) -> list[Outcome]:
 
 def _refused(impl, case, dev, inputs, check_names) -> list[Outcome]:
     """Outcomes when ``impl`` refuses ``case`` (skipped) or its can_handle raises (failed); [] when it runs it."""
+    from harness.gpu.runners import Outcome
+
     try:
         refusal = impl.handles(case, dev, lambda: inputs(case))
     except Exception as exc:
@@ -79,6 +86,7 @@ def _refused(impl, case, dev, inputs, check_names) -> list[Outcome]:
 
 def run(reg, dev, prov, *, ops, impls, checks, seed: int, progress=print) -> list[GpuCheckRow]:
     from cases.base import display_id
+    from harness.gpu.runners import Inputs, check_determinism, check_graph, check_launches
 
     rows = []
     for op in ops:
@@ -211,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args) -> int:
+    import torch
+
     from harness import usage
 
     checks = tuple(args.check or CHECKS)

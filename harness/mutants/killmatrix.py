@@ -160,12 +160,11 @@ def e2e_column(rows: list[KillRow], reg: Registry, dev, *, problems: int | None 
 
     from cases import e2e_gate
     from harness.e2e import gate
-    from harness.e2e import model as M
 
     impl_keys = tuple(r.subject for r in rows if r.kind == "mutant")
     path_names = tuple(r.subject for r in rows if r.kind == "path-mutant")
     prof = replace(profile or e2e_gate.PROFILES["killmatrix"], impl_mutants=impl_keys, path_mutants=path_names)
-    gate_rows = gate.run(reg, dev, prof, layouts=layouts or M.LAYOUTS, problems=problems, jobs=jobs,
+    gate_rows = gate.run(reg, dev, prof, layouts=layouts or e2e_gate.LAYOUTS, problems=problems, jobs=jobs,
                          progress=progress)
     by: dict[str, list] = {}
     for g in gate_rows:

@@ -179,9 +179,7 @@ def plan(out: Path, *, profile: str, device: str, budget_s: float, jobs: int | N
                           nice=BACKGROUND_NICE))
     steps.append(Step("gpu", py + ["gpu", "--out", str(out / "gpu")], par))
     if gate:
-        from harness.e2e import model as M
-
-        for lay in layouts or M.LAYOUTS:
+        for lay in layouts or e2e_gate.LAYOUTS:
             steps.append(Step(f"gate:{lay}", py + ["gate", "--device", device, "--profile", gp, "--layout", lay,
                                                    "--jobs", str(workers["gate"]), "--csv", str(out / f"gate-{lay}.csv")],
                               par))

@@ -35,10 +35,9 @@ from harness.nightly.plan import OPS, plan
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cases import profiles
+    from cases import e2e_gate, profiles
     from cases import timelines as tl
     from harness import usage
-    from harness.e2e import model as M
 
     ap = usage.ArgumentParser(prog="python -m harness nightly", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="generated parity cases per op (default: the profile's)")
     ap.add_argument("--timelines", type=usage.count, default=None,
                     help="generated timelines per family (default: the profile's; 500 in the nightly profile)")
-    ap.add_argument("--layout", action="append", choices=M.LAYOUTS, help="gate layouts (default: all three)")
+    ap.add_argument("--layout", action="append", choices=e2e_gate.LAYOUTS, help="gate layouts (default: all three)")
     ap.add_argument("--family", action="append", choices=sorted(tl.FAMILIES), help="timeline families (default: all)")
     ap.add_argument("--compiled-shards", type=usage.positive_int, default=1,
                     help="run the compiled step on one rotating slice of n of its catalog per night (default 1: all)")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from cases import base
-from cases.profiles import Profile
+from cases.profiles import Profile, generated_count
 from harness import compare, devices, pool
 from harness.parity import runners
 from harness.parity import stages
@@ -49,15 +49,6 @@ class Planned:
     @property
     def full_id(self) -> str:
         return base.case_id(self.spec.name, self.case)
-
-
-def generated_count(spec: OpSpec, profile: Profile, *, interpreted: bool, generated: int | None = None) -> int:
-    """``generated`` when given; else the profile's count, capped by the op under the interpreter."""
-    if generated is not None:
-        return generated
-    if interpreted and spec.interpreter_generated is not None:
-        return min(profile.generated, spec.interpreter_generated)
-    return profile.generated
 
 
 def plan_cases(spec: OpSpec, profile: Profile, *, seed: int = 0, generated: int | None = None,
