@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from reference.checks import VerifyParityInputError
+from harness.usage import UsageError
 from reports.rows import VERDICTS, GateRow, ParityRow, PerfRow, TimelineRow
 
 # Columns that any two exactly equal rows share and that few distinct rows do: ``read`` looks for repeated rows
@@ -25,8 +25,9 @@ _REPEAT_KEYS = {ParityRow: ["case", "impl", "check", "seconds"],
                 TimelineRow: ["timeline", "path", "step", "layer", "check"]}
 
 
-class CSVError(VerifyParityInputError):
-    """A results file (CSV or Parquet) the report cannot trust; ``arg`` is the file."""
+class CSVError(UsageError):
+    """A results file (CSV or Parquet) the report cannot trust; ``arg`` is the file (a usage error: the report's
+    reading imports no torch)."""
 
 
 def _str_columns(row_type: type) -> list[str]:

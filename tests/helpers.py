@@ -23,6 +23,18 @@ def harness_cli(args, *, cwd=ROOT, env: dict[str, str] | None = None, timeout: f
     return zygote.run_harness(args, cwd=cwd, env=dict(os.environ) if env is None else env, timeout=timeout)
 
 
+def harness_imports(*args, cwd=ROOT, env: dict[str, str] | None = None, timeout: float = 300):
+    """``python -X importtime -m harness *args`` (a fresh interpreter: no zygote, whose torch is imported
+    already) -> the process and the top-level names of every module it imported."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", *map(str, args)], cwd=cwd,
+                       capture_output=True, text=True, env=env or subprocess_env(), timeout=timeout)
+    imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    return r, imported
+
+
 def subprocess_env(*front: str | Path, **extra: str) -> dict[str, str]:
     """The environment of a CLI subprocess: this checkout (and ``front``) first on PYTHONPATH,
     the caller's PYTHONPATH kept after it (a runner that provides packages through PYTHONPATH

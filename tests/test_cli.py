@@ -9,7 +9,7 @@ import time
 
 import pandas as pd
 import pytest
-from tests.helpers import ROOT, harness_cli, subprocess_env
+from tests.helpers import ROOT, harness_cli, harness_imports, subprocess_env
 
 
 def _run(*args, timeout=900, env=None):
@@ -49,15 +49,6 @@ def test_list_piped_into_a_reader_that_left_is_no_traceback():
 HEAVY = ("torch", "triton", "pandas", "numpy", "hypothesis")
 
 
-def _imported(*args, cwd=ROOT, env=None) -> tuple[subprocess.CompletedProcess, set[str]]:
-    """``python -X importtime -m harness *args`` (a fresh interpreter: no zygote, whose torch is imported
-    already) -> the process and the top-level names of every module it imported."""
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", *args], cwd=cwd, capture_output=True,
-                       text=True, env=env or subprocess_env(), timeout=120)
-    imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
-    return r, imported
-
-
 @pytest.mark.parametrize("cmd", ["", "list", "run", "mutants", "timelines", "compile", "gpu", "bench", "nightly", "warmup",
                                  "repro", "report", "gate", "serve"],
                          ids=lambda cmd: f"{cmd or 'harness'}-help")  # not the id "gpu": conftest skips it off a GPU
@@ -69,7 +60,7 @@ def test_help_imports_no_torch(cmd):
     command's choices from the registry; ``timelines``, ``gate``, ``serve``, ``nightly``, ``gpu`` and ``bench
     --help`` imported torch for their choices (the model families, the micro-model layouts, the benchmark
     modules) until those were declared without it (``cases.base.composite``, ``cases.e2e_gate.LAYOUTS``)."""
-    r, imported = _imported(*cmd.split(), "--help")
+    r, imported = harness_imports(*cmd.split(), "--help")
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
     assert imported and not imported & set(HEAVY), sorted(imported & set(HEAVY))
 
@@ -91,7 +82,7 @@ def test_list_imports_no_torch(tmp_path, args):
     the 2-core CPU (docs/cli.md). Planted: an ``import torch`` at the top of a catalog, a mutant module or
     ``harness/tolerance.py`` fails it, as the registry's imports of the reference chains did before."""
     (tmp_path / "fast_plugin.py").write_text(FAST_PLUGIN)
-    r, imported = _imported(*args, cwd=tmp_path, env=subprocess_env(tmp_path))
+    r, imported = harness_imports(*args, cwd=tmp_path, env=subprocess_env(tmp_path))
     assert r.returncode == (2 if "nosuch" in args else 0), r.stderr[-2000:]
     assert "unknown implementation(s) nosuch" in r.stderr if "nosuch" in args else "device: cpu" in r.stdout
     assert imported and not imported & set(HEAVY), sorted(imported & set(HEAVY))

@@ -11,7 +11,7 @@ import pytest
 
 from reports import diff, frames, html, junit
 from reports.rows import ParityRow, PerfRow
-from tests.helpers import harness_cli, subprocess_env
+from tests.helpers import harness_cli, harness_imports, subprocess_env
 from tests.report_runs import OP, TIMELINE, TIMELINE_MUTANT, run_frame, timeline_csvs
 
 KEY = ["op", "impl", "case", "check"]
@@ -181,6 +181,22 @@ def test_cli_report_exit_code_follows_regressions(runs, tmp_path):
                 "--out", tmp_path / "c")
     assert r.returncode == 1, r.stdout + r.stderr
     assert pd.read_csv(tmp_path / "c" / "diff.csv").equals(written)
+
+
+def test_report_reads_writes_and_refuses_without_importing_torch(runs, tmp_path):
+    """The report reads results, diffs them and writes its files with pandas and pyarrow alone: importing torch
+    (1.2-2.4 s of a nightly report's 16 s) bought it only an exception class. A file it cannot trust is still a
+    one-line error, exit 2. Planted: ``CSVError`` a ``reference.checks.VerifyParityInputError`` again."""
+    d = runs[0]
+    r, imported = harness_imports("report", "--csv", d / "clean.csv", "--baseline", d / "clean.csv",
+                                  "--out", tmp_path / "a")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "a" / "report.html").stat().st_size > 0
+    assert "pandas" in imported and "torch" not in imported
+    (tmp_path / "bad.csv").write_text("op,impl\nx,y\n")
+    r, imported = harness_imports("report", "--csv", tmp_path / "bad.csv", "--out", tmp_path / "b")
+    assert r.returncode == 2 and "torch" not in imported, r.stderr[-2000:]
+    assert "bad.csv: not a ParityRow results file, missing columns" in r.stderr.strip().splitlines()[-1]
 
 
 def test_results_round_trip_through_parquet_dictionary_encoded_and_csv_gz(runs, tmp_path):
