@@ -364,7 +364,8 @@ def compile_specs():
     """Signatures for ``python -m harness compile``: every constexpr variant the wrappers launch
     on sm90, for GQA D 64/128/256 and MLA 576/512, bf16 and fp8 KV: the prefix kernel at BLOCK_H 1
     (split-KV) and at the shared-KV head block, and the combine, both also with SINGLE_P_DOT
-    (``p_precision="bf16"``). Arguments and constexprs are the kernels' own (``fused.compile_specs``)."""
+    (``p_precision="bf16"``), and each kernel's ``checked="device"`` variant (CHECK_VALUES): the
+    prefix at BLOCK_H 1 and at the head block, the causal combine. Arguments and constexprs are the kernels' own (``fused.compile_specs``)."""
     specs = []
     for (D, Dv, hkv), kv in [((64, 64, 2), "bf16"), ((128, 128, 1), "bf16"), ((256, 256, 1), "bf16"),
                              ((256, 256, 1), "fp8e4nv"), ((576, 512, 1), "bf16"), ((576, 512, 1), "fp8e4nv")]:
@@ -373,23 +374,25 @@ def compile_specs():
         bh = block_h_for(16 // hkv if hkv > 1 else 16, D, "sm90")
         pre_types = {"mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16", "k_buffer_ptr": f"*{kv}",
                      "v_buffer_ptr": f"*{kv}", "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "scale": "fp32",
-                     "v_scale": "fp32"}
+                     "v_scale": "fp32", "flag_ptr": "*i64"}
         tag = f"D={D},Dv={Dv},hkv={hkv},kv={kv}"
-        specs.append(variant(f"{tag},split_kv", kern.verify_prefix_kernel, pre_types,
-                             dict(HAS_KV_HEADS=True, BLOCK_H=1, L_PAD=l_pad_for(4, 1), BLOCK_N=block_n,
-                                  SINGLE_P_DOT=False, **dims), warps))
-        for single in (False, True):  # p_precision bf16x2 / bf16
-            specs.append(variant(f"{tag}{',single_p_dot' if single else ''}", kern.verify_prefix_kernel, pre_types,
+        specs += [variant(f"{tag},split_kv{',checked' if chk else ''}", kern.verify_prefix_kernel, pre_types,
+                          dict(HAS_KV_HEADS=True, BLOCK_H=1, L_PAD=l_pad_for(4, 1), BLOCK_N=block_n,
+                               SINGLE_P_DOT=False, CHECK_VALUES=chk, **dims), warps) for chk in (False, True)]
+        for single, chk in ((False, False), (True, False), (False, True)):  # p_precision bf16x2 / bf16; checked
+            specs.append(variant(f"{tag}{',single_p_dot' if single else ''}{',checked' if chk else ''}",
+                                 kern.verify_prefix_kernel, pre_types,
                                  dict(HAS_KV_HEADS=hkv > 1, BLOCK_H=bh, L_PAD=l_pad_for(4, bh), BLOCK_N=block_n,
-                                      SINGLE_P_DOT=single, **dims), warps))
+                                      SINGLE_P_DOT=single, CHECK_VALUES=chk, **dims), warps))
         comb_types = {"o_ptr": "*bf16", "mid_acc_ptr": "*fp32", "mid_ml_ptr": "*fp32", "q_ptr": "*bf16",
-                      "k_ptr": "*bf16", "v_ptr": "*bf16", "sm_scale": "fp32"}
+                      "k_ptr": "*bf16", "v_ptr": "*bf16", "sm_scale": "fp32", "flag_ptr": "*i64", "qo_ptr": "*i32"}
         # the single-dot combine causal, and non-causal where its shared-KV user is (DSpark: several KV heads)
-        for causal, single in ((True, False), (False, False), (True, True), (False, True)):
+        for causal, single, chk in ((True, False, False), (False, False, False), (True, True, False),
+                                    (False, True, False), (True, False, True)):
             if single and not causal and hkv == 1:
                 continue
-            specs.append(variant(f"{tag},causal={int(causal)}{',single_p_dot' if single else ''}",
-                                 kern.verify_combine_kernel, comb_types,
+            specs.append(variant(f"{tag},causal={int(causal)}{',single_p_dot' if single else ''}"
+                                 f"{',checked' if chk else ''}", kern.verify_combine_kernel, comb_types,
                                  dict(HAS_KV_HEADS=hkv > 1, IS_CAUSAL=causal, BLOCK_H=bh, L_PAD=l_pad_for(4, bh),
-                                      L_KEYS=16, SINGLE_P_DOT=single, **dims), warps))
+                                      L_KEYS=16, SINGLE_P_DOT=single, CHECK_VALUES=chk, **dims), warps))
     return specs
