@@ -29,6 +29,11 @@ The kinds (``KINDS``; a wrapper's docstring says which it records):
   (``DRAFT``), a temperature not finite and > 0 (``TEMPERATURE``), a draft probability not finite
   and >= 0 (``DRAFT_PROBS``), a NaN or +inf logit (``LOGITS_NAN``), a row of all −inf
   (``LOGITS_ROW``), a uniform outside [0, 1) (``UNIFORMS``).
+- ``verify_attention`` (its combine programs, qo_indptr; its prefix programs, the KV slots), in the
+  host check's order: qo_indptr not rising from 0 to T (``ATT_QO_RISE``), a request without a draft
+  (``ATT_QO_EMPTY``), kv_indptr not rising from 0 to at most len(kv_indices) (``ATT_KV_INDPTR``), a
+  slot outside the pool (``ATT_KV_INDICES``), then a request whose rows are not the uniform width's
+  (``ATT_QO_WIDTH``: the width the call was planned with).
 
 A kernel records a kind through ``note``: the first program to set its bit (``atomic_or`` returns
 the old bits) writes the kind's words, so they describe one offence, not a mix of several.
@@ -43,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.checks import DUPLICATE_MESSAGE, RangeError, UnsupportedError
+from reference.checks import DUPLICATE_MESSAGE, RangeError, UnsupportedError, VerifyParityInputError
 from reference.verify_tree_accept.chain import TREE_FAULTS
 
 # the kinds, as the kernels name them (a kind's bit is 1 << kind; its words: ``word_of``)
@@ -64,7 +69,12 @@ DRAFT_PROBS = tl.constexpr(13)
 LOGITS_NAN = tl.constexpr(14)
 LOGITS_ROW = tl.constexpr(15)
 UNIFORMS = tl.constexpr(16)
-N_KINDS = 17
+ATT_QO_RISE = tl.constexpr(17)
+ATT_QO_EMPTY = tl.constexpr(18)
+ATT_KV_INDPTR = tl.constexpr(19)
+ATT_KV_INDICES = tl.constexpr(20)
+ATT_QO_WIDTH = tl.constexpr(21)
+N_KINDS = 22
 
 # qk_norm_rope's bits, as its kernel sets them (``fused.qk_norm_rope.kernels._check_values``)
 POSITIONS, SLOT_PAST, SLOT_TWICE = 1, 2, 4
@@ -124,6 +134,16 @@ KINDS: dict[int, Kind] = {
     15: Kind("target_logits", lambda w: f"a row is all -inf: no token has target probability (row [{w[0]}, "
                                         f"{w[1]}]){DEVICE}"),
     16: Kind("uniforms", lambda w: f"must lie in [0, 1), got {_fp32(w[2])} at [{w[0]}, {w[1]}]{DEVICE}"),
+    # verify_attention: the host check's types (reference.verify_attention.chain.validate)
+    17: Kind("qo_indptr", lambda w: f"must rise from 0 to num_tokens {w[3]}, got request {w[0]}'s rows "
+                                    f"[{w[1]}, {w[2]}){DEVICE}", VerifyParityInputError),
+    18: Kind("qo_indptr", lambda w: f"every request needs at least one draft token, got request {w[0]}'s rows "
+                                    f"[{w[1]}, {w[1]}){DEVICE}", VerifyParityInputError),
+    19: Kind("kv_indptr", lambda w: f"must rise from 0 to at most len(kv_indices) {w[3]}, got request {w[0]}'s "
+                                    f"slots [{w[1]}, {w[2]}){DEVICE}", VerifyParityInputError),
+    20: Kind("kv_indices", lambda w: f"entry {w[0]} outside [0, {w[1]}){DEVICE}"),
+    21: Kind("qo_indptr", lambda w: f"request {w[0]}'s rows [{w[1]}, {w[2]}) are not [{w[0]}·{w[3]}, "
+                                    f"({w[0]} + 1)·{w[3]}) of its uniform width {w[3]}{DEVICE}"),
 }
 assert sorted(KINDS) == list(range(N_KINDS))
 

@@ -146,6 +146,54 @@ def _ss_bad():
     return BAD
 
 
+def _vat_width(kw) -> dict:
+    """What an engine passes with a chain verify in device mode: its draft width, T / B (shapes only)."""
+    B, T = kw["qo_indptr"].shape[0] - 1, kw["q"].shape[0]
+    return {"verify_width": T // B} if B > 0 and T % B == 0 else {}
+
+
+def _vat_call(kw, checked):
+    from fused.verify_attention import wrapper as f
+
+    return dict(f.verify_attention(**kw, checked=checked, **(_vat_width(kw) if checked == "device" else {})))
+
+
+def _vat_case(device, seed=1, **over):
+    from cases.verify_attention import catalog as c
+
+    return c.build_inputs(c.VerifyAttentionCase(**{**dict(H=4, Hkv=2, D=64, Dv=64, B=2, L=3, prefix="const:9",
+                                                          seed=seed), **over}), device)
+
+
+def _vat_valid(device, seed=1):
+    """tests/test_verify_attention.py's small case (its BAD table's), at ``seed``."""
+    return _vat_case(device, seed=seed + 2)
+
+
+def _vat_cases(device):
+    """A few catalog cases (each kernel path, MLA with fp8, several KV heads non-causal, empty prefixes,
+    a group the shared-KV kernel refuses, several splits) and a few drawn from the op's strategy, narrowed
+    to what the kernels take (``cases/verify_attention/bad_inputs.base_cases``)."""
+    from cases import base
+    from cases.verify_attention import bad_inputs
+    from harness.fuzz.targets import op_spec
+
+    spec = op_spec("verify_attention")
+    names = ("qwen35-h16-l4-b3", "k3-mla-h4-l2-e4m3fnuz", "dspark-hkv2-h8-noncausal", "empty-prefix-one-request",
+             "many-splits-short-prefix", "group-6-odd")
+    picked = [c for c in spec.catalog(big=False) if c.name in names]
+    assert len(picked) == len(names)
+    picked += base.draw(bad_inputs.base_cases(device), 3, rng_seed=7)
+    for case in picked:
+        yield spec.build_inputs(case, device)
+
+
+def _vat_bad():
+    from tests.test_verify_attention import BAD
+
+    return BAD
+
+
 # op -> its fused call (outputs and written buffers by name), a small valid input, its typed-error table,
 # and its fuzz target
 OPS = {
@@ -156,6 +204,10 @@ OPS = {
     "verify_tree_accept": dict(call=_vta_call, valid=_vta_valid, bad=_vta_bad,
                                target="fused.verify_tree_accept.wrapper:verify_tree_accept"),
     "spec_sampling": dict(call=_ss_call, valid=_ss_valid, bad=_ss_bad, target=None),  # not in the fuzzer
+    # its value rows: the RangeError ones, and the indptr / mask rules the host check raises as the base class
+    "verify_attention": dict(call=_vat_call, valid=_vat_valid, bad=_vat_bad, cases=_vat_cases, device_kw=_vat_width,
+                             value_args=("qo_indptr", "kv_indptr", "kv_indices", "custom_mask"),
+                             target="fused.verify_attention.wrapper:verify_attention"),
 }
 
 
@@ -184,6 +236,9 @@ def _valid_inputs(op, device):
     from harness.fuzz.targets import op_spec
 
     yield from (OPS[op]["valid"](device, seed=s) for s in (1, 2, 3))
+    if "cases" in OPS[op]:
+        yield from OPS[op]["cases"](device)
+        return
     spec = op_spec(op)
     for case in spec.catalog(big=False)[:12]:
         kw = spec.build_inputs(case, device)
@@ -242,7 +297,9 @@ def _device_error(call, kw, monkeypatch):
 
 
 def _value_rows(op):
-    return [(a, m, e) for a, m, e in OPS[op]["bad"]() if issubclass(e, checks.RangeError)]
+    value_args = OPS[op].get("value_args", ())
+    return [(a, m, e) for a, m, e in OPS[op]["bad"]() if issubclass(e, checks.RangeError) or (
+        a in value_args and e is checks.VerifyParityInputError)]
 
 
 @pytest.mark.parametrize("op, row", [(op, i) for op in sorted(OPS) for i in range(len(_value_rows(op)))])
@@ -286,7 +343,8 @@ def test_every_bad_input_the_fuzzer_refuses_on_the_host_is_refused_on_the_device
         fn = load_fn(t.fn_path)
 
         def call(kw, checked, t=t, fn=fn, case=case):
-            return call_target(t, functools.partial(fn, checked=checked), kw, case)
+            extra = OPS[op]["device_kw"](kw) if checked == "device" and "device_kw" in OPS[op] else {}
+            return call_target(t, functools.partial(fn, checked=checked, **extra), kw, case)
         host = _host_error(call, bad)
         if host is None:
             continue
@@ -449,6 +507,125 @@ def test_ss_each_kind_of_bad_value_is_recorded_wherever_it_is(device, monkeypatc
 
 
 
+def _vat_kernels():
+    from fused.verify_attention import wrapper as f
+
+    return {"split_kv": f.verify_split_kv, "shared_kv": f.verify_shared_kv, "dispatch": f.verify_attention}
+
+
+def _vat_bytes(o):
+    return o.view(torch.uint16).cpu()
+
+
+def _vat_three(device):
+    """Three requests of width 2, prefixes of 5, 7 and 6 slots (18), one split: the last request's last
+    key dropped leaves every other key where it was."""
+    kw = _vat_case(device, B=3, L=2, prefix="list:5-7-6", seed=9)
+    kw["num_kv_splits"] = 1
+    return kw
+
+
+@pytest.mark.parametrize("path", ["split_kv", "shared_kv", "dispatch"])
+@pytest.mark.parametrize("fault", ["end-past", "end-huge", "falls", "slot-past", "slot-negative", "slot-huge"])
+def test_vat_a_request_with_bad_slots_reads_none_of_them(device, monkeypatch, path, fault):
+    """The last request's kv_indptr end past kv_indices (or before its start) reads no slot: its o rows
+    are the host-checked call's with that request's prefix empty; a slot outside the pool is no key: the
+    host-checked call without it. The other requests are that call's too, bitwise; nothing synced, and
+    raise_pending names the argument. Plants: the indptr or the slot bound dropped (an out-of-bounds read,
+    or other rows)."""
+    from fused import device_checks as dc
+
+    fn = _vat_kernels()[path]
+    kw = _vat_three(device)
+    bad, legal = copy.deepcopy(kw), copy.deepcopy(kw)
+    n, pool = kw["kv_indices"].shape[0], kw["k_buffer"].shape[0]
+    if fault.startswith("slot"):
+        bad["kv_indices"][17] = {"slot-past": pool, "slot-negative": -1, "slot-huge": 2 ** 31 - 1}[fault]
+        legal["kv_indptr"][3] = 17
+        arg = "kv_indices"
+    else:
+        bad["kv_indptr"][3] = {"end-past": n + 1, "end-huge": 2 ** 31 - 1, "falls": 11}[fault]
+        legal["kv_indptr"][3] = 12
+        arg = "kv_indptr"
+    want = fn(**legal)["o"]
+    with counting_syncs(monkeypatch) as seen:
+        got = fn(**bad, checked="device", verify_width=2)["o"]
+    assert not seen, seen
+    assert torch.equal(_vat_bytes(got), _vat_bytes(want)), fault
+    errors = dc.pending()
+    assert [e.arg for e in errors] == [arg], errors
+    host = _host_error(lambda k, c: fn(**k, checked=c), bad)
+    assert type(errors[0]) is type(host) and host.arg == arg, (host, errors)
+
+
+@pytest.mark.parametrize("qo, arg_type", [
+    ([0, 1, 4, 6], checks.RangeError),  # legal, ragged: not the width the call was given
+    ([0, 2, 2, 6], checks.VerifyParityInputError),  # request 1 without a draft
+    ([0, 4, 2, 6], checks.VerifyParityInputError),  # falls
+    ([2, 2, 4, 6], checks.VerifyParityInputError),  # does not start at 0 (request 0 empty too: the rise first)
+    ([0, 2, 4, 5], checks.VerifyParityInputError),  # does not end at T
+])
+@pytest.mark.parametrize("path", ["split_kv", "dispatch"])
+def test_vat_bad_qo_rows_are_recorded_and_each_request_keeps_its_width_rows(device, monkeypatch, qo, arg_type, path):
+    """A qo_indptr that is not arange(B + 1)·verify_width: recorded (the host check's type, naming
+    qo_indptr, in its order), and o is the host-checked call's on the uniform qo_indptr (the kernels
+    never index through qo_indptr: no read outside q / k / v). checked=True with the same verify_width
+    raises the same. Plant: a qo rule dropped from the combine programs."""
+    from fused import device_checks as dc
+
+    fn = _vat_kernels()[path]
+    kw = _vat_three(device)
+    want = fn(**kw)["o"]
+    bad = copy.deepcopy(kw)
+    bad["qo_indptr"] = torch.tensor(qo, dtype=kw["qo_indptr"].dtype, device=kw["qo_indptr"].device)
+    with counting_syncs(monkeypatch) as seen:
+        got = fn(**bad, checked="device", verify_width=2)["o"]
+    assert not seen, seen
+    assert torch.equal(_vat_bytes(got), _vat_bytes(want))
+    errors = dc.pending()
+    assert errors and type(errors[0]) is arg_type and errors[0].arg == "qo_indptr", errors
+    host = _host_error(lambda k, c: fn(**k, checked=c, verify_width=2), bad)
+    assert type(host) is arg_type and host.arg == "qo_indptr", host
+
+
+def test_vat_device_routing_needs_a_width_or_a_plan_and_never_syncs(device, monkeypatch):
+    """checked="device" reads no value to route: without verify_width or a batch_planned plan it is an
+    UnsupportedError naming verify_width (no silent sync); with a plan (made outside, where it reads
+    qo_indptr once) the call syncs nothing; a width that B requests cannot make T is refused, naming it.
+    The default call still reads the widths itself. Plant: a device call that reads qo_indptr to route."""
+    from fused.verify_attention import wrapper as f
+
+    kw = _vat_valid(device)
+    with counting_syncs(monkeypatch) as seen, pytest.raises(checks.UnsupportedError) as info:
+        f.verify_attention(**kw, checked="device")
+    assert info.value.arg == "verify_width" and not seen
+    want = f.verify_attention(**kw)["o"]
+    with f.batch_planned(**kw, checked="device"):
+        with counting_syncs(monkeypatch) as seen:
+            got = f.verify_attention(**kw, checked="device")["o"]
+    assert not seen and torch.equal(_vat_bytes(got), _vat_bytes(want))
+    for width, err in ((4, checks.RangeError), (0, checks.RangeError), (3.0, checks.DTypeError)):
+        with pytest.raises(err) as info:
+            f.verify_attention(**kw, checked="device", verify_width=width)
+        assert info.value.arg == "verify_width"
+    with counting_syncs(monkeypatch) as seen:
+        f.verify_attention(**kw)
+    assert "tolist" in seen
+
+
+def test_vat_a_call_the_gate_sends_to_the_reference_is_checked_there(device):
+    """The reference chain (a tree, or the kernels switched off) checks on the host whatever checked says:
+    a bad slot is refused at the call, as by default."""
+    from fused.verify_attention import wrapper as f
+
+    kw = _vat_valid(device)
+    kw["kv_indices"][0] = kw["k_buffer"].shape[0]
+    kw["splitkv_switch"] = False
+    with pytest.raises(checks.RangeError, match="kv_indices"):
+        f.verify_attention(**kw, checked="device", verify_width=3)
+
+
+
 # ----------------------------------------------------------------------------- CUDA graphs
 
 def _break(op, kw):
@@ -465,6 +642,9 @@ def _break(op, kw):
         b = int(torch.nonzero(kw["retrive_index"][:, 0].cpu() >= 0)[0])
         kw["candidates"][b, 1] = kw["target_logits"].shape[1]
         return "candidates"
+    if op == "verify_attention":
+        kw["kv_indices"][0] = kw["k_buffer"].shape[0]
+        return "kv_indices"
     kw["temperature"][0] = float("nan")
     return "temperature"
 

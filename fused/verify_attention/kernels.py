@@ -16,11 +16,19 @@ dots with fp32 accumulation, i.e. ~16 mantissa bits of P (a single bf16 P would 
 half a bf16 ulp per weight — more than the exact-fp32 tolerance). ``SINGLE_P_DOT`` (the shared-KV
 prefix, BLOCK_H > 1, and the combine kernel) makes that one dot with P rounded to bf16, the FlashAttention
 design: precision class ``bf16-p`` (harness.tolerance), one tensor-core product instead of two.
+
+``CHECK_VALUES`` (``checked="device"``, ``fused.device_checks``): the prefix programs check the
+kv_indptr entries and the slots they read (a request whose slots are not inside kv_indices reads
+none: an empty prefix; a slot outside the pool is no key), the combine programs qo_indptr (a bad
+request's rows are still b·L + i: the kernels never index through qo_indptr); each breach is
+noted in the device's error record.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from fused.device_checks import ATT_KV_INDICES, ATT_KV_INDPTR, ATT_QO_EMPTY, ATT_QO_RISE, ATT_QO_WIDTH, note
 
 
 @triton.jit
@@ -97,6 +105,8 @@ def _prefix_partial(
     offs_dn, offs_dp, offs_dv,
     R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
     NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr, SINGLE_P_DOT: tl.constexpr,
+    flag_ptr, pool_rows,  # CHECK_VALUES: the error record, and the pool's rows (a slot's bound)
+    CHECK_VALUES: tl.constexpr,
 ):
     m = tl.full([R], float("-inf"), dtype=tl.float32)
     l = tl.zeros([R], dtype=tl.float32)
@@ -106,6 +116,12 @@ def _prefix_partial(
     for start in range(n_lo, n_hi, BLOCK_N):
         key_mask = start + offs_n < n_hi  # the last tile may be partial
         slot = tl.load(kv_indices_ptr + kv_start + start + offs_n, mask=key_mask, other=0).to(tl.int64)
+        if CHECK_VALUES:  # a slot outside the pool is no key: never read
+            bad = key_mask & ((slot < 0) | (slot >= pool_rows))
+            key_mask = key_mask & ~bad
+            first = tl.min(tl.where(bad, offs_n, BLOCK_N), axis=0)
+            note(flag_ptr, ATT_KV_INDICES, first < BLOCK_N,
+                 tl.max(tl.where(offs_n == first, slot, -(2 ** 62)), axis=0), pool_rows, 0, 0)
         m, l, acc = _attend_tile(q_nope, q_pe, k_buffer_ptr, v_buffer_ptr,
                                  slot * stride_kb_s + k_head_off, slot * stride_vb_s + v_head_off,
                                  key_mask, all_rows, scale, m, l, acc, offs_dn, offs_dp, offs_dv,
@@ -125,10 +141,17 @@ def _head_block_rows(b, head_start, L, H, BLOCK_H: tl.constexpr, L_PAD: tl.const
 
 
 @triton.jit
-def _split_bounds(kv_indptr_ptr, b, split, num_kv_splits):
-    """This request's slot offset and the [lo, hi) of this split (cdiv partition, as the reference)."""
-    kv_start = tl.load(kv_indptr_ptr + b)
-    n = tl.load(kv_indptr_ptr + b + 1) - kv_start
+def _split_bounds(kv_indptr_ptr, b, split, num_kv_splits, flag_ptr, n_kv_indices, CHECK_VALUES: tl.constexpr):
+    """This request's slot offset and the [lo, hi) of this split (cdiv partition, as the reference).
+    ``CHECK_VALUES``: kv_indptr's rule (``reference.verify_attention.chain.validate``) at request b's
+    two entries, noted; a request whose slots are not inside kv_indices gets none (n = 0)."""
+    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
+    kv_end = tl.load(kv_indptr_ptr + b + 1).to(tl.int64)
+    if CHECK_VALUES:
+        outside = (kv_start < 0) | (kv_end < kv_start) | (kv_end > n_kv_indices)
+        note(flag_ptr, ATT_KV_INDPTR, outside | ((b == 0) & (kv_start != 0)), b, kv_start, kv_end, n_kv_indices)
+        kv_end = tl.where(outside, kv_start, kv_end)
+    n = kv_end - kv_start
     split_len = tl.cdiv(n, num_kv_splits)
     lo = tl.minimum(split * split_len, n)
     hi = tl.minimum(lo + split_len, n)
@@ -170,6 +193,10 @@ def verify_prefix_kernel(
     NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr,
     BLOCK_DN: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
     SINGLE_P_DOT: tl.constexpr,  # P·V as one bf16 dot (class bf16-p) instead of P_hi + P_lo
+    flag_ptr=None,  # (FLAG_WORDS,) int64 error record of fused.device_checks, written when CHECK_VALUES
+    n_kv_indices=0,  # len(kv_indices) (read when CHECK_VALUES)
+    pool_rows=0,  # rows of k_buffer (read when CHECK_VALUES)
+    CHECK_VALUES: tl.constexpr = False,  # checked="device": kv_indptr and the slots checked here
 ):
     """Launch 1 (module docstring): per (request, head block, split) the prefix partials (m, l, acc)."""
     b = tl.program_id(0).to(tl.int64)
@@ -179,7 +206,8 @@ def verify_prefix_kernel(
     offs_dp = tl.arange(0, BLOCK_DPE)
     offs_dv = tl.arange(0, BLOCK_DV)
     row_l, row_head, row_mask, row_tok = _head_block_rows(b, head_start, L, H, BLOCK_H=BLOCK_H, L_PAD=L_PAD)
-    kv_start, lo, hi = _split_bounds(kv_indptr_ptr, b, split, num_kv_splits)
+    kv_start, lo, hi = _split_bounds(kv_indptr_ptr, b, split, num_kv_splits, flag_ptr, n_kv_indices,
+                                     CHECK_VALUES=CHECK_VALUES)
     if HAS_KV_HEADS:
         kv_head = head_start // kv_group_num  # seed 003: valid because BLOCK_H divides the group
     else:
@@ -190,7 +218,8 @@ def verify_prefix_kernel(
                                 kv_head * stride_kb_h, kv_head * stride_vb_h, stride_kb_s, stride_vb_s,
                                 scale, v_scale, offs_dn, offs_dp, offs_dv,
                                 R=BLOCK_H * L_PAD, BLOCK_N=BLOCK_N, BLOCK_DV=BLOCK_DV, NOPE_DIM=NOPE_DIM,
-                                PE_DIM=PE_DIM, DV=DV, SINGLE_P_DOT=SINGLE_P_DOT)
+                                PE_DIM=PE_DIM, DV=DV, SINGLE_P_DOT=SINGLE_P_DOT, flag_ptr=flag_ptr,
+                                pool_rows=pool_rows, CHECK_VALUES=CHECK_VALUES)
     _store_partial(mid_acc_ptr, mid_ml_ptr, row_tok, row_head, row_mask, split, H, num_kv_splits, m, l, acc,
                    offs_dv, DV=DV)
 
@@ -213,9 +242,21 @@ def verify_combine_kernel(
     NOPE_DIM: tl.constexpr, PE_DIM: tl.constexpr, DV: tl.constexpr,
     BLOCK_DN: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
     SINGLE_P_DOT: tl.constexpr,  # the draft triangle's P·V as one bf16 dot (class bf16-p)
+    flag_ptr=None,  # (FLAG_WORDS,) int64 error record of fused.device_checks, written when CHECK_VALUES
+    qo_ptr=None,  # (B + 1,) int qo_indptr (read when CHECK_VALUES)
+    CHECK_VALUES: tl.constexpr = False,  # checked="device": qo_indptr checked here
 ):
     """Launch 2 (module docstring): per (request, head block) the draft triangle, then the log-sum-exp merge."""
     b = tl.program_id(0).to(tl.int64)
+    if CHECK_VALUES:  # qo_indptr's rules at request b's two entries (the host check's order), then the width
+        start = tl.load(qo_ptr + b).to(tl.int64)
+        end = tl.load(qo_ptr + b + 1).to(tl.int64)
+        n_tok = tl.num_programs(0).to(tl.int64) * L
+        last = b == tl.num_programs(0) - 1
+        note(flag_ptr, ATT_QO_RISE, (end < start) | ((b == 0) & (start != 0)) | (last & (end != n_tok)),
+             b, start, end, n_tok)
+        note(flag_ptr, ATT_QO_EMPTY, end == start, b, start, end, 0)
+        note(flag_ptr, ATT_QO_WIDTH, (start != b * L) | (end != b * L + L), b, start, end, L)
     head_start = tl.program_id(1) * BLOCK_H
     offs_dn = tl.arange(0, BLOCK_DN)
     offs_dp = tl.arange(0, BLOCK_DPE)

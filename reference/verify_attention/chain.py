@@ -164,12 +164,18 @@ def _check_batch(*, T, B, qo_indptr, kv_indptr, kv_indices, k_buffer, custom_mas
         raise VerifyParityInputError("kv_indptr", f"must rise from 0 to at most len(kv_indices) "
                                                   f"{kv_indices.shape[0]}, got {kvp}")
     check_index_range("kv_indices", kv_indices[: kvp[-1]], low=0, high=k_buffer.shape[0])
-    if (custom_mask is not None) != (topk > 1):
-        raise VerifyParityInputError("custom_mask", f"a tree mask is required exactly when topk > 1 (topk={topk}, "
-                                                    f"mask {'given' if custom_mask is not None else 'missing'})")
+    check_mask_given(custom_mask, topk)
     if custom_mask is not None:
         n_mask = sum((qo[i + 1] - qo[i]) ** 2 for i in range(B))
         check_shape("custom_mask", custom_mask, (n_mask,))
+
+
+def check_mask_given(custom_mask, topk: int) -> None:
+    """A tree mask is given exactly when topk > 1 (no device value read: a device-checked fused call
+    checks it on the host while ``validate`` reads no values)."""
+    if (custom_mask is not None) != (topk > 1):
+        raise VerifyParityInputError("custom_mask", f"a tree mask is required exactly when topk > 1 (topk={topk}, "
+                                                    f"mask {'given' if custom_mask is not None else 'missing'})")
 
 
 def split_bounds(n: int, num_kv_splits: int) -> list[tuple[int, int]]:
