@@ -225,7 +225,7 @@ def _install_type_caches(it) -> None:
     6 % of a ci-profile run's CPU time (pyinstrument, 2026-12-07); its answer depends on the dtype's
     ``name`` only (``tl.dtype.__eq__`` compares names; a block type's name holds its element type and
     shape). ``validate_block_shape`` checks a block's shape (powers of two, a size cap) for every new
-    block type: a function of the shape's ints; shapes it refuses raise as before (never cached)."""
+    block type: a function of the shape's ints (only shapes of plain ints are remembered); shapes it refuses raise as before (never cached)."""
     import functools
 
     from triton.language import core
@@ -247,10 +247,11 @@ def _install_type_caches(it) -> None:
     validate = functools.lru_cache(maxsize=4096)(orig_validate)
 
     def validate_block_shape(shape):
-        try:
+        # remembered for shapes of plain ints only: a key (2.0,) would hit (2,)'s entry (2.0 == 2), and a
+        # shape the interpreter refuses for its element types would pass once its int twin had been seen
+        if type(shape) in (list, tuple) and all(type(s) is int for s in shape):
             return validate(tuple(shape))
-        except TypeError:  # an unhashable element: as before, uncached
-            return orig_validate(shape)
+        return orig_validate(shape)
 
     core.validate_block_shape = validate_block_shape
     _install_shared_types(it, core)

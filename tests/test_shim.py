@@ -456,7 +456,8 @@ def test_atomic_add_on_bf16_is_refused_naming_the_kernel(device):
 def test_type_caches_answer_as_the_interpreter_does(device):
     """``shim._install_type_caches`` (speed only): the remembered numpy dtype of a Triton type and the checked
     block shape are the interpreter's own answers, per type and per shape, and a refused shape is refused
-    again (never remembered as valid)."""
+    again (never remembered as valid), also after a shape equal to it as a key ([2] and [2.0]) was accepted:
+    it failed after tests/test_timelines.py had validated [2] in the same process."""
     if not device.interpreted:
         pytest.skip("the shim is installed under the Triton interpreter only")
     from triton.language import core
@@ -473,6 +474,7 @@ def test_type_caches_answer_as_the_interpreter_does(device):
         assert core.validate_block_shape([16, 32]) == 512 and core.validate_block_shape((1,)) == 1
         with pytest.raises(ValueError, match="power of 2"):
             core.validate_block_shape([16, 3])
+        assert core.validate_block_shape([2]) == 2  # its int twin remembered first: (2.0,) == (2,) as keys
         with pytest.raises(TypeError, match="Shape element 0"):
             core.validate_block_shape([2.0])
 
