@@ -17,25 +17,41 @@ from harness.parity import runners
 from harness.registry import Impl, OpSpec, OutputSpec
 
 
-def test_fresh_copies_keep_layout_bytes_and_aliasing():
-    """The copy every run gets (``CaseSetup.fresh``: ``copy.deepcopy``)."""
+def _storage_bytes(t: torch.Tensor) -> bytes:
+    return bytes(t.untyped_storage().cpu())
+
+
+@pytest.mark.parametrize("copier", [copy.deepcopy, runners.copy_inputs])
+def test_fresh_copies_keep_layout_bytes_and_aliasing(copier):
+    """The copy every run gets (``CaseSetup.fresh``: ``runners.copy_inputs``, which does what ``copy.deepcopy``
+    does): layout, the whole storage's bytes (past a view's extent too), shared storages shared again."""
     base = torch.randn(6, 10).to(torch.float8_e4m3fn)
     k = base[:, :8]  # a strided view with its own extent
     v = base[1:, 2:6]  # another view of the same storage, offset
     q = torch.randn(4, 3).t()  # transposed
-    inputs = {"k": k, "v": v, "q": q, "n": 3, "none": None}
-    out = copy.deepcopy(inputs)
-    for name in ("k", "v", "q"):
+    w = torch.randn(5)[1:4]  # offset into a storage of its own, bytes on both sides
+    x = torch.randn(2, 1, 3).as_strided((2, 1, 3), (3, 7, 1))  # contiguous, an odd stride on its size-1 axis
+    o = torch.arange(4.0).as_strided((2, 2), (1, 1))  # overlapping, as many elements as its storage holds
+    inputs = {"k": k, "v": v, "q": q, "w": w, "x": x, "o": o, "e": torch.empty(0, 4), "n": 3, "none": None, "s": "neox"}
+    out = copier(inputs)
+    for name in ("k", "v", "q", "w", "x", "o", "e"):
         a, b = inputs[name], out[name]
         assert b.dtype == a.dtype and b.shape == a.shape and b.stride() == a.stride(), name
         assert b.storage_offset() == a.storage_offset(), name
-        assert torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
-                           b.view(torch.uint8) if b.dtype != torch.float32 else b), name
-        assert b.untyped_storage().data_ptr() != a.untyped_storage().data_ptr(), name
+        assert _storage_bytes(b) == _storage_bytes(a), name
+        assert b.untyped_storage().data_ptr() != a.untyped_storage().data_ptr() or not a.numel(), name
     assert out["k"].untyped_storage().data_ptr() == out["v"].untyped_storage().data_ptr()
     out["k"].view(torch.uint8)[1, 2] = 0x7F  # a write through one view shows through the other, as before
     assert out["v"].view(torch.uint8)[0, 0] == 0x7F and inputs["v"].view(torch.uint8)[0, 0] != 0x7F
-    assert out["n"] == 3 and out["none"] is None
+    assert out["n"] == 3 and out["none"] is None and out["s"] == "neox"
+
+
+def test_fresh_copies_of_other_values_are_deep_copies():
+    """A value ``copy_inputs`` has no fast path for (a list, a tensor that needs grad's machinery) gets deepcopy."""
+    inputs = {"xs": [torch.ones(2)], "g": torch.ones(2, requires_grad=True)}
+    out = runners.copy_inputs(inputs)
+    assert out["xs"] is not inputs["xs"] and out["xs"][0].data_ptr() != inputs["xs"][0].data_ptr()
+    assert out["g"].requires_grad and out["g"].data_ptr() != inputs["g"].data_ptr()
 
 
 @pytest.mark.parametrize("op, case", [
