@@ -22,6 +22,7 @@ byte views of a tensor's elements (``as_bytes``, ``device_bytes``).
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -110,6 +111,67 @@ def device_bytes(t: torch.Tensor) -> torch.Tensor:
     return (t.reshape(1) if t.dim() == 0 else t).contiguous().view(torch.uint8)
 
 
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Whether any element of ``a`` and ``b`` (one shape and dtype) differs in its bytes, as a 0-d bool on
+    ``a``'s device (``b`` moved there). Elements are compared as integers of their width: views, whatever
+    the strides, no copy; two floats' bits are equal exactly where their bytes are (NaN payloads, -0.0)."""
+    b = on_device_of(b, a)
+    w = _INT_OF_WIDTH.get(a.element_size())
+    if w is None:  # a 16-byte complex
+        return (as_bytes(a) != as_bytes(b)).any()
+    return (a.detach().view(w) != b.detach().view(w)).any()
+
+
+SAME_TOGETHER_BYTES = 4 << 20  # ``same``: tensors up to this size are compared together, as one byte vector
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
+def same(pairs, *, memo: dict | None = None) -> bool:
+    """Every (a, b) pair holds the same thing: both None, equal non-tensors, or tensors of one shape, dtype
+    and device with the same bytes. Compared on the tensors' device, one transfer per device: the small
+    tensors' bytes together (one ``cat`` of each side, one comparison; ``SAME_TOGETHER_BYTES``), larger ones
+    each (``differ``). ``memo``: a dict keeping the ``cat`` of the b sides for the next call with the same b
+    tensors (the pristine inputs of a case, compared after every run)."""
+    together: dict[torch.device, list] = {}
+    flags: dict[torch.device, list] = {}
+    for a, b in pairs:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+                return False
+            if a is b or not a.numel():
+                continue
+            if a.numel() * a.element_size() <= SAME_TOGETHER_BYTES:
+                together.setdefault(a.device, []).append((a, b))
+            else:
+                flags.setdefault(a.device, []).append(differ(a, b))
+        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            return False
+        else:
+            try:
+                if type(a) is not type(b) or not bool(a == b):
+                    return False
+            except Exception:  # an == that does not answer a bool: not known equal
+                return False
+    for dev, ab in together.items():
+        if len(ab) == 1:
+            flags.setdefault(dev, []).append(differ(*ab[0]))
+            continue
+        key = tuple(id(b) for _, b in ab)
+        held = memo.get(key) if memo is not None else None
+        if held is None:
+            held = ([b for _, b in ab], torch.cat([_flat_bytes(b) for _, b in ab]))  # the b tensors keep the ids
+            if memo is not None:
+                memo[key] = held
+        flags.setdefault(dev, []).append((torch.cat([_flat_bytes(a) for a, _ in ab]) != held[1]).any())
+    return not any(bool(torch.stack(f).any()) if len(f) > 1 else bool(f[0]) for f in flags.values())
+
+
 # ----------------------------------------------------------------------------- records and staged checks
 
 @dataclass(frozen=True)
@@ -169,8 +231,7 @@ class Batch:
             for item in live:
                 by_dev.setdefault(item[2].device, []).append(item)
             for items in by_dev.values():
-                flat = torch.cat([w.reshape(-1).double() for _, _, w in items]).tolist() if len(items) > 1 \
-                    else items[0][2].reshape(-1).double().tolist()
+                flat = _gathered([w for _, _, w in items]).tolist()
                 off = 0
                 for k, check, w in items:
                     n = w.numel()
@@ -178,6 +239,18 @@ class Batch:
                     off += n
         out, self._records = self._records, []
         return out
+
+
+def _gathered(wants: list[torch.Tensor]) -> torch.Tensor:
+    """The numbers of ``wants`` (one device) as one fp64 vector, in order: one ``cat`` (which promotes bool and
+    integer counts to fp64 when an fp64 is among them, exactly as converting each does) and one conversion,
+    not one conversion per tensor; each converted first where the promoted dtype is a narrower float."""
+    if len(wants) == 1:
+        return wants[0].reshape(-1).double()
+    dtype = functools.reduce(torch.promote_types, (w.dtype for w in wants))
+    if dtype.is_floating_point and dtype != torch.float64:  # an int64 count must not pass through fp32
+        return torch.cat([w.reshape(-1).double() for w in wants])
+    return torch.cat([w.reshape(-1) for w in wants]).double()
 
 
 def resolve_one(check: Check) -> Record:
@@ -402,9 +475,8 @@ def unchanged(check: str, after: torch.Tensor, before: torch.Tensor, *, hint: st
 def unchanged_check(check: str, after: torch.Tensor, before: torch.Tensor, *, hint: str = "") -> Check:
     """``unchanged`` staged (``Batch``): one flag to the host; a failure's bytes after it."""
     if tuple(after.shape) == tuple(before.shape) and after.dtype == before.dtype:
-        a = device_bytes(after)
-        differ = (a != on_device_of(device_bytes(before), a)).any() if a.numel() else a.new_zeros((), dtype=torch.bool)
-        if not (yield differ.reshape(1))[0]:
+        changed = differ(after, before) if after.numel() else torch.zeros((), dtype=torch.bool, device=after.device)
+        if not (yield changed.reshape(1))[0]:
             return Record(check, True)
     r = yield from exact_check(check, after, before)
     return Record(check, False, mismatch_frac=r.mismatch_frac, worst=r.worst,

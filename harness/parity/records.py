@@ -48,6 +48,9 @@ class CaseContext:
     ref_inputs: dict
     oracle: dict
     allowance: Allowance | None = None
+    # what the records of the case's runs keep between runs (``compare.same``'s byte vector of the pristine
+    # inputs; device copies of the host tensors above, ``on_device``): shared by the case's implementations
+    memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 def writable_buffers(spec: OpSpec, inputs: dict) -> tuple[str, ...]:
@@ -158,26 +161,9 @@ def check_outputs(ctx: CaseContext, out: dict, inputs: dict, before: dict, suffi
 
 
 def _same(pairs) -> bool:
-    """Every (a, b) pair holds the same thing: both None, equal non-tensors, or tensors of one
-    shape, dtype and device with the same bytes (compared on the device: one transfer per device)."""
-    differ: dict[torch.device, list] = {}
-    for a, b in pairs:
-        if a is b and isinstance(a, torch.Tensor):  # one tensor (the case's pristine ``before`` of two runs)
-            continue
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-                return False
-            if a.numel():
-                differ.setdefault(a.device, []).append((compare.as_bytes(a) != compare.as_bytes(b)).any())
-        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            return False
-        else:
-            try:
-                if type(a) is not type(b) or not bool(a == b):
-                    return False
-            except Exception:  # an == that does not answer a bool: not known equal
-                return False
-    return not any(bool(torch.stack(flags).any()) for flags in differ.values())
+    """Every (a, b) pair holds the same thing (``compare.same``: both None, equal non-tensors, or tensors of
+    one shape, dtype and device with the same bytes, compared on the device: one transfer per device)."""
+    return compare.same(pairs)
 
 
 class FirstRun:
@@ -234,11 +220,13 @@ def untouched_inputs(ctx: CaseContext, inputs: dict, suffix: str = "") -> list[c
     spec, impl, pristine = ctx.spec, ctx.impl, ctx.pristine
     allowed = set(spec.writable) | set(spec.out_args) | set(impl.may_write)
     storages = {t.untyped_storage().data_ptr() for n in allowed if isinstance(t := inputs.get(n), torch.Tensor)} - {0}
+    names = [name for name, t in inputs.items() if not (name in allowed or not isinstance(t, torch.Tensor)
+                                                          or t.untyped_storage().data_ptr() in storages)]
+    if compare.same([(inputs[n], pristine[n]) for n in names], memo=ctx.memo):  # one transfer, the usual answer
+        return [compare.Record(f"untouched:{name}{suffix}", True) for name in names]  # = unchanged_check's
     batch = compare.Batch()  # one transfer for every input's flag
-    for name, t in inputs.items():
-        if name in allowed or not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in storages:
-            continue
-        batch.add(compare.unchanged_check(f"untouched:{name}{suffix}", t, pristine[name],
+    for name in names:
+        batch.add(compare.unchanged_check(f"untouched:{name}{suffix}", inputs[name], pristine[name],
                                           hint=f" (not writable in {spec.name}; a kernel that writes it on purpose "
                                                f"declares Impl(may_write=({name!r},)))"))
     return batch.resolve()

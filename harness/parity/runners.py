@@ -146,6 +146,7 @@ class CaseSetup:
             self.ref_after = _cpu(ref_inputs)  # the reference's writes, for the effect checks
         with stages.timed("oracle"):
             self.oracle = spec.oracle(**_cpu(self.pristine))
+        self.memo: dict = {}  # kept by the records of the case's runs (``records.CaseContext.memo``)
         self._emulated: dict[tuple[str, str], Allowance] = {}
         self._policies: dict[str, tuple[dict, dict, dict]] = {next(iter(spec.nan_policies), ""): (
             self.ref_out, self.ref_after, self.oracle)}
@@ -158,7 +159,7 @@ class CaseSetup:
         (``policy``), its precision class's allowance made (``allowance``) if not yet."""
         ref_out, ref_after, oracle = self.policy(nan_policy_of(self.spec, impl))
         return CaseContext(self.spec, impl, self.case, self.dev, self.pristine, ref_out, ref_after,
-                           oracle, self.allowance(impl.precision, nan_policy_of(self.spec, impl)))
+                           oracle, self.allowance(impl.precision, nan_policy_of(self.spec, impl)), memo=self.memo)
 
     def policy(self, nan_policy: str) -> tuple[dict, dict, dict]:
         """(reference outputs, reference inputs after its call, oracle) honouring ``nan_policy`` (one of
