@@ -306,6 +306,11 @@ def finite_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> 
     n = int((yield bad.sum().reshape(1))[0])
     if not n:
         return Record(check, True, mismatch_frac=0.0)
+    return _finite_failure(check, bad, x, o, n)
+
+
+def _finite_failure(check: str, bad: torch.Tensor, x: torch.Tensor, o: torch.Tensor, n: int) -> Record:
+    """``finite``'s record of ``n`` > 0 elements (``bad``, flat) whose NaN/±Inf placement is not the oracle's."""
     fo, fx = torch.isfinite(o).flatten(), torch.isfinite(x).flatten()
     first = torch.nonzero(bad).flatten()[:WORST_K]
     vals = torch.stack((x.flatten()[first], o.flatten()[first])).tolist()
@@ -330,9 +335,20 @@ def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: tor
 def numeric_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: torch.Tensor | None,
                   tol: Tolerance, *, is_reference: bool = False) -> Check:
     """``numeric`` staged (``Batch``): its two transfers are the two stages."""
+    _, rec = yield from finite_numeric_check(None, check, got, oracle, (ref,), tol, is_reference=is_reference)
+    return rec
+
+
+def finite_numeric_check(finite_name: str | None, check: str, got: torch.Tensor | None, oracle: torch.Tensor,
+                         refs: tuple, tol: Tolerance, *, is_reference: bool = False) -> Check:
+    """``finite`` (named ``finite_name``; None: not made) and ``numeric`` of one output made together,
+    against each reference chain of ``refs`` (an allowance's variants): returns (the finite record,
+    the numeric record of the chain with the largest allowance, the first of them on a tie), the
+    records ``finite_check`` and the largest-allowance ``numeric_check`` give, from one fp64 copy of
+    ``got`` and ``oracle`` and one transfer per stage. ``Batch`` keeps the pair as the check's record."""
     done, x, o = _as_f64(check, got, oracle)
-    if done is not None:
-        return done
+    if done is not None:  # made without tensor work: the finite record's is the same but its name
+        return (_as_f64(finite_name, got, oracle)[0] if finite_name is not None else None), done
     oa = o.abs()
     fo = _finite(oa)
     both = fo & _finite(x.abs())  # the elements measured
@@ -340,25 +356,34 @@ def numeric_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor, re
     den = oa * tol.rtol + tol.atol  # = tol.atol + tol.rtol * |o| (one rounding each, as _scaled)
     diff = (x - o).abs_().masked_fill_(outside, 0.0)  # |x - o| where both are finite, else 0
     e = (diff / den).masked_fill_(outside, 0.0)  # = _scaled(x, o, tol)
-    r = None
-    ref_err = e.new_full((), float("nan"))
-    if ref is not None:
-        r = on_device_of(ref.detach(), x).double()
-        if r.shape == o.shape:  # = _scaled(r, o, tol).max()
-            ref_err = (r - o).abs_().div_(den).masked_fill_(~(fo & _finite(r.abs())), 0.0).max()
+    rs, ref_errs = [], []
+    for ref in refs:
+        r, ref_err = None, e.new_full((), float("nan"))
+        if ref is not None:
+            r = on_device_of(ref.detach(), x).double()
+            if r.shape == o.shape:  # = _scaled(r, o, tol).max()
+                ref_err = (r - o).abs_().div_(den).masked_fill_(~(fo & _finite(r.abs())), 0.0).max()
+        rs.append(r)
+        ref_errs.append(ref_err)
+    special = _special_mismatch(x, o)
     # one transfer for the scalars: finite oracle elements, whether one has |o| >= 100 atol, err,
-    # ref_err, max_abs, max_rel (NaN where the oracle holds a NaN, as diff / clamp_min(NaN) says), n_both,
-    # the elements whose NaN/Inf placement differs from the oracle's
-    stats = yield torch.stack((fo.sum().double(), (fo & (oa >= 100 * tol.atol)).any().double(), e.max(), ref_err,
+    # max_abs, max_rel (NaN where the oracle holds a NaN, as diff / clamp_min(NaN) says), n_both,
+    # the elements whose NaN/Inf placement differs from the oracle's, then each chain's ref_err
+    stats = yield torch.stack((fo.sum().double(), (fo & (oa >= 100 * tol.atol)).any().double(), e.max(),
                                diff.max(), (diff / oa.clamp_min_(tol.atol)).max(), both.sum().double(),
-                               _special_mismatch(x, o).sum().double()))
-    n_fo, big, err, ref_err, max_abs, max_rel, n_both = stats[:7]
-    n_both = int(n_both)
+                               special.sum().double(), *ref_errs))
+    n_fo, big, err, max_abs, max_rel, n_both = stats[:6]
+    n_both, n_special = int(n_both), int(stats[6])
+    fin = None
+    if finite_name is not None:  # = finite_check's record: its count is n_special
+        fin = Record(finite_name, True, mismatch_frac=0.0) if not n_special else \
+            _finite_failure(finite_name, special.flatten(), x, o, n_special)
     if n_fo and not big:
-        return Record(check, False, detail=f"degenerate case: oracle max |o| = {float(o.abs()[fo].max()):.3g} "
-                                           f"is under 100×atol, writing zeros would pass")
-    n_special = int(stats[7])
-    allowed = tol.allowed(ref_err, is_reference=is_reference)
+        return fin, Record(check, False, detail=f"degenerate case: oracle max |o| = {float(o.abs()[fo].max()):.3g} "
+                                                f"is under 100×atol, writing zeros would pass")
+    alloweds = [tol.allowed(v, is_reference=is_reference) for v in stats[7:]]
+    c = alloweds.index(max(alloweds))  # the chain with the largest allowance (every allowed is a float)
+    ref_err, allowed, r = stats[7 + c], alloweds[c], rs[c]
     # the second and last transfer: how many elements are over, and the WORST_K worst with their values.
     # Off the CPU the device's top-k is kept when it is the only answer (``_topk_device``); on a tie the
     # CPU's, on a copy (the CPU orders tied elements by its algorithm, which a GPU's need not share)
@@ -381,7 +406,7 @@ def numeric_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor, re
         for j, i in enumerate(idx):
             rv = f"/{vals[2][j]:.6g}" if with_ref else ""
             worst.append(f"{_idx(i, o.shape)}: {vals[0][j]:.6g}/{vals[1][j]:.6g}{rv}")
-    return Record(
+    return fin, Record(
         check, passed=err <= allowed,
         max_abs=max_abs, max_rel=max_rel, err=err, ref_err=ref_err, allowed=allowed,
         mismatch_frac=float(n_over) / max(1, n_both), nan_inf_mismatch=n_special,

@@ -93,7 +93,7 @@ def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suf
     if allowance is not None and allowance.oracle is not None:
         oracle = allowance.oracle
     batch = compare.Batch()  # every check of the outputs, made together (one transfer per stage)
-    plan = []  # (output, index of its exact or finite check, indices of its numeric checks or None)
+    plan = []  # (output, index of its check: exact, or finite and numeric together)
     is_ref = ctx.impl.kind == "reference"
     for o in spec.outputs:
         if not o.when(case):
@@ -102,27 +102,44 @@ def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suf
         if o.contract == "exact":
             if o.observed is not None:
                 got = o.observed(got, inputs, before)
-            plan.append((o, batch.add(compare.exact_check(f"exact:{o.name}{suffix}", got, ref_out[o.name])), None))
+            plan.append((o, batch.add(compare.exact_check(f"exact:{o.name}{suffix}", got,
+                                                          on_device(ctx, ref_out[o.name], got)))))
         else:
             tol = spec.tolerance(o.name, got.dtype if got is not None else ref_out[o.name].dtype)
-            k = batch.add(compare.finite_check(f"finite:{o.name}{suffix}", got, oracle[o.name]))
-            chains = (ref_out,) if allowance is None else allowance.outs
-            plan.append((o, k, [batch.add(compare.numeric_check(f"numeric:{o.name}{suffix}", got, oracle[o.name],
-                                                                 chain.get(o.name), tol, is_reference=is_ref))
-                                for chain in chains]))
+            chains = (ref_out,) if allowance is None else allowance.outs  # the numeric record: the largest allowance's
+            plan.append((o, batch.add(compare.finite_numeric_check(
+                f"finite:{o.name}{suffix}", f"numeric:{o.name}{suffix}", got, on_device(ctx, oracle[o.name], got),
+                tuple(on_device(ctx, chain.get(o.name), got) for chain in chains), tol, is_reference=is_ref))))
     done = batch.resolve()
     recs = []
-    for o, k, numeric in plan:
-        rec = done[k]  # exact, or finite before its numeric
-        if numeric is None and o.observed is not None and not rec.passed and o.observed.__doc__:
-            rec = dataclasses.replace(rec, detail=f"{rec.detail} ({o.observed.__doc__.strip().splitlines()[0]})")
-        recs.append(rec)
-        if numeric is not None:  # the chain with the largest allowance
-            rec = max((done[j] for j in numeric), key=lambda r: r.allowed if r.allowed == r.allowed else float("-inf"))
-            if allowance is not None:
-                rec = dataclasses.replace(rec, detail="; ".join(x for x in (rec.detail, allowance.label) if x))
+    for o, k in plan:
+        if o.contract == "exact":
+            rec = done[k]
+            if o.observed is not None and not rec.passed and o.observed.__doc__:
+                rec = dataclasses.replace(rec, detail=f"{rec.detail} ({o.observed.__doc__.strip().splitlines()[0]})")
             recs.append(rec)
+            continue
+        fin, rec = done[k]
+        if allowance is not None:
+            rec = dataclasses.replace(rec, detail="; ".join(x for x in (rec.detail, allowance.label) if x))
+        recs += [fin, rec]
     return recs
+
+
+def on_device(ctx: CaseContext, t, got):
+    """``t`` (a tensor of the case, on the host: an oracle's or reference's output) where the check of
+    ``got`` computes (``compare.home``), copied there once per case (``ctx.memo``), not once per check and run:
+    each copy from the host is a wait for the GPU. The checks only read it. ``t`` itself when it is there,
+    or either is not a tensor."""
+    if not isinstance(t, torch.Tensor) or not isinstance(got, torch.Tensor):
+        return t
+    where = compare.home(got)
+    if t.device == where:
+        return t
+    key = ("on", id(t), where)
+    if key not in ctx.memo:
+        ctx.memo[key] = (t, t.detach().to(where))  # t held: its id names no other tensor while the memo lives
+    return ctx.memo[key][1]
 
 
 def _effect_records(ctx: CaseContext, inputs: dict, before: dict, suffix: str = "",
