@@ -138,38 +138,58 @@ def same(pairs, *, memo: dict | None = None) -> bool:
     tensors' bytes together (one ``cat`` of each side, one comparison; ``SAME_TOGETHER_BYTES``), larger ones
     each (``differ``). ``memo``: a dict keeping the ``cat`` of the b sides for the next call with the same b
     tensors (the pristine inputs of a case, compared after every run)."""
-    together: dict[torch.device, list] = {}
-    flags: dict[torch.device, list] = {}
-    for a, b in pairs:
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-                return False
-            if a is b or not a.numel():
-                continue
-            if a.numel() * a.element_size() <= SAME_TOGETHER_BYTES:
-                together.setdefault(a.device, []).append((a, b))
+    return same_each([pairs], memo=memo)[0]
+
+
+def same_each(groups: list, *, memo: dict | None = None) -> list[bool]:
+    """``same`` of each group of pairs, every group's flags in the same transfer (one per device)."""
+    answer = [True] * len(groups)
+    flags: dict[torch.device, list] = {}  # device -> [(group, 0-d flag: some byte differs)]
+    for g, pairs in enumerate(groups):
+        together: dict[torch.device, list] = {}
+        for a, b in pairs:
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+                    answer[g] = False
+                    break
+                if a is b or not a.numel():
+                    continue
+                if a.numel() * a.element_size() <= SAME_TOGETHER_BYTES:
+                    together.setdefault(a.device, []).append((a, b))
+                else:
+                    flags.setdefault(a.device, []).append((g, differ(a, b)))
+            elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                answer[g] = False
+                break
             else:
-                flags.setdefault(a.device, []).append(differ(a, b))
-        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            return False
-        else:
-            try:
-                if type(a) is not type(b) or not bool(a == b):
-                    return False
-            except Exception:  # an == that does not answer a bool: not known equal
-                return False
-    for dev, ab in together.items():
-        if len(ab) == 1:
-            flags.setdefault(dev, []).append(differ(*ab[0]))
+                try:
+                    if type(a) is not type(b) or not bool(a == b):
+                        answer[g] = False
+                        break
+                except Exception:  # an == that does not answer a bool: not known equal
+                    answer[g] = False
+                    break
+        if not answer[g]:
             continue
-        key = tuple(id(b) for _, b in ab)
-        held = memo.get(key) if memo is not None else None
-        if held is None:
-            held = ([b for _, b in ab], torch.cat([_flat_bytes(b) for _, b in ab]))  # the b tensors keep the ids
-            if memo is not None:
-                memo[key] = held
-        flags.setdefault(dev, []).append((torch.cat([_flat_bytes(a) for a, _ in ab]) != held[1]).any())
-    return not any(bool(torch.stack(f).any()) if len(f) > 1 else bool(f[0]) for f in flags.values())
+        for dev, ab in together.items():
+            flags.setdefault(dev, []).append((g, differ(*ab[0]) if len(ab) == 1 else _differ_together(ab, memo)))
+    for fl in flags.values():
+        live = [(g, f) for g, f in fl if answer[g]]
+        if live:
+            for (g, _), changed in zip(live, torch.stack([f for _, f in live]).tolist()):
+                answer[g] = answer[g] and not changed
+    return answer
+
+
+def _differ_together(ab: list, memo: dict | None) -> torch.Tensor:
+    """``differ`` of several small (a, b) pairs of one device at once: each side's bytes in one vector."""
+    key = tuple(id(b) for _, b in ab)
+    held = memo.get(key) if memo is not None else None
+    if held is None:
+        held = ([b for _, b in ab], torch.cat([_flat_bytes(b) for _, b in ab]))  # the b tensors keep the ids
+        if memo is not None:
+            memo[key] = held
+    return (torch.cat([_flat_bytes(a) for a, _ in ab]) != held[1]).any()
 
 
 # ----------------------------------------------------------------------------- records and staged checks

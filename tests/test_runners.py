@@ -242,7 +242,7 @@ def _fields(res):
                                       ("mla_fp8_prepare", None)])
 def test_reused_records_equal_a_full_comparison(registry, device, monkeypatch, op, name):
     """Every field of every record (names, verdicts, errors, worst elements) is what comparing
-    the rerun and the poisoned run in full gives (``run_records._same`` forced False), for ops with
+    the rerun and the poisoned run in full gives (``run_records._same_each`` forced False), for ops with
     effect rows (the ring, the KV pool) and a caller-provided output."""
     from cases.qk_norm_rope import catalog as qk_cases
 
@@ -250,7 +250,7 @@ def test_reused_records_equal_a_full_comparison(registry, device, monkeypatch, o
     case = mla_cases.catalog()[0] if name is None else {c.name: c for c in qk_cases.catalog()}[name]
     impl = registry.impls[f"{op}/fused"]
     fast = runners.run_case(spec, impl, case, device)
-    monkeypatch.setattr(run_records, "_same", lambda pairs: False)
+    monkeypatch.setattr(run_records, "_same_each", lambda groups: [False] * len(groups))
     full = runners.run_case(spec, impl, case, device)
     assert _fields(fast) == _fields(full)
     assert any(r.check.endswith("@poisoned") for r in fast.records)
