@@ -129,7 +129,7 @@ SAME_TOGETHER_BYTES = 4 << 20  # ``same``: tensors up to this size are compared 
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().reshape(-1).view(torch.uint8)
+    return t.reshape(-1).view(torch.uint8)  # (a copy for a non-contiguous t; only compared, never written)
 
 
 def same(pairs, *, memo: dict | None = None) -> bool:
@@ -314,6 +314,26 @@ def _as_f64(check: str, got: torch.Tensor | None, oracle: torch.Tensor):
     return None, x, on_device_of(oracle.detach(), x).double()
 
 
+def _oracle_terms(o: torch.Tensor, refs: tuple, tol: Tolerance, device: torch.device) -> tuple:
+    """What a numeric check reads of the fp64 oracle ``o`` and the chains ``refs`` alone (the same for every
+    run of a case): where ``o`` is finite, the allowance's denominator atol + rtol·|o|, max_rel's
+    max(|o|, atol), the count of finite oracle elements, whether one has |o| >= 100 atol (0-d tensors, on
+    ``device``), and per chain its fp64 copy (None) and its scaled error (NaN without a chain of o's shape)."""
+    oa = o.abs()
+    fo = _finite(oa)
+    den = oa * tol.rtol + tol.atol  # = tol.atol + tol.rtol * |o| (one rounding each, as _scaled)
+    rs, ref_errs = [], []
+    for ref in refs:
+        r, ref_err = None, torch.full((), float("nan"), dtype=torch.float64, device=device)
+        if ref is not None:
+            r = on_device_of(ref.detach(), o).double()
+            if r.shape == o.shape:  # = _scaled(r, o, tol).max()
+                ref_err = (r - o).abs_().div_(den).masked_fill_(~(fo & _finite(r.abs())), 0.0).max()
+        rs.append(r)
+        ref_errs.append(ref_err)
+    return fo, den, oa.clamp_min(tol.atol), fo.sum(), (fo & (oa >= 100 * tol.atol)).any(), rs, ref_errs
+
+
 def finite(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> Record:
     """NaN/±Inf placement: every element of ``got`` is NaN, +Inf, -Inf or finite exactly where
     the fp64 ``oracle`` is. Fails with the count (how many are non-finite where the oracle is
@@ -364,39 +384,36 @@ def numeric_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor, re
 
 
 def finite_numeric_check(finite_name: str | None, check: str, got: torch.Tensor | None, oracle: torch.Tensor,
-                         refs: tuple, tol: Tolerance, *, is_reference: bool = False) -> Check:
+                         refs: tuple, tol: Tolerance, *, is_reference: bool = False, memo: dict | None = None) -> Check:
     """``finite`` (named ``finite_name``; None: not made) and ``numeric`` of one output made together,
     against each reference chain of ``refs`` (an allowance's variants): returns (the finite record,
     the numeric record of the chain with the largest allowance, the first of them on a tie), the
     records ``finite_check`` and the largest-allowance ``numeric_check`` give, from one fp64 copy of
-    ``got`` and ``oracle`` and one transfer per stage. ``Batch`` keeps the pair as the check's record."""
+    ``got`` and ``oracle`` and one transfer per stage. ``Batch`` keeps the pair as the check's record.
+    ``memo``: a dict keeping what the oracle and the chains alone decide (``_oracle_terms``) for the next
+    check against the same ``oracle`` and ``refs`` objects (the other runs of a case)."""
     done, x, o = _as_f64(check, got, oracle)
     if done is not None:  # made without tensor work: the finite record's is the same but its name
         return (_as_f64(finite_name, got, oracle)[0] if finite_name is not None else None), done
-    oa = o.abs()
-    fo = _finite(oa)
+    key = ("numeric", id(oracle), tuple(id(r) for r in refs), tol, x.device)
+    terms = memo.get(key) if memo is not None else None
+    if terms is None:
+        terms = _oracle_terms(o, refs, tol, x.device)
+        if memo is not None:
+            memo[key] = (oracle, refs, terms)  # the objects held: their ids name no others while the memo lives
+    else:
+        terms = terms[2]
+    fo, den, rel, n_fo, big, rs, ref_errs = terms
     both = fo & _finite(x.abs())  # the elements measured
     outside = ~both
-    den = oa * tol.rtol + tol.atol  # = tol.atol + tol.rtol * |o| (one rounding each, as _scaled)
     diff = (x - o).abs_().masked_fill_(outside, 0.0)  # |x - o| where both are finite, else 0
     e = (diff / den).masked_fill_(outside, 0.0)  # = _scaled(x, o, tol)
-    rs, ref_errs = [], []
-    for ref in refs:
-        r, ref_err = None, e.new_full((), float("nan"))
-        if ref is not None:
-            r = on_device_of(ref.detach(), x).double()
-            if r.shape == o.shape:  # = _scaled(r, o, tol).max()
-                ref_err = (r - o).abs_().div_(den).masked_fill_(~(fo & _finite(r.abs())), 0.0).max()
-        rs.append(r)
-        ref_errs.append(ref_err)
     special = _special_mismatch(x, o, both)
     # one transfer for the scalars: finite oracle elements, whether one has |o| >= 100 atol, err,
     # max_abs, max_rel (NaN where the oracle holds a NaN, as diff / clamp_min(NaN) says), n_both,
     # the elements whose NaN/Inf placement differs from the oracle's, then each chain's ref_err
     # (stack promotes the counts and the flag to fp64, exactly)
-    stats = yield torch.stack((fo.sum(), (fo & (oa >= 100 * tol.atol)).any(), e.max(),
-                               diff.max(), (diff / oa.clamp_min_(tol.atol)).max(), both.sum(),
-                               special.sum(), *ref_errs))
+    stats = yield torch.stack((n_fo, big, e.max(), diff.max(), (diff / rel).max(), both.sum(), special.sum(), *ref_errs))
     n_fo, big, err, max_abs, max_rel, n_both = stats[:6]
     n_both, n_special = int(n_both), int(stats[6])
     fin = None

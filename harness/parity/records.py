@@ -110,7 +110,8 @@ def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suf
             chains = (ref_out,) if allowance is None else allowance.outs  # the numeric record: the largest allowance's
             plan.append((o, batch.add(compare.finite_numeric_check(
                 f"finite:{o.name}{suffix}", f"numeric:{o.name}{suffix}", got, on_device(ctx.memo, oracle[o.name], home(got)),
-                tuple(on_device(ctx.memo, chain.get(o.name), home(got)) for chain in chains), tol, is_reference=is_ref))))
+                tuple(on_device(ctx.memo, chain.get(o.name), home(got)) for chain in chains), tol, is_reference=is_ref,
+                memo=ctx.memo))))
     done = batch.resolve()
     recs = []
     for o, k in plan:
@@ -158,11 +159,11 @@ class EffectPlan:
         # rows copied: on the CPU a host view is the input itself, which a later call could write
         self.effects = [(eff, eff.rows.cpu().long().clone()) for eff in ctx.spec.effects(ctx.case, view, ctx.oracle)]
         self.seen = view._host
-        self._ctx, self._memo, self._want = ctx, {}, {}
+        self._ctx, self.memo, self._want = ctx, {}, {}  # memo: device copies, a check's oracle terms
 
     def on(self, t, where: torch.device | None):
         """``on_device`` of ``t``, kept with the plan."""
-        return on_device(self._memo, t, where)
+        return on_device(self.memo, t, where)
 
     def want(self, i: int):
         """Effect ``i``'s rows of the reference's buffer (its ``view`` applied), on the host."""
@@ -194,7 +195,7 @@ def _effect_records(ctx: CaseContext, inputs: dict, before: dict, suffix: str = 
                 tol = spec.tolerance(eff.buffer, buf.dtype)
                 batch.add(compare.finite_numeric_check(f"finite:{eff.buffer}{suffix}", f"effect:{eff.buffer}{suffix}",
                                                        got, plan.on(eff.oracle_rows, home(got)), (want,), tol,
-                                                       is_reference=is_ref))
+                                                       is_reference=is_ref, memo=plan.memo))
         batch.add(compare.untouched_check(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer],
                                           plan.on(rows, home(buf)), written_bytes=plan.on(eff.written_bytes, home(buf))))
     return [r for done in batch.resolve() for r in (done if isinstance(done, tuple) else (done,))]
