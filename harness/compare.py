@@ -291,8 +291,8 @@ def _scaled(x: torch.Tensor, o: torch.Tensor, tol: Tolerance) -> torch.Tensor:
     return torch.where(finite, e, torch.zeros_like(e))
 
 
-def _special_mismatch(x: torch.Tensor, o: torch.Tensor, both: torch.Tensor | None = None) -> torch.Tensor:
-    """Where the NaN/±Inf status of ``x`` and ``o`` differs. ``both``: where both are finite, when known
+def special_mismatch(x: torch.Tensor, o: torch.Tensor, both: torch.Tensor | None = None) -> torch.Tensor:
+    """Where the NaN/±Inf status of ``x`` and ``o`` (one shape) differs (``finite``'s failures). ``both``: where both are finite, when known
     (then: neither both finite, nor equal (one infinity twice), nor NaN twice; fewer ops, the same answer)."""
     if both is None:
         return (torch.isnan(x) != torch.isnan(o)) | (torch.isposinf(x) != torch.isposinf(o)) | \
@@ -346,7 +346,7 @@ def finite_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> 
     done, x, o = _as_f64(check, got, oracle)
     if done is not None:
         return done
-    bad = _special_mismatch(x, o).flatten()
+    bad = special_mismatch(x, o).flatten()
     n = int((yield bad.sum().reshape(1))[0])
     if not n:
         return Record(check, True, mismatch_frac=0.0)
@@ -408,7 +408,7 @@ def finite_numeric_check(finite_name: str | None, check: str, got: torch.Tensor 
     outside = ~both
     diff = (x - o).abs_().masked_fill_(outside, 0.0)  # |x - o| where both are finite, else 0
     e = (diff / den).masked_fill_(outside, 0.0)  # = _scaled(x, o, tol)
-    special = _special_mismatch(x, o, both)
+    special = special_mismatch(x, o, both)
     # one transfer for the scalars: finite oracle elements, whether one has |o| >= 100 atol, err,
     # max_abs, max_rel (NaN where the oracle holds a NaN, as diff / clamp_min(NaN) says), n_both,
     # the elements whose NaN/Inf placement differs from the oracle's, then each chain's ref_err
