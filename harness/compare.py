@@ -217,8 +217,9 @@ class Batch:
     """Staged checks made together: ``add`` runs a check up to its first transfer (its device work
     queued on the tensors as they are now), ``resolve`` sends each stage's numbers of every check to
     the host in one transfer per device, then the next stage's, and returns the records in ``add``
-    order. A check's later stages read only tensors its first stage made (a failure's details may
-    read its ``got``: hand a copy of a buffer that is written before ``resolve``)."""
+    order (a check that makes two, ``finite_numeric_check``, returns them as one tuple). A check's later
+    stages read only tensors its first stage made (a failure's details may read its ``got``: hand a copy
+    of a buffer that is written before ``resolve``)."""
 
     def __init__(self):
         self._records: list[Record | None] = []
