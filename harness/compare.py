@@ -22,6 +22,7 @@ byte views of a tensor's elements (``as_bytes``, ``device_bytes``).
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -110,6 +111,87 @@ def device_bytes(t: torch.Tensor) -> torch.Tensor:
     return (t.reshape(1) if t.dim() == 0 else t).contiguous().view(torch.uint8)
 
 
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Whether any element of ``a`` and ``b`` (one shape and dtype) differs in its bytes, as a 0-d bool on
+    ``a``'s device (``b`` moved there). Elements are compared as integers of their width: views, whatever
+    the strides, no copy; two floats' bits are equal exactly where their bytes are (NaN payloads, -0.0)."""
+    b = on_device_of(b, a)
+    w = _INT_OF_WIDTH.get(a.element_size())
+    if w is None:  # a 16-byte complex
+        return (as_bytes(a) != as_bytes(b)).any()
+    return (a.detach().view(w) != b.detach().view(w)).any()
+
+
+SAME_TOGETHER_BYTES = 4 << 20  # ``same``: tensors up to this size are compared together, as one byte vector
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)  # (a copy for a non-contiguous t; only compared, never written)
+
+
+def same(pairs, *, memo: dict | None = None) -> bool:
+    """Every (a, b) pair holds the same thing: both None, equal non-tensors, or tensors of one shape, dtype
+    and device with the same bytes. Compared on the tensors' device, one transfer per device: the small
+    tensors' bytes together (one ``cat`` of each side, one comparison; ``SAME_TOGETHER_BYTES``), larger ones
+    each (``differ``). ``memo``: a dict keeping the ``cat`` of the b sides for the next call with the same b
+    tensors (the pristine inputs of a case, compared after every run)."""
+    return same_each([pairs], memo=memo)[0]
+
+
+def same_each(groups: list, *, memo: dict | None = None) -> list[bool]:
+    """``same`` of each group of pairs, every group's flags in the same transfer (one per device)."""
+    answer = [True] * len(groups)
+    flags: dict[torch.device, list] = {}  # device -> [(group, 0-d flag: some byte differs)]
+    for g, pairs in enumerate(groups):
+        together: dict[torch.device, list] = {}
+        for a, b in pairs:
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+                    answer[g] = False
+                    break
+                if a is b or not a.numel():
+                    continue
+                if a.numel() * a.element_size() <= SAME_TOGETHER_BYTES:
+                    together.setdefault(a.device, []).append((a, b))
+                else:
+                    flags.setdefault(a.device, []).append((g, differ(a, b)))
+            elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                answer[g] = False
+                break
+            else:
+                try:
+                    if type(a) is not type(b) or not bool(a == b):
+                        answer[g] = False
+                        break
+                except Exception:  # an == that does not answer a bool: not known equal
+                    answer[g] = False
+                    break
+        if not answer[g]:
+            continue
+        for dev, ab in together.items():
+            flags.setdefault(dev, []).append((g, differ(*ab[0]) if len(ab) == 1 else _differ_together(ab, memo)))
+    for fl in flags.values():
+        live = [(g, f) for g, f in fl if answer[g]]
+        if live:
+            for (g, _), changed in zip(live, torch.stack([f for _, f in live]).tolist()):
+                answer[g] = answer[g] and not changed
+    return answer
+
+
+def _differ_together(ab: list, memo: dict | None) -> torch.Tensor:
+    """``differ`` of several small (a, b) pairs of one device at once: each side's bytes in one vector."""
+    key = tuple(id(b) for _, b in ab)
+    held = memo.get(key) if memo is not None else None
+    if held is None:
+        held = ([b for _, b in ab], torch.cat([_flat_bytes(b) for _, b in ab]))  # the b tensors keep the ids
+        if memo is not None:
+            memo[key] = held
+    return (torch.cat([_flat_bytes(a) for a, _ in ab]) != held[1]).any()
+
+
 # ----------------------------------------------------------------------------- records and staged checks
 
 @dataclass(frozen=True)
@@ -135,8 +217,9 @@ class Batch:
     """Staged checks made together: ``add`` runs a check up to its first transfer (its device work
     queued on the tensors as they are now), ``resolve`` sends each stage's numbers of every check to
     the host in one transfer per device, then the next stage's, and returns the records in ``add``
-    order. A check's later stages read only tensors its first stage made (a failure's details may
-    read its ``got``: hand a copy of a buffer that is written before ``resolve``)."""
+    order (a check that makes two, ``finite_numeric_check``, returns them as one tuple). A check's later
+    stages read only tensors its first stage made (a failure's details may read its ``got``: hand a copy
+    of a buffer that is written before ``resolve``)."""
 
     def __init__(self):
         self._records: list[Record | None] = []
@@ -169,8 +252,7 @@ class Batch:
             for item in live:
                 by_dev.setdefault(item[2].device, []).append(item)
             for items in by_dev.values():
-                flat = torch.cat([w.reshape(-1).double() for _, _, w in items]).tolist() if len(items) > 1 \
-                    else items[0][2].reshape(-1).double().tolist()
+                flat = _gathered([w for _, _, w in items]).tolist()
                 off = 0
                 for k, check, w in items:
                     n = w.numel()
@@ -178,6 +260,18 @@ class Batch:
                     off += n
         out, self._records = self._records, []
         return out
+
+
+def _gathered(wants: list[torch.Tensor]) -> torch.Tensor:
+    """The numbers of ``wants`` (one device) as one fp64 vector, in order: one ``cat`` (which promotes bool and
+    integer counts to fp64 when an fp64 is among them, exactly as converting each does) and one conversion,
+    not one conversion per tensor; each converted first where the promoted dtype is a narrower float."""
+    if len(wants) == 1:
+        return wants[0].reshape(-1).double()
+    dtype = functools.reduce(torch.promote_types, (w.dtype for w in wants))
+    if dtype.is_floating_point and dtype != torch.float64:  # an int64 count must not pass through fp32
+        return torch.cat([w.reshape(-1).double() for w in wants])
+    return torch.cat([w.reshape(-1) for w in wants]).double()
 
 
 def resolve_one(check: Check) -> Record:
@@ -198,9 +292,13 @@ def _scaled(x: torch.Tensor, o: torch.Tensor, tol: Tolerance) -> torch.Tensor:
     return torch.where(finite, e, torch.zeros_like(e))
 
 
-def _special_mismatch(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    return (torch.isnan(x) != torch.isnan(o)) | (torch.isposinf(x) != torch.isposinf(o)) | \
-        (torch.isneginf(x) != torch.isneginf(o))
+def special_mismatch(x: torch.Tensor, o: torch.Tensor, both: torch.Tensor | None = None) -> torch.Tensor:
+    """Where the NaN/±Inf status of ``x`` and ``o`` (one shape) differs (``finite``'s failures). ``both``: where both are finite, when known
+    (then: neither both finite, nor equal (one infinity twice), nor NaN twice; fewer ops, the same answer)."""
+    if both is None:
+        return (torch.isnan(x) != torch.isnan(o)) | (torch.isposinf(x) != torch.isposinf(o)) | \
+            (torch.isneginf(x) != torch.isneginf(o))
+    return ~(both | (x == o) | (torch.isnan(x) & torch.isnan(o)))
 
 
 def _as_f64(check: str, got: torch.Tensor | None, oracle: torch.Tensor):
@@ -217,6 +315,26 @@ def _as_f64(check: str, got: torch.Tensor | None, oracle: torch.Tensor):
     return None, x, on_device_of(oracle.detach(), x).double()
 
 
+def _oracle_terms(o: torch.Tensor, refs: tuple, tol: Tolerance, device: torch.device) -> tuple:
+    """What a numeric check reads of the fp64 oracle ``o`` and the chains ``refs`` alone (the same for every
+    run of a case): where ``o`` is finite, the allowance's denominator atol + rtol·|o|, max_rel's
+    max(|o|, atol), the count of finite oracle elements, whether one has |o| >= 100 atol (0-d tensors, on
+    ``device``), and per chain its fp64 copy (None) and its scaled error (NaN without a chain of o's shape)."""
+    oa = o.abs()
+    fo = _finite(oa)
+    den = oa * tol.rtol + tol.atol  # = tol.atol + tol.rtol * |o| (one rounding each, as _scaled)
+    rs, ref_errs = [], []
+    for ref in refs:
+        r, ref_err = None, torch.full((), float("nan"), dtype=torch.float64, device=device)
+        if ref is not None:
+            r = on_device_of(ref.detach(), o).double()
+            if r.shape == o.shape:  # = _scaled(r, o, tol).max()
+                ref_err = (r - o).abs_().div_(den).masked_fill_(~(fo & _finite(r.abs())), 0.0).max()
+        rs.append(r)
+        ref_errs.append(ref_err)
+    return fo, den, oa.clamp_min(tol.atol), fo.sum(), (fo & (oa >= 100 * tol.atol)).any(), rs, ref_errs
+
+
 def finite(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> Record:
     """NaN/±Inf placement: every element of ``got`` is NaN, +Inf, -Inf or finite exactly where
     the fp64 ``oracle`` is. Fails with the count (how many are non-finite where the oracle is
@@ -229,10 +347,15 @@ def finite_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor) -> 
     done, x, o = _as_f64(check, got, oracle)
     if done is not None:
         return done
-    bad = _special_mismatch(x, o).flatten()
+    bad = special_mismatch(x, o).flatten()
     n = int((yield bad.sum().reshape(1))[0])
     if not n:
         return Record(check, True, mismatch_frac=0.0)
+    return _finite_failure(check, bad, x, o, n)
+
+
+def _finite_failure(check: str, bad: torch.Tensor, x: torch.Tensor, o: torch.Tensor, n: int) -> Record:
+    """``finite``'s record of ``n`` > 0 elements (``bad``, flat) whose NaN/±Inf placement is not the oracle's."""
     fo, fx = torch.isfinite(o).flatten(), torch.isfinite(x).flatten()
     first = torch.nonzero(bad).flatten()[:WORST_K]
     vals = torch.stack((x.flatten()[first], o.flatten()[first])).tolist()
@@ -257,35 +380,53 @@ def numeric(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: tor
 def numeric_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor, ref: torch.Tensor | None,
                   tol: Tolerance, *, is_reference: bool = False) -> Check:
     """``numeric`` staged (``Batch``): its two transfers are the two stages."""
+    _, rec = yield from finite_numeric_check(None, check, got, oracle, (ref,), tol, is_reference=is_reference)
+    return rec
+
+
+def finite_numeric_check(finite_name: str | None, check: str, got: torch.Tensor | None, oracle: torch.Tensor,
+                         refs: tuple, tol: Tolerance, *, is_reference: bool = False, memo: dict | None = None) -> Check:
+    """``finite`` (named ``finite_name``; None: not made) and ``numeric`` of one output made together,
+    against each reference chain of ``refs`` (an allowance's variants): returns (the finite record,
+    the numeric record of the chain with the largest allowance, the first of them on a tie), the
+    records ``finite_check`` and the largest-allowance ``numeric_check`` give, from one fp64 copy of
+    ``got`` and ``oracle`` and one transfer per stage. ``Batch`` keeps the pair as the check's record.
+    ``memo``: a dict keeping what the oracle and the chains alone decide (``_oracle_terms``) for the next
+    check against the same ``oracle`` and ``refs`` objects (the other runs of a case)."""
     done, x, o = _as_f64(check, got, oracle)
-    if done is not None:
-        return done
-    oa = o.abs()
-    fo = _finite(oa)
+    if done is not None:  # made without tensor work: the finite record's is the same but its name
+        return (_as_f64(finite_name, got, oracle)[0] if finite_name is not None else None), done
+    key = ("numeric", id(oracle), tuple(id(r) for r in refs), tol, x.device)
+    terms = memo.get(key) if memo is not None else None
+    if terms is None:
+        terms = _oracle_terms(o, refs, tol, x.device)
+        if memo is not None:
+            memo[key] = (oracle, refs, terms)  # the objects held: their ids name no others while the memo lives
+    else:
+        terms = terms[2]
+    fo, den, rel, n_fo, big, rs, ref_errs = terms
     both = fo & _finite(x.abs())  # the elements measured
     outside = ~both
-    den = oa * tol.rtol + tol.atol  # = tol.atol + tol.rtol * |o| (one rounding each, as _scaled)
     diff = (x - o).abs_().masked_fill_(outside, 0.0)  # |x - o| where both are finite, else 0
     e = (diff / den).masked_fill_(outside, 0.0)  # = _scaled(x, o, tol)
-    r = None
-    ref_err = e.new_full((), float("nan"))
-    if ref is not None:
-        r = on_device_of(ref.detach(), x).double()
-        if r.shape == o.shape:  # = _scaled(r, o, tol).max()
-            ref_err = (r - o).abs_().div_(den).masked_fill_(~(fo & _finite(r.abs())), 0.0).max()
+    special = special_mismatch(x, o, both)
     # one transfer for the scalars: finite oracle elements, whether one has |o| >= 100 atol, err,
-    # ref_err, max_abs, max_rel (NaN where the oracle holds a NaN, as diff / clamp_min(NaN) says), n_both,
-    # the elements whose NaN/Inf placement differs from the oracle's
-    stats = yield torch.stack((fo.sum().double(), (fo & (oa >= 100 * tol.atol)).any().double(), e.max(), ref_err,
-                               diff.max(), (diff / oa.clamp_min_(tol.atol)).max(), both.sum().double(),
-                               _special_mismatch(x, o).sum().double()))
-    n_fo, big, err, ref_err, max_abs, max_rel, n_both = stats[:7]
-    n_both = int(n_both)
+    # max_abs, max_rel (NaN where the oracle holds a NaN, as diff / clamp_min(NaN) says), n_both,
+    # the elements whose NaN/Inf placement differs from the oracle's, then each chain's ref_err
+    # (stack promotes the counts and the flag to fp64, exactly)
+    stats = yield torch.stack((n_fo, big, e.max(), diff.max(), (diff / rel).max(), both.sum(), special.sum(), *ref_errs))
+    n_fo, big, err, max_abs, max_rel, n_both = stats[:6]
+    n_both, n_special = int(n_both), int(stats[6])
+    fin = None
+    if finite_name is not None:  # = finite_check's record: its count is n_special
+        fin = Record(finite_name, True, mismatch_frac=0.0) if not n_special else \
+            _finite_failure(finite_name, special.flatten(), x, o, n_special)
     if n_fo and not big:
-        return Record(check, False, detail=f"degenerate case: oracle max |o| = {float(o.abs()[fo].max()):.3g} "
-                                           f"is under 100×atol, writing zeros would pass")
-    n_special = int(stats[7])
-    allowed = tol.allowed(ref_err, is_reference=is_reference)
+        return fin, Record(check, False, detail=f"degenerate case: oracle max |o| = {float(o.abs()[fo].max()):.3g} "
+                                                f"is under 100×atol, writing zeros would pass")
+    alloweds = [tol.allowed(v, is_reference=is_reference) for v in stats[7:]]
+    c = alloweds.index(max(alloweds))  # the chain with the largest allowance (every allowed is a float)
+    ref_err, allowed, r = stats[7 + c], alloweds[c], rs[c]
     # the second and last transfer: how many elements are over, and the WORST_K worst with their values.
     # Off the CPU the device's top-k is kept when it is the only answer (``_topk_device``); on a tie the
     # CPU's, on a copy (the CPU orders tied elements by its algorithm, which a GPU's need not share)
@@ -308,7 +449,7 @@ def numeric_check(check: str, got: torch.Tensor | None, oracle: torch.Tensor, re
         for j, i in enumerate(idx):
             rv = f"/{vals[2][j]:.6g}" if with_ref else ""
             worst.append(f"{_idx(i, o.shape)}: {vals[0][j]:.6g}/{vals[1][j]:.6g}{rv}")
-    return Record(
+    return fin, Record(
         check, passed=err <= allowed,
         max_abs=max_abs, max_rel=max_rel, err=err, ref_err=ref_err, allowed=allowed,
         mismatch_frac=float(n_over) / max(1, n_both), nan_inf_mismatch=n_special,
@@ -402,9 +543,8 @@ def unchanged(check: str, after: torch.Tensor, before: torch.Tensor, *, hint: st
 def unchanged_check(check: str, after: torch.Tensor, before: torch.Tensor, *, hint: str = "") -> Check:
     """``unchanged`` staged (``Batch``): one flag to the host; a failure's bytes after it."""
     if tuple(after.shape) == tuple(before.shape) and after.dtype == before.dtype:
-        a = device_bytes(after)
-        differ = (a != on_device_of(device_bytes(before), a)).any() if a.numel() else a.new_zeros((), dtype=torch.bool)
-        if not (yield differ.reshape(1))[0]:
+        changed = differ(after, before) if after.numel() else torch.zeros((), dtype=torch.bool, device=after.device)
+        if not (yield changed.reshape(1))[0]:
             return Record(check, True)
     r = yield from exact_check(check, after, before)
     return Record(check, False, mismatch_frac=r.mismatch_frac, worst=r.worst,
@@ -415,6 +555,9 @@ def bitwise_equal(check: str, a: dict, b: dict) -> Record:
     """Two runs of the same implementation on the same inputs: every tensor byte-identical (the
     first that differs, in name order, is described; all are compared in one batch)."""
     names = sorted(set(a) | set(b))
+    pairs = [(a.get(n), b.get(n)) for n in names]
+    if all(isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) for x, y in pairs) and same(pairs):
+        return Record(check, True)  # the usual answer, from one flag; else each tensor compared as below
     batch = Batch()
     at = {n: batch.add(exact_check(check, a[n], b[n])) for n in names if a.get(n) is not None and b.get(n) is not None}
     recs = batch.resolve()

@@ -301,3 +301,43 @@ def test_exact_prints_integer_outputs_as_integers():
     q = torch.tensor([1.0, 2.0], dtype=torch.float8_e4m3fn)
     r = compare.exact("exact:q8", torch.tensor([2.0, 1.0], dtype=torch.float8_e4m3fn), q)
     assert r.worst.startswith("(0,): [") and r.detail == "2 bytes differ", r
+
+
+def test_same_each_answers_per_group_with_small_tensors_together_and_large_ones_alone():
+    """``compare.same_each``: a byte that differs anywhere (a small tensor among several compared as one byte
+    vector, a tensor past ``SAME_TOGETHER_BYTES`` compared alone, NaN payloads and -0.0 by their bytes), a shape,
+    dtype or presence that differs, or unequal non-tensors make only its own group differ; a memo keeps the b
+    side's bytes and still sees a changed a side."""
+    big = torch.zeros(compare.SAME_TOGETHER_BYTES // 4 + 1)
+    small = [torch.arange(5.0), torch.tensor([1, 2], dtype=torch.int64), torch.ones(3, dtype=torch.bool)]
+    pairs = [(t, t.clone()) for t in small] + [(big, big.clone()), (None, None), (3, 3)]
+    assert compare.same(pairs)
+
+    def changed(k, fn):
+        out = [(a, b.clone() if isinstance(b, torch.Tensor) else b) for a, b in pairs]
+        fn(out[k][1])
+        return out
+
+    groups = [pairs, changed(0, lambda b: b.__setitem__(4, -1.0)), changed(3, lambda b: b.__setitem__(-1, 1.0)),
+              changed(1, lambda b: b.__setitem__(0, 7)), [(torch.tensor([0.0]), torch.tensor([-0.0]))],
+              [(torch.tensor([float("nan")]), torch.tensor([float("nan")]).view(torch.int32).add(1).view(torch.float32))],
+              [(torch.zeros(2), torch.zeros(3))], [(torch.zeros(2), torch.zeros(2, dtype=torch.float64))],
+              [(torch.zeros(2), None)], [(3, 4)], []]
+    assert compare.same_each(groups) == [True, False, False, False, False, False, False, False, False, False, True]
+    memo: dict = {}
+    assert compare.same(pairs, memo=memo) and memo
+    a0 = pairs[0][0].clone()
+    a0[2] = 9.0
+    assert not compare.same([(a0, pairs[0][1])] + pairs[1:], memo=memo)
+
+
+def test_the_numeric_checks_nan_inf_placement_equals_the_finite_checks():
+    """``finite_numeric_check`` counts the NaN/±Inf placement from its masks (``special_mismatch`` with
+    ``both``); every pair of value classes gives what the three-way NaN, +Inf, -Inf comparison gives."""
+    import itertools
+
+    vals = [0.0, -0.0, 1.5, -2.0, float("inf"), float("-inf"), float("nan")]
+    x, o = (torch.tensor(v, dtype=torch.float64) for v in zip(*itertools.product(vals, vals)))
+    both = (x.abs() < float("inf")) & (o.abs() < float("inf"))
+    assert torch.equal(compare.special_mismatch(x, o, both), compare.special_mismatch(x, o))
+    assert int(compare.special_mismatch(x, o).sum()) == 49 - 16 - 3  # all but finite pairs and equal specials

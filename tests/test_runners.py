@@ -17,25 +17,41 @@ from harness.parity import runners
 from harness.registry import Impl, OpSpec, OutputSpec
 
 
-def test_fresh_copies_keep_layout_bytes_and_aliasing():
-    """The copy every run gets (``CaseSetup.fresh``: ``copy.deepcopy``)."""
+def _storage_bytes(t: torch.Tensor) -> bytes:
+    return bytes(t.untyped_storage().cpu())
+
+
+@pytest.mark.parametrize("copier", [copy.deepcopy, runners.copy_inputs])
+def test_fresh_copies_keep_layout_bytes_and_aliasing(copier):
+    """The copy every run gets (``CaseSetup.fresh``: ``runners.copy_inputs``, which does what ``copy.deepcopy``
+    does): layout, the whole storage's bytes (past a view's extent too), shared storages shared again."""
     base = torch.randn(6, 10).to(torch.float8_e4m3fn)
     k = base[:, :8]  # a strided view with its own extent
     v = base[1:, 2:6]  # another view of the same storage, offset
     q = torch.randn(4, 3).t()  # transposed
-    inputs = {"k": k, "v": v, "q": q, "n": 3, "none": None}
-    out = copy.deepcopy(inputs)
-    for name in ("k", "v", "q"):
+    w = torch.randn(5)[1:4]  # offset into a storage of its own, bytes on both sides
+    x = torch.randn(2, 1, 3).as_strided((2, 1, 3), (3, 7, 1))  # contiguous, an odd stride on its size-1 axis
+    o = torch.arange(4.0).as_strided((2, 2), (1, 1))  # overlapping, as many elements as its storage holds
+    inputs = {"k": k, "v": v, "q": q, "w": w, "x": x, "o": o, "e": torch.empty(0, 4), "n": 3, "none": None, "s": "neox"}
+    out = copier(inputs)
+    for name in ("k", "v", "q", "w", "x", "o", "e"):
         a, b = inputs[name], out[name]
         assert b.dtype == a.dtype and b.shape == a.shape and b.stride() == a.stride(), name
         assert b.storage_offset() == a.storage_offset(), name
-        assert torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
-                           b.view(torch.uint8) if b.dtype != torch.float32 else b), name
-        assert b.untyped_storage().data_ptr() != a.untyped_storage().data_ptr(), name
+        assert _storage_bytes(b) == _storage_bytes(a), name
+        assert b.untyped_storage().data_ptr() != a.untyped_storage().data_ptr() or not a.numel(), name
     assert out["k"].untyped_storage().data_ptr() == out["v"].untyped_storage().data_ptr()
     out["k"].view(torch.uint8)[1, 2] = 0x7F  # a write through one view shows through the other, as before
     assert out["v"].view(torch.uint8)[0, 0] == 0x7F and inputs["v"].view(torch.uint8)[0, 0] != 0x7F
-    assert out["n"] == 3 and out["none"] is None
+    assert out["n"] == 3 and out["none"] is None and out["s"] == "neox"
+
+
+def test_fresh_copies_of_other_values_are_deep_copies():
+    """A value ``copy_inputs`` has no fast path for (a list, a tensor that needs grad's machinery) gets deepcopy."""
+    inputs = {"xs": [torch.ones(2)], "g": torch.ones(2, requires_grad=True)}
+    out = runners.copy_inputs(inputs)
+    assert out["xs"] is not inputs["xs"] and out["xs"][0].data_ptr() != inputs["xs"][0].data_ptr()
+    assert out["g"].requires_grad and out["g"].data_ptr() != inputs["g"].data_ptr()
 
 
 @pytest.mark.parametrize("op, case", [
@@ -226,7 +242,7 @@ def _fields(res):
                                       ("mla_fp8_prepare", None)])
 def test_reused_records_equal_a_full_comparison(registry, device, monkeypatch, op, name):
     """Every field of every record (names, verdicts, errors, worst elements) is what comparing
-    the rerun and the poisoned run in full gives (``run_records._same`` forced False), for ops with
+    the rerun and the poisoned run in full gives (``run_records._same_each`` forced False), for ops with
     effect rows (the ring, the KV pool) and a caller-provided output."""
     from cases.qk_norm_rope import catalog as qk_cases
 
@@ -234,7 +250,7 @@ def test_reused_records_equal_a_full_comparison(registry, device, monkeypatch, o
     case = mla_cases.catalog()[0] if name is None else {c.name: c for c in qk_cases.catalog()}[name]
     impl = registry.impls[f"{op}/fused"]
     fast = runners.run_case(spec, impl, case, device)
-    monkeypatch.setattr(run_records, "_same", lambda pairs: False)
+    monkeypatch.setattr(run_records, "_same_each", lambda groups: [False] * len(groups))
     full = runners.run_case(spec, impl, case, device)
     assert _fields(fast) == _fields(full)
     assert any(r.check.endswith("@poisoned") for r in fast.records)
@@ -288,3 +304,79 @@ def test_a_run_sends_its_checks_to_the_host_in_a_few_transfers(registry, device,
     res = runners.run_case(spec, impl, case, device, setup=lambda: setup)
     assert res.records and all(r.passed for r in res.records), [r for r in res.records if not r.passed][:2]
     assert len(transfers) <= 16, transfers  # 12 batched; 36 with a transfer per check (21 of them torch.equal)
+
+
+# views, allocations and host reads: no kernel of their own on a GPU
+_NO_KERNEL = {"view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "select", "slice", "t", "expand",
+              "detach", "alias", "unsqueeze", "squeeze", "permute", "transpose", "flatten", "unbind", "split",
+              "narrow", "lift_fresh", "empty", "empty_like", "new_empty", "empty_strided", "set_",
+              "_local_scalar_dense"}
+_HOST_READS = {torch.Tensor.tolist, torch.Tensor.item, torch.equal, torch.Tensor.__bool__, torch.Tensor.__int__,
+               torch.Tensor.__float__}
+
+
+def _own_cost(spec, impls, case, device, monkeypatch) -> dict:
+    """Per (implementation, case) run of ``impls`` on ``case`` (one setup): the torch ops the harness's own
+    stages dispatch (``copy`` and the three ``compare`` stages: what is not the implementation's calls or the
+    case's inputs, reference and oracle), those of them that launch device work, and its host reads."""
+    import contextlib
+
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from harness.parity import stages
+
+    own, stage, count = ("copy", "compare", "compare:rerun", "compare:poisoned"), ["-"], {"ops": 0, "kernels": 0,
+                                                                                          "reads": 0}
+    timed = stages.timed
+
+    @contextlib.contextmanager
+    def tagged(name):
+        prev, stage[0] = stage[0], name
+        try:
+            with timed(name):
+                yield
+        finally:
+            stage[0] = prev
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            moved = bool(args) and isinstance(args[0], torch.Tensor) and \
+                (kwargs or {}).get("device") not in (None, args[0].device)
+            if stage[0] in own and not moved:  # a copy to another device: once per case, not counted
+                count["ops"] += 1
+                count["kernels"] += func.overloadpacket.__name__ not in _NO_KERNEL
+            return func(*args, **(kwargs or {}))
+
+    class Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if stage[0] in own and func in _HOST_READS:
+                count["reads"] += 1
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(stages, "timed", tagged)
+    with Ops(), Reads():
+        results = runners.run_impls(spec, impls, case, device)
+    assert all(r.records and all(x.passed for x in r.records) for r in results), results
+    return {k: v / len(impls) for k, v in count.items()}
+
+
+@pytest.mark.parametrize("op, name, ops, kernels, reads", [
+    # measured 2026-12-08 on the CPU, per run of the reference and fused implementations: 509.7 ops, 245.7
+    # kernels, 16 reads; before (main at 0258e0b: copy.deepcopy, a check per input, the oracle's terms per
+    # check, finite and numeric apart): 917, 414.3, 18
+    ("qk_norm_rope", "dsv4-decode-b1-h16", 530, 252, 16),  # two outputs, ring effect rows and untouched rows
+    # 490, 144.5, 14; before: 798, 230, 16
+    ("mla_fp8_prepare", "k3-verify-b1-l3-h8", 510, 150, 14),  # exact bytes, an observed output, the kv pool
+])
+def test_a_runs_own_checks_are_a_few_hundred_torch_ops(registry, device, monkeypatch, op, name, ops, kernels, reads):
+    """On a GPU each torch op of the harness's own work on a run is a call through the dispatcher, and
+    most are a kernel launch (5-10 us of host time each); a host read waits for the GPU. The copies of the
+    inputs (one per storage), the checks of the outputs (finite and numeric together, the oracle's terms
+    once per case), of the effect rows, of the untouched inputs (their bytes compared together) and of the
+    reruns (one decision per run) stay within these counts per (implementation, case) run."""
+    spec = registry.ops[op]
+    case = next(c for c in spec.catalog(big=False) if c.name == name)
+    impls = [i for _, i in sorted(registry.impls.items()) if i.op == op and i.kind in ("reference", "fused")]
+    cost = _own_cost(spec, impls, case, device, monkeypatch)
+    assert cost["ops"] <= ops and cost["kernels"] <= kernels and cost["reads"] <= reads, cost

@@ -48,6 +48,9 @@ class CaseContext:
     ref_inputs: dict
     oracle: dict
     allowance: Allowance | None = None
+    # what the records of the case's runs keep between runs (``compare.same``'s byte vector of the pristine
+    # inputs; device copies of the host tensors above, ``on_device``): shared by the case's implementations
+    memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 def writable_buffers(spec: OpSpec, inputs: dict) -> tuple[str, ...]:
@@ -75,12 +78,13 @@ class _HostView(Mapping):
         return len(self._inputs)
 
 
-def _rows(buf: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def _rows(buf: torch.Tensor, rows: torch.Tensor, placed: torch.Tensor) -> torch.Tensor:
     """``buf[rows]`` on ``buf``'s device, the bounds checked on the host first (as ``buf.cpu()[rows]``
-    would: an IndexError, never a device-side assert). Shape: rows (n,) long, on the host."""
+    would: an IndexError, never a device-side assert). Shape: rows (n,) long, on the host; ``placed``: rows
+    where ``buf`` is (a copy made once, ``EffectPlan.on``)."""
     if rows.numel() and not (-buf.shape[0] <= int(rows.min()) and int(rows.max()) < buf.shape[0]):
         raise IndexError(f"effect rows {rows.tolist()} out of bounds for a buffer of {buf.shape[0]} rows")
-    return buf[rows.to(buf.device)]
+    return buf[placed]
 
 
 def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suffix: str = "") -> list[compare.Record]:
@@ -90,7 +94,7 @@ def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suf
     if allowance is not None and allowance.oracle is not None:
         oracle = allowance.oracle
     batch = compare.Batch()  # every check of the outputs, made together (one transfer per stage)
-    plan = []  # (output, index of its exact or finite check, indices of its numeric checks or None)
+    plan = []  # (output, index of its check: exact, or finite and numeric together)
     is_ref = ctx.impl.kind == "reference"
     for o in spec.outputs:
         if not o.when(case):
@@ -99,56 +103,102 @@ def _output_records(ctx: CaseContext, out: dict, inputs: dict, before: dict, suf
         if o.contract == "exact":
             if o.observed is not None:
                 got = o.observed(got, inputs, before)
-            plan.append((o, batch.add(compare.exact_check(f"exact:{o.name}{suffix}", got, ref_out[o.name])), None))
+            plan.append((o, batch.add(compare.exact_check(f"exact:{o.name}{suffix}", got,
+                                                          on_device(ctx.memo, ref_out[o.name], home(got))))))
         else:
             tol = spec.tolerance(o.name, got.dtype if got is not None else ref_out[o.name].dtype)
-            k = batch.add(compare.finite_check(f"finite:{o.name}{suffix}", got, oracle[o.name]))
-            chains = (ref_out,) if allowance is None else allowance.outs
-            plan.append((o, k, [batch.add(compare.numeric_check(f"numeric:{o.name}{suffix}", got, oracle[o.name],
-                                                                 chain.get(o.name), tol, is_reference=is_ref))
-                                for chain in chains]))
+            chains = (ref_out,) if allowance is None else allowance.outs  # the numeric record: the largest allowance's
+            plan.append((o, batch.add(compare.finite_numeric_check(
+                f"finite:{o.name}{suffix}", f"numeric:{o.name}{suffix}", got, on_device(ctx.memo, oracle[o.name], home(got)),
+                tuple(on_device(ctx.memo, chain.get(o.name), home(got)) for chain in chains), tol, is_reference=is_ref,
+                memo=ctx.memo))))
     done = batch.resolve()
     recs = []
-    for o, k, numeric in plan:
-        rec = done[k]  # exact, or finite before its numeric
-        if numeric is None and o.observed is not None and not rec.passed and o.observed.__doc__:
-            rec = dataclasses.replace(rec, detail=f"{rec.detail} ({o.observed.__doc__.strip().splitlines()[0]})")
-        recs.append(rec)
-        if numeric is not None:  # the chain with the largest allowance
-            rec = max((done[j] for j in numeric), key=lambda r: r.allowed if r.allowed == r.allowed else float("-inf"))
-            if allowance is not None:
-                rec = dataclasses.replace(rec, detail="; ".join(x for x in (rec.detail, allowance.label) if x))
+    for o, k in plan:
+        if o.contract == "exact":
+            rec = done[k]
+            if o.observed is not None and not rec.passed and o.observed.__doc__:
+                rec = dataclasses.replace(rec, detail=f"{rec.detail} ({o.observed.__doc__.strip().splitlines()[0]})")
             recs.append(rec)
+            continue
+        fin, rec = done[k]
+        if allowance is not None:
+            rec = dataclasses.replace(rec, detail="; ".join(x for x in (rec.detail, allowance.label) if x))
+        recs += [fin, rec]
     return recs
 
 
+def on_device(memo: dict, t, where: torch.device | None):
+    """``t`` (a tensor of the case on the host: an oracle's or reference's output, an effect's rows) on
+    device ``where``, copied there once into ``memo`` (``CaseContext.memo``: once per case), not once per
+    check and run: each copy from the host is a wait for the GPU. The checks only read it. ``t`` itself
+    when it is there, ``where`` is None or ``t`` is not a tensor."""
+    if where is None or not isinstance(t, torch.Tensor) or t.device == where:
+        return t
+    key = ("on", id(t), where)
+    if key not in memo:
+        memo[key] = (t, t.detach().to(where))  # t held: its id names no other tensor while the memo lives
+    return memo[key][1]
+
+
+def home(got) -> torch.device | None:
+    """Where the check of ``got`` computes (``compare.home``); None when ``got`` is not a tensor."""
+    return compare.home(got) if isinstance(got, torch.Tensor) else None
+
+
+class EffectPlan:
+    """``spec.effects`` of one run's inputs (``effects``: each ``Effect`` with its rows on the host) and what
+    the effect records read besides the run's buffers, each made once for every run whose effect inputs are
+    the same (``FirstRun``): the reference's rows (``want``) and the device copies (``on``). ``seen``: host
+    copies of the inputs ``spec.effects`` read."""
+
+    def __init__(self, ctx: CaseContext, inputs: dict, seen: dict | None = None):
+        view = _HostView(inputs)
+        if seen is not None:
+            view._host = seen
+        # rows copied: on the CPU a host view is the input itself, which a later call could write
+        self.effects = [(eff, eff.rows.cpu().long().clone()) for eff in ctx.spec.effects(ctx.case, view, ctx.oracle)]
+        self.seen = view._host
+        self._ctx, self.memo, self._want = ctx, {}, {}  # memo: device copies, a check's oracle terms
+
+    def on(self, t, where: torch.device | None):
+        """``on_device`` of ``t``, kept with the plan."""
+        return on_device(self.memo, t, where)
+
+    def want(self, i: int):
+        """Effect ``i``'s rows of the reference's buffer (its ``view`` applied), on the host."""
+        if i not in self._want:
+            eff, rows = self.effects[i]
+            want = self._ctx.ref_inputs[eff.buffer].cpu()[rows]
+            self._want[i] = eff.view(want) if eff.view is not None else want
+        return self._want[i]
+
+
 def _effect_records(ctx: CaseContext, inputs: dict, before: dict, suffix: str = "",
-                    seen: dict | None = None) -> list[compare.Record]:
-    """The records of ``spec.effects``: a function of the inputs ``spec.effects`` reads (host
-    copies of them land in ``seen``), the effect buffers and ``before``'s. Compared on the buffers' device."""
+                    plan: EffectPlan | None = None) -> list[compare.Record]:
+    """The records of ``spec.effects``: a function of the inputs ``spec.effects`` reads (``plan``: their
+    effects, made from ``inputs`` when None), the effect buffers and ``before``'s. Compared on the buffers' device."""
     spec = ctx.spec
+    plan = EffectPlan(ctx, inputs) if plan is None else plan
     batch = compare.Batch()  # every check of the effects, made together; their records in this order
     is_ref = ctx.impl.kind == "reference"
-    view = _HostView(inputs)
-    if seen is not None:
-        view._host = seen
-    for eff in spec.effects(ctx.case, view, ctx.oracle):
-        buf, rbuf = inputs[eff.buffer].detach(), ctx.ref_inputs[eff.buffer].cpu()
-        rows = eff.rows.cpu().long()
+    for i, (eff, rows) in enumerate(plan.effects):
+        buf = inputs[eff.buffer].detach()
         if rows.numel():
-            got, want = _rows(buf, rows), rbuf[rows]
+            got = _rows(buf, rows, plan.on(rows, buf.device))
             if eff.view is not None:
-                got, want = eff.view(got), eff.view(want)
+                got = eff.view(got)
+            want = plan.on(plan.want(i), home(got))
             if eff.contract == "exact":
                 batch.add(compare.exact_check(f"effect:{eff.buffer}{suffix}", got, want))
             else:
                 tol = spec.tolerance(eff.buffer, buf.dtype)
-                batch.add(compare.finite_check(f"finite:{eff.buffer}{suffix}", got, eff.oracle_rows))
-                batch.add(compare.numeric_check(f"effect:{eff.buffer}{suffix}", got, eff.oracle_rows, want, tol,
-                                                is_reference=is_ref))
-        batch.add(compare.untouched_check(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer], rows,
-                                          written_bytes=eff.written_bytes))
-    return batch.resolve()
+                batch.add(compare.finite_numeric_check(f"finite:{eff.buffer}{suffix}", f"effect:{eff.buffer}{suffix}",
+                                                       got, plan.on(eff.oracle_rows, home(got)), (want,), tol,
+                                                       is_reference=is_ref, memo=plan.memo))
+        batch.add(compare.untouched_check(f"untouched:{eff.buffer}{suffix}", buf, before[eff.buffer],
+                                          plan.on(rows, home(buf)), written_bytes=plan.on(eff.written_bytes, home(buf))))
+    return [r for done in batch.resolve() for r in (done if isinstance(done, tuple) else (done,))]
 
 
 def check_outputs(ctx: CaseContext, out: dict, inputs: dict, before: dict, suffix: str = "") -> list[compare.Record]:
@@ -157,25 +207,10 @@ def check_outputs(ctx: CaseContext, out: dict, inputs: dict, before: dict, suffi
     return _output_records(ctx, out, inputs, before, suffix) + _effect_records(ctx, inputs, before, suffix)
 
 
-def _same(pairs) -> bool:
-    """Every (a, b) pair holds the same thing: both None, equal non-tensors, or tensors of one
-    shape, dtype and device with the same bytes (compared on the device: one transfer per device)."""
-    differ: dict[torch.device, list] = {}
-    for a, b in pairs:
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-                return False
-            if a.numel():
-                differ.setdefault(a.device, []).append((compare.as_bytes(a) != compare.as_bytes(b)).any())
-        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            return False
-        else:
-            try:
-                if type(a) is not type(b) or not bool(a == b):
-                    return False
-            except Exception:  # an == that does not answer a bool: not known equal
-                return False
-    return not any(bool(torch.stack(flags).any()) for flags in differ.values())
+def _same_each(groups: list) -> list[bool]:
+    """Per group of (a, b) pairs, whether every pair holds the same thing (``compare.same_each``: both None,
+    equal non-tensors, or tensors of one shape, dtype and device with the same bytes; one transfer per device)."""
+    return compare.same_each(groups)
 
 
 class FirstRun:
@@ -189,12 +224,14 @@ class FirstRun:
     def __init__(self, ctx: CaseContext, out: dict, inputs: dict, before: dict):
         self.ctx = ctx
         self.out_recs = _output_records(ctx, out, inputs, before)
-        self.seen: dict = {}  # host copies of the inputs spec.effects read
-        self.eff_recs = _effect_records(ctx, inputs, before, seen=self.seen)
-        self.seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.seen.items()}  # CPU: not copies
+        self.plan = EffectPlan(ctx, inputs, seen={})
+        self.eff_recs = _effect_records(ctx, inputs, before, plan=self.plan)
         self.keys = set(inputs)
         self.out = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
         self.written = {b: inputs[b].detach().clone() for b in writable_buffers(ctx.spec, inputs)}
+        # the inputs spec.effects read (``plan.seen``), as they were: copies where they are, compared there
+        self.seen = {k: inputs[k].detach().clone() if isinstance(inputs[k], torch.Tensor) else inputs[k]
+                     for k in self.plan.seen}
         self.before = before
 
     @staticmethod
@@ -202,26 +239,25 @@ class FirstRun:
         return [dataclasses.replace(r, check=r.check + suffix, extra=dict(r.extra)) for r in recs]
 
     def check(self, out: dict, inputs: dict, before: dict, suffix: str) -> list[compare.Record]:
-        """``check_outputs`` of a later run of the same context, the first run's records where its bytes are the same."""
+        """``check_outputs`` of a later run of the same context, the first run's records where its bytes are the
+        same; its effects (``EffectPlan``) where the inputs ``spec.effects`` reads are. One transfer decides all."""
         ctx = self.ctx
         outputs = [o for o in ctx.spec.outputs if o.when(ctx.case)]
         outs = [(self.out.get(o.name), out.get(o.name)) for o in outputs]
         keys_same = set(inputs) == self.keys and set(before) == set(self.before)
         buffers = [] if not keys_same else ([(v, inputs[b]) for b, v in self.written.items()]
                                             + [(v, before[b]) for b, v in self.before.items()])
+        seen = [(v, inputs[k]) for k, v in self.seen.items()] if keys_same else []
+        outs_same, buffers_same, seen_same = _same_each([outs, buffers, seen])
         if any(o.observed is not None for o in outputs):  # those records read the buffers too
-            buffers_seen_same = outs_same = keys_same and _same(outs + buffers)
-        else:
-            buffers_seen_same, outs_same = False, _same(outs)
+            outs_same = outs_same and keys_same and buffers_same
         if outs_same:
             recs = self._renamed(self.out_recs, suffix)
         else:
             recs = _output_records(ctx, out, inputs, before, suffix)
-        host = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
-        if keys_same and _same([(v, host(inputs[k])) for k, v in self.seen.items()]
-                               + ([] if buffers_seen_same else buffers)):
+        if keys_same and seen_same and buffers_same:
             return recs + self._renamed(self.eff_recs, suffix)
-        return recs + _effect_records(ctx, inputs, before, suffix)
+        return recs + _effect_records(ctx, inputs, before, suffix, plan=self.plan if keys_same and seen_same else None)
 
 
 def untouched_inputs(ctx: CaseContext, inputs: dict, suffix: str = "") -> list[compare.Record]:
@@ -232,11 +268,13 @@ def untouched_inputs(ctx: CaseContext, inputs: dict, suffix: str = "") -> list[c
     spec, impl, pristine = ctx.spec, ctx.impl, ctx.pristine
     allowed = set(spec.writable) | set(spec.out_args) | set(impl.may_write)
     storages = {t.untyped_storage().data_ptr() for n in allowed if isinstance(t := inputs.get(n), torch.Tensor)} - {0}
+    names = [name for name, t in inputs.items() if not (name in allowed or not isinstance(t, torch.Tensor)
+                                                          or t.untyped_storage().data_ptr() in storages)]
+    if compare.same([(inputs[n], pristine[n]) for n in names], memo=ctx.memo):  # one transfer, the usual answer
+        return [compare.Record(f"untouched:{name}{suffix}", True) for name in names]  # = unchanged_check's
     batch = compare.Batch()  # one transfer for every input's flag
-    for name, t in inputs.items():
-        if name in allowed or not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in storages:
-            continue
-        batch.add(compare.unchanged_check(f"untouched:{name}{suffix}", t, pristine[name],
+    for name in names:
+        batch.add(compare.unchanged_check(f"untouched:{name}{suffix}", inputs[name], pristine[name],
                                           hint=f" (not writable in {spec.name}; a kernel that writes it on purpose "
                                                f"declares Impl(may_write=({name!r},)))"))
     return batch.resolve()

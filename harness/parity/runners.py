@@ -24,6 +24,7 @@ aliasing check always run.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -47,6 +48,49 @@ class CaseResult:
     seconds: float  # wall time of the implementation's first call
     refused: str = ""  # can_handle's reason, when it refused
     stages: tuple[tuple[str, float], ...] = ()  # (stage, seconds) of this run (harness.parity.stages)
+
+
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
+def _plain(v) -> bool:
+    """A value ``copy_inputs`` copies as ``copy.deepcopy`` would without its machinery: a plain strided
+    leaf tensor (no subclass, grad, conj/neg bit or quantizer), or an immutable scalar (deepcopy keeps it)."""
+    if isinstance(v, torch.Tensor):
+        return (type(v) is torch.Tensor and v.layout == torch.strided and v.is_leaf and v.grad is None
+                and not v.is_quantized and not v.is_conj() and not v.is_neg())
+    return isinstance(v, _IMMUTABLE)
+
+
+def copy_inputs(inputs: dict) -> dict:
+    """``copy.deepcopy(inputs)``: every storage copied once (tensors sharing one share its copy), each
+    tensor rebuilt on it with its offset, shape and strides, the whole storage's bytes kept (what a
+    kernel reading past a view would see). Without deepcopy's per-tensor machinery: one device copy
+    per storage and no other kernel (a deepcopy cost ~50 torch calls per qk_norm_rope case's inputs).
+    A value other than a plain tensor or an immutable scalar (``_plain``) falls back to deepcopy."""
+    if not all(_plain(v) for v in inputs.values()):
+        return copy.deepcopy(inputs)
+    storages = {k: v.untyped_storage() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    # (device, storage address): storages with bytes never share one; an empty storage is its own
+    keys = {k: (inputs[k].device, st.data_ptr()) if st.nbytes() else k for k, st in storages.items()}
+    users = collections.Counter(keys.values())
+    copies: dict = {}  # key -> the storage's copy
+    out = {}
+    for k, v in inputs.items():
+        if not isinstance(v, torch.Tensor):
+            out[k] = v
+            continue
+        st, key = storages[k], keys[k]
+        if users[key] == 1 and v.storage_offset() == 0 and v.is_contiguous() and \
+                st.nbytes() == v.numel() * v.element_size():  # the whole storage, alone: one clone
+            t = v.detach().clone()
+        else:
+            if key not in copies:
+                copies[key] = st.clone()
+            t = torch.empty(0, dtype=v.dtype, device=v.device).set_(copies[key], v.storage_offset(), v.shape,
+                                                                     v.stride())
+        out[k] = t.requires_grad_() if v.requires_grad else t
+    return out
 
 
 def _cpu(inputs: dict) -> dict:
@@ -85,8 +129,8 @@ def provide_outputs(spec: OpSpec, inputs: dict, ref_out: dict, dev: Device) -> d
 
 class CaseSetup:
     """What every implementation's run of one case shares: the inputs built once (each run gets
-    ``fresh()`` copies, never these: ``copy.deepcopy`` keeps strides, offsets and shared storages,
-    as ``gpu_runners.Inputs`` relies on too), the reference's outputs and writes, and the oracle. Building
+    ``fresh()`` copies, never these: ``copy_inputs`` keeps strides, offsets and shared storages, as
+    ``copy.deepcopy`` in ``gpu_runners.Inputs`` does), the reference's outputs and writes, and the oracle. Building
     inputs (seeded CPU random draws, then the copy to the device) and the fp64 oracle cost more
     than the kernels on a GPU: measured on the H200, 4 builds per run were 46 % of parity time.
     ``context(impl)``: what the records of one implementation's run read (``records.CaseContext``)."""
@@ -96,25 +140,26 @@ class CaseSetup:
         with stages.timed("inputs"):
             self.pristine = spec.build_inputs(case, dev)
         with stages.timed("reference"):
-            ref_inputs = copy.deepcopy(self.pristine)
+            ref_inputs = copy_inputs(self.pristine)
             ref_out, _ = _call(spec.reference, ref_inputs, dev)
             self.ref_out = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in ref_out.items()}
             self.ref_after = _cpu(ref_inputs)  # the reference's writes, for the effect checks
         with stages.timed("oracle"):
             self.oracle = spec.oracle(**_cpu(self.pristine))
+        self.memo: dict = {}  # kept by the records of the case's runs (``records.CaseContext.memo``)
         self._emulated: dict[tuple[str, str], Allowance] = {}
         self._policies: dict[str, tuple[dict, dict, dict]] = {next(iter(spec.nan_policies), ""): (
             self.ref_out, self.ref_after, self.oracle)}
 
     def fresh(self) -> dict:
-        return copy.deepcopy(self.pristine)
+        return copy_inputs(self.pristine)
 
     def context(self, impl: Impl) -> CaseContext:
         """The case as ``impl``'s records read it: the reference and oracle of its NaN policy
         (``policy``), its precision class's allowance made (``allowance``) if not yet."""
         ref_out, ref_after, oracle = self.policy(nan_policy_of(self.spec, impl))
         return CaseContext(self.spec, impl, self.case, self.dev, self.pristine, ref_out, ref_after,
-                           oracle, self.allowance(impl.precision, nan_policy_of(self.spec, impl)))
+                           oracle, self.allowance(impl.precision, nan_policy_of(self.spec, impl)), memo=self.memo)
 
     def policy(self, nan_policy: str) -> tuple[dict, dict, dict]:
         """(reference outputs, reference inputs after its call, oracle) honouring ``nan_policy`` (one of
@@ -195,7 +240,9 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
 
     try:
         wants_inputs = can_handle_takes_inputs(impl.can_handle)
-        check_inputs = case_setup().fresh() if wants_inputs else None
+        st = case_setup() if wants_inputs else None
+        with stages.timed("copy"):  # can_handle's own copy of the inputs
+            check_inputs = st.fresh() if wants_inputs else None
     except Exception as exc:  # building the case failed: as a crash of the run below would say
         return CaseResult((_crash("run", exc),), float("nan"))
     try:
@@ -210,7 +257,7 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
         ctx = st.context(impl)
         with stages.timed("copy"):
             inputs = st.fresh()
-            before = {b: inputs[b].detach().clone() for b in writable_buffers(spec, inputs)}
+            before = {b: st.pristine[b] for b in writable_buffers(spec, inputs)}  # a fresh copy's bytes
         with stages.timed("impl"):
             out, seconds = _call(impl.fn, inputs, dev)
         with stages.timed("compare"):
@@ -221,7 +268,7 @@ def _run_case(spec: OpSpec, impl: Impl, case, dev: Device, *, determinism: bool,
         if determinism or alloc:  # one rerun serves both: a clean run cannot depend on the poison
             with stages.timed("copy"):
                 again = st.fresh()
-                again_before = {b: again[b].detach().clone() for b in writable_buffers(spec, again)}
+                again_before = {b: st.pristine[b] for b in writable_buffers(spec, again)}
             poisoning = poison.allocations(device=dev.torch_device) if alloc else contextlib.nullcontext()
             with stages.timed("rerun"), poisoning:
                 out2, _ = _call(impl.fn, again, dev)

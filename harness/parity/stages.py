@@ -6,7 +6,7 @@ Stages (``harness.parity.runners`` and ``harness.parity.suite`` time them):
   reference   the reference chain on the inputs (once per case)
   oracle      the fp64 oracle (once per case)
   allowance   the reference chain with a precision class's roundings emulated (once per class and case)
-  copy        fresh copies of the inputs and of the writable buffers' bytes, per run
+  copy        fresh copies of the inputs (can_handle's too) and of the writable buffers' bytes, per run
   impl        the implementation's first call
   compare     the checks of the first call's outputs and writes (``finite``, ``numeric``, ...)
   rerun       the determinism / poisoned-allocator rerun (the call)
