@@ -34,6 +34,11 @@ The kinds (``KINDS``; a wrapper's docstring says which it records):
   (``ATT_QO_EMPTY``), kv_indptr not rising from 0 to at most len(kv_indices) (``ATT_KV_INDPTR``), a
   slot outside the pool (``ATT_KV_INDICES``), then a request whose rows are not the uniform width's
   (``ATT_QO_WIDTH``: the width the call was planned with).
+- ``mla_fp8_prepare_step`` (fused path), in the host check's order: a slot_map entry outside the pool
+  (``MAP_PAST``) or named twice (``MAP_TWICE``), an out_cache_loc entry outside the logical pool
+  (``OCL_PAST``) or named twice (``OCL_TWICE``): a check launch, one pass over both with a per-call
+  counter per row; then a decode_kernel_loc row past kv_buffer (``DKL_PAST``) or named twice
+  (``DKL_TWICE``): the kernel's k programs, as for ``mla_fp8_prepare``'s loc.
 
 A kernel records a kind through ``note``: the first program to set its bit (``atomic_or`` returns
 the old bits) writes the kind's words, so they describe one offence, not a mix of several.
@@ -74,7 +79,13 @@ ATT_QO_EMPTY = tl.constexpr(18)
 ATT_KV_INDPTR = tl.constexpr(19)
 ATT_KV_INDICES = tl.constexpr(20)
 ATT_QO_WIDTH = tl.constexpr(21)
-N_KINDS = 22
+MAP_PAST = tl.constexpr(22)  # mla_fp8_prepare_step: slot_map, out_cache_loc, decode_kernel_loc (its order)
+MAP_TWICE = tl.constexpr(23)
+OCL_PAST = tl.constexpr(24)
+OCL_TWICE = tl.constexpr(25)
+DKL_PAST = tl.constexpr(26)
+DKL_TWICE = tl.constexpr(27)
+N_KINDS = 28
 
 # qk_norm_rope's bits, as its kernel sets them (``fused.qk_norm_rope.kernels._check_values``)
 POSITIONS, SLOT_PAST, SLOT_TWICE = 1, 2, 4
@@ -144,6 +155,13 @@ KINDS: dict[int, Kind] = {
     20: Kind("kv_indices", lambda w: f"entry {w[0]} outside [0, {w[1]}){DEVICE}"),
     21: Kind("qo_indptr", lambda w: f"request {w[0]}'s rows [{w[1]}, {w[2]}) are not [{w[0]}·{w[3]}, "
                                     f"({w[0]} + 1)·{w[3]}) of its uniform width {w[3]}{DEVICE}"),
+    # mla_fp8_prepare_step: reference.mla_fp8_prepare.chain.validate_pool's checks, in its order
+    22: Kind("slot_map", lambda w: f"entry {w[0]} outside [0, {w[1]}){DEVICE}"),
+    23: Kind("slot_map", lambda w: f"{DUPLICATE_MESSAGE}: slot {w[0]}{DEVICE}"),
+    24: Kind("out_cache_loc", lambda w: f"entry {w[0]} outside [0, {w[1]}){DEVICE}"),
+    25: Kind("out_cache_loc", lambda w: f"{DUPLICATE_MESSAGE}: slot {w[0]}{DEVICE}"),
+    26: Kind("decode_kernel_loc", lambda w: f"entry {w[0]} outside [0, {w[1]}){DEVICE}"),
+    27: Kind("decode_kernel_loc", lambda w: f"{DUPLICATE_MESSAGE}: slot {w[0]}{DEVICE}"),
 }
 assert sorted(KINDS) == list(range(N_KINDS))
 

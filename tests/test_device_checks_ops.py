@@ -92,6 +92,47 @@ def _mla_bad():
     return BAD
 
 
+def _step_call(kw, checked):
+    from fused.mla_fp8_prepare import wrapper as f
+
+    return dict(f.mla_fp8_prepare_step(**kw, checked=checked)) | {"kv_buffer": kw["kv_buffer"]}
+
+
+def _step_valid(device, seed=2, **over):
+    """tests/test_mla_fp8_prepare.py's step case (its STEP_BAD table's): a translated pool, decode_kernel_loc."""
+    from cases.mla_fp8_prepare import catalog as c
+
+    return c.build_inputs(c.MlaFp8PrepareCase(**{**dict(T=3, H=2, Dn=32, R=8, seed=seed), **over}), device)
+
+
+def _step_fused(kw) -> bool:
+    """Whether the step takes the fused path on ``kw`` (writes on, the switch on, a write location, covered)."""
+    from fused.mla_fp8_prepare import wrapper as f
+
+    return kw["save_kv_cache"] and kw["fused_switch"] is not False and kw["decode_kernel_loc"] is not None and not \
+        f.covered(**{k: kw[k] for k in ("q_nope", "q_rope", "k_nope", "k_rope", "kv_buffer", "fp8_policy")})
+
+
+def _step_cases(device):
+    """The catalog's small cases the fused path takes (both pools, padding, both index dtypes, kv_descale)."""
+    from harness.fuzz.targets import op_spec
+
+    spec = op_spec("mla_fp8_prepare")
+    n = 0
+    for case in spec.catalog(big=False):
+        kw = spec.build_inputs(case, device)
+        if _step_fused(kw) and n < 8:
+            n += 1
+            yield kw
+    assert n >= 4
+
+
+def _step_bad():
+    from tests.test_mla_fp8_prepare import STEP_BAD
+
+    return STEP_BAD
+
+
 def _va_call(kw, checked):
     from fused.verify_accept import wrapper as f
 
@@ -199,6 +240,8 @@ def _vat_bad():
 OPS = {
     "mla_fp8_prepare": dict(call=_mla_call, valid=_mla_valid, bad=_mla_bad,
                             target="fused.mla_fp8_prepare.wrapper:mla_fp8_prepare"),
+    # the fused path's values (the chain's fallback checks on the host: tests/test_mla_fp8_prepare.py)
+    "mla_fp8_prepare_step": dict(call=_step_call, valid=_step_valid, bad=_step_bad, cases=_step_cases, target=None),
     "verify_accept": dict(call=_va_call, valid=_va_valid, bad=_va_bad,
                           target="fused.verify_accept.wrapper:verify_accept"),
     "verify_tree_accept": dict(call=_vta_call, valid=_vta_valid, bad=_vta_bad,
@@ -424,6 +467,97 @@ def test_va_requests_with_bad_rows_get_the_padding_outputs(device, qo, bad_reque
             assert torch.equal(got["accept_length"][b], one["accept_length"][0]), b
 
 
+STEP_FAULTS = ("dkl-past", "dkl-huge", "dkl-twice", "ocl-past", "ocl-huge", "ocl-twice", "map-past", "map-negative",
+               "map-huge", "map-twice")
+
+
+def _step_fault(kw, fault, at):
+    """Break ``kw`` at token ``at`` (or at the slot_map entry it names): the argument named, and the same
+    call made valid with what the fused path leaves for it (a bad decode_kernel_loc row: padding)."""
+    bad, want = copy.deepcopy(kw), copy.deepcopy(kw)
+    S, n_logical, T = kw["kv_buffer"].shape[0], kw["slot_map"].shape[0], kw["out_cache_loc"].shape[0]
+    other = (at + 1) % T
+    what, how = fault.split("-")
+    name = {"dkl": "decode_kernel_loc", "ocl": "out_cache_loc", "map": "slot_map"}[what]
+    i = int(kw["out_cache_loc"][at]) if what == "map" else at
+    if how == "twice":
+        j = int(kw["out_cache_loc"][other]) if what == "map" else other
+        bad[name][i] = bad[name][j]
+        if what == "dkl":
+            want[name][other] = -1
+    else:
+        bad[name][i] = {"past": {"dkl": S, "ocl": n_logical, "map": S}[what], "huge": 2 ** 40, "negative": -1}[how]
+    if what == "dkl":
+        want[name][at] = -1
+    return name, bad, want
+
+
+@pytest.mark.parametrize("fault", STEP_FAULTS)
+@pytest.mark.parametrize("at", [0, 2])
+def test_step_a_bad_index_leaves_the_valid_call_and_is_raised_later(device, monkeypatch, fault, at):
+    """The fused step, checked on the device, on one bad index: nothing synced; a token whose
+    decode_kernel_loc row is past kv_buffer or named twice (both tokens) writes no row and counts no
+    write: q8, kv_buffer and kv_writes are the host-checked call's with those tokens as padding; a bad
+    slot_map or out_cache_loc entry (the kernel reads neither) leaves the valid call's outputs; and
+    raise_pending names the argument as the host check does. Plants: a check dropped from the check
+    launch or the kernel, the step's kinds named loc, a repeated row counted in kv_writes."""
+    from fused import device_checks as dc
+
+    kw = _step_valid(device, T=5)
+    name, bad, want = _step_fault(kw, fault, at)
+    host = _host_error(_step_call, bad)
+    assert isinstance(host, checks.RangeError) and host.arg == name, host
+    expected = _step_call(want, True)
+    with counting_syncs(monkeypatch) as seen:
+        got = _step_call(bad, "device")
+    assert not seen, seen
+    assert _same(expected, got), fault
+    errors = dc.pending()
+    assert errors and type(errors[0]) is type(host) and errors[0].arg == name, errors
+    assert [e.arg for e in errors] == [name], errors  # the others' checks see nothing
+
+
+def test_step_reports_slot_map_then_out_cache_loc_then_decode_kernel_loc(device):
+    """All three bad at once: raise_pending raises slot_map's, as the host check does (its order)."""
+    from fused import device_checks as dc
+
+    kw = _step_valid(device, T=5)
+    for name in ("decode_kernel_loc", "out_cache_loc", "slot_map"):
+        kw[name][0] = kw[name][1]
+    assert _host_error(_step_call, kw).arg == "slot_map"
+    _step_call(copy.deepcopy(kw), "device")
+    assert [e.arg for e in dc.pending()] == ["slot_map", "out_cache_loc", "decode_kernel_loc"]
+
+
+def test_step_unchecked_syncs_nothing_and_the_default_is_the_host_check(device, monkeypatch):
+    """checked=False on the fused path reads no value and gives the host-checked outputs on valid input;
+    the default (checked None, VP_CHECK_VALUES unset) still refuses a bad value at the call."""
+    kw = _step_valid(device, T=5)
+    want = _step_call(copy.deepcopy(kw), True)
+    with counting_syncs(monkeypatch) as seen:
+        got = _step_call(copy.deepcopy(kw), False)
+    assert not seen and _same(want, got)
+    from fused.mla_fp8_prepare import wrapper as f
+
+    monkeypatch.delenv(checks.CHECK_VALUES_ENV, raising=False)
+    kw["slot_map"][0] = kw["slot_map"][1]
+    with pytest.raises(checks.RangeError) as info:
+        f.mla_fp8_prepare_step(**kw)
+    assert info.value.arg == "slot_map"
+
+
+@pytest.mark.parametrize("off", ["decode_kernel_loc", "fused_switch", "save_kv_cache"])
+def test_step_a_call_the_gate_sends_to_the_chain_is_checked_there(device, off):
+    """The fallback (no write location, the switch off, writes off) indexes slot_map by out_cache_loc:
+    checked on the host whatever checked says, a bad value refused at the call."""
+    kw = _step_valid(device, T=5)
+    kw[off] = None if off == "decode_kernel_loc" else False
+    kw["out_cache_loc"][0] = kw["slot_map"].shape[0]
+    with pytest.raises(checks.RangeError) as info:
+        _step_call(kw, "device")
+    assert info.value.arg == "out_cache_loc"
+
+
 @pytest.mark.parametrize("value", [-1, 50, 2 ** 40])
 def test_va_a_draft_outside_the_vocabulary_stops_the_walk(device, value):
     """A real request's draft outside [0, V) matches no token: the walk stops at it (the bonus token
@@ -633,6 +767,9 @@ def _break(op, kw):
     if op == "mla_fp8_prepare":
         kw["loc"][0] = kw["kv_buffer"].shape[0]
         return "loc"
+    if op == "mla_fp8_prepare_step":
+        kw["slot_map"][0] = kw["slot_map"][1]
+        return "slot_map"
     if op == "verify_accept":
         qo = kw["qo_indptr"].tolist()
         b = next(b for b in range(len(qo) - 1) if qo[b + 1] > qo[b])  # a real request's draft

@@ -272,7 +272,11 @@ STEP_BAD = [
     ("out_cache_loc", lambda kw: kw["out_cache_loc"] + kw["slot_map"].shape[0], checks.RangeError),
     ("out_cache_loc", lambda kw: torch.ones_like(kw["out_cache_loc"]), checks.RangeError),
     ("slot_map", lambda kw: torch.zeros_like(kw["slot_map"]), checks.RangeError),
+    ("slot_map", lambda kw: kw["slot_map"] + kw["kv_buffer"].shape[0], checks.RangeError),
+    ("slot_map", lambda kw: -1 - kw["slot_map"], checks.RangeError),  # no padding in the map
     ("decode_kernel_loc", lambda kw: kw["decode_kernel_loc"][:1], checks.ShapeError),
+    ("decode_kernel_loc", lambda kw: kw["decode_kernel_loc"] + kw["kv_buffer"].shape[0], checks.RangeError),
+    ("decode_kernel_loc", lambda kw: torch.ones_like(kw["decode_kernel_loc"]), checks.RangeError),  # duplicates
 ]
 
 

@@ -27,7 +27,18 @@ import triton
 import triton.language as tl
 
 from fused import device_checks, gates
-from fused.device_checks import SLOT_PAST_KIND, SLOT_TWICE_KIND, note
+from fused.compile_specs import variant
+from fused.device_checks import (
+    DKL_PAST,
+    DKL_TWICE,
+    MAP_PAST,
+    MAP_TWICE,
+    OCL_PAST,
+    OCL_TWICE,
+    SLOT_PAST_KIND,
+    SLOT_TWICE_KIND,
+    note,
+)
 from harness.devices import kernel_arch
 from reference.mla_fp8_prepare import chain as ref
 from reference.checks import UnsupportedError, check_bool, check_inner_contiguous, value_check_mode
@@ -59,13 +70,14 @@ def _saturate(x, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
-def _check_loc(flag_ptr, loc_ptr, slot, tok, write, T, n_slots, BLOCK_S: tl.constexpr):
+def _check_loc(flag_ptr, loc_ptr, slot, tok, write, T, n_slots, BLOCK_S: tl.constexpr, PAST_KIND: tl.constexpr,
+               TWICE_KIND: tl.constexpr):
     """The device-side checks of one k program's tokens (``fused.device_checks``): a row past
-    kv_buffer (``SLOT_PAST_KIND``) and a row another token of the call names too (``SLOT_TWICE_KIND``:
-    an O(T) scan of loc). Returns the tokens that may write: neither kind (a repeated row is written
-    by none of its tokens)."""
+    kv_buffer (``PAST_KIND``: ``SLOT_PAST_KIND`` naming loc, or ``DKL_PAST`` naming the step's
+    decode_kernel_loc) and a row another token of the call names too (``TWICE_KIND``: an O(T) scan of
+    loc). Returns the tokens that may write: neither kind (a repeated row is written by none of its tokens)."""
     past = write & (slot >= n_slots)
-    note(flag_ptr, SLOT_PAST_KIND, tl.max(past.to(tl.int32), axis=0) > 0,
+    note(flag_ptr, PAST_KIND, tl.max(past.to(tl.int32), axis=0) > 0,
          tl.max(tl.where(past, slot, -1), axis=0), n_slots, 0, 0)
     twice = tl.zeros_like(write)
     for j0 in range(0, T, BLOCK_S):
@@ -74,7 +86,7 @@ def _check_loc(flag_ptr, loc_ptr, slot, tok, write, T, n_slots, BLOCK_S: tl.cons
         same = (slot[:, None] == other[None, :]) & (offs_j[None, :] != tok[:, None]) & (other >= 0)[None, :]
         twice = twice | (tl.max(same.to(tl.int32), axis=1) > 0)
     twice = twice & write
-    note(flag_ptr, SLOT_TWICE_KIND, tl.max(twice.to(tl.int32), axis=0) > 0,
+    note(flag_ptr, TWICE_KIND, tl.max(twice.to(tl.int32), axis=0) > 0,
          tl.max(tl.where(twice, slot, -1), axis=0), 0, 0, 0)
     return write & ~past & ~twice
 
@@ -108,6 +120,8 @@ def mla_fp8_prepare_kernel(
     n_slots=0,  # rows of kv_buffer (read when CHECK_VALUES)
     CHECK_VALUES: tl.constexpr = False,  # the k programs check loc (fused.device_checks)
     BLOCK_S: tl.constexpr = 256,  # slots compared per step of the duplicate scan
+    PAST_KIND: tl.constexpr = 1,  # the kinds a bad loc row is recorded as: SLOT_PAST_KIND / SLOT_TWICE_KIND
+    TWICE_KIND: tl.constexpr = 2,  # (loc), or DKL_PAST / DKL_TWICE (the step's decode_kernel_loc)
 ):
     """The op's one launch (module docstring): q rows to q8, then k rows to ``kv_buffer[loc]``, in fp8."""
     pid = tl.program_id(0).to(tl.int64)  # int64: row offsets can pass 2**31 on large pools
@@ -137,7 +151,8 @@ def mla_fp8_prepare_kernel(
         slot = tl.load(loc_ptr + tok, mask=mask_tok, other=-1).to(tl.int64)
         write = mask_tok & (slot >= 0)
         if CHECK_VALUES:
-            write = _check_loc(flag_ptr, loc_ptr, slot, tok, write, T, n_slots, BLOCK_S=BLOCK_S)
+            write = _check_loc(flag_ptr, loc_ptr, slot, tok, write, T, n_slots, BLOCK_S=BLOCK_S, PAST_KIND=PAST_KIND,
+                               TWICE_KIND=TWICE_KIND)
         m_n = write[:, None] & mask_dn[None, :]
         m_r = write[:, None] & mask_r[None, :]
         kn = tl.load(k_nope_ptr + (tok * stride_kn_t)[:, None] + offs_dn[None, :], mask=m_n, other=0.0).to(tl.float32)
@@ -149,6 +164,71 @@ def mla_fp8_prepare_kernel(
         dst = kv_ptr + (slot * stride_kv_s)[:, None]
         tl.store(dst + offs_dn[None, :], _saturate(kn, FP8_MAX).to(fp8), mask=m_n)
         tl.store(dst + DN + offs_r[None, :], _saturate(kr, FP8_MAX).to(fp8), mask=m_r)
+
+
+@triton.jit(do_not_specialize=["n_map", "T", "S", "n_logical"])
+def mla_step_check_kernel(
+    flag_ptr,  # (FLAG_WORDS,) int64 error record of fused.device_checks
+    seen_ptr,  # (S + n_logical,) int32 zeroed per call: how often a physical / logical row was named so far
+    map_ptr,  # (n_map,) int32/int64 slot_map: logical -> physical row (read when n_map > 0)
+    ocl_ptr,  # (T,) int32/int64 out_cache_loc: logical slots, negative = padding
+    n_map,  # len(slot_map); 0 without one
+    T,  # num_tokens
+    S,  # rows of kv_buffer
+    n_logical,  # logical slots: len(slot_map), or S without one
+    BLOCK: tl.constexpr,  # entries per program
+):
+    """checked="device" of ``mla_fp8_prepare_step``'s fused path: the host check's rules for the two
+    index tensors the kernel does not read (``reference.mla_fp8_prepare.chain.validate_pool``). The
+    first ``cdiv(n_map, BLOCK)`` programs take slot_map (every entry in [0, S), no row twice), the
+    rest out_cache_loc (every non-negative entry in [0, n_logical), no slot twice). A repeat is found
+    by counting each row's namings in ``seen`` (``atomic_add`` returns the count before it): one pass,
+    O(n_map + T) work and ``4·(S + n_logical)`` bytes zeroed per call. Writes nothing else."""
+    pid = tl.program_id(0)
+    n_map_blocks = tl.cdiv(n_map, BLOCK)
+    offs = tl.arange(0, BLOCK)
+    if pid < n_map_blocks:
+        i = pid.to(tl.int64) * BLOCK + offs
+        m = i < n_map
+        v = tl.load(map_ptr + i, mask=m, other=0).to(tl.int64)
+        past = m & ((v < 0) | (v >= S))
+        first = tl.min(tl.where(past, i, n_map), axis=0)  # the first entry outside (it may be negative)
+        note(flag_ptr, MAP_PAST, first < n_map, tl.sum(tl.where(i == first, v, 0), axis=0), S, 0, 0)
+        inb = m & ~past
+        old = tl.atomic_add(seen_ptr + tl.where(inb, v, 0), tl.full((BLOCK,), 1, tl.int32), mask=inb)
+        twice = inb & (old > 0)
+        note(flag_ptr, MAP_TWICE, tl.max(twice.to(tl.int32), axis=0) > 0,
+             tl.max(tl.where(twice, v, -1), axis=0), 0, 0, 0)
+    else:
+        i = (pid - n_map_blocks).to(tl.int64) * BLOCK + offs
+        m = i < T
+        v = tl.load(ocl_ptr + i, mask=m, other=-1).to(tl.int64)
+        real = m & (v >= 0)
+        past = real & (v >= n_logical)
+        note(flag_ptr, OCL_PAST, tl.max(past.to(tl.int32), axis=0) > 0,
+             tl.max(tl.where(past, v, -1), axis=0), n_logical, 0, 0)
+        inb = real & ~past
+        old = tl.atomic_add(seen_ptr + S + tl.where(inb, v, 0), tl.full((BLOCK,), 1, tl.int32), mask=inb)
+        twice = inb & (old > 0)
+        note(flag_ptr, OCL_TWICE, tl.max(twice.to(tl.int32), axis=0) > 0,
+             tl.max(tl.where(twice, v, -1), axis=0), 0, 0, 0)
+
+
+STEP_CHECK_BLOCK = 1024
+
+
+def launch_step_check(*, flags, kv_buffer, out_cache_loc, slot_map) -> None:
+    """The step's check launch (``mla_step_check_kernel``); arguments already validated (shapes, dtypes, device)."""
+    S, T = kv_buffer.shape[0], out_cache_loc.shape[0]
+    n_map = 0 if slot_map is None else slot_map.shape[0]
+    n_logical = S if slot_map is None else n_map
+    grid = (triton.cdiv(n_map, STEP_CHECK_BLOCK) + triton.cdiv(T, STEP_CHECK_BLOCK),)
+    if grid[0] == 0:
+        return
+    seen = torch.zeros(S + n_logical, dtype=torch.int32, device=kv_buffer.device)
+    mla_step_check_kernel[grid](
+        flag_ptr=flags, seen_ptr=seen, map_ptr=slot_map if slot_map is not None else out_cache_loc,
+        ocl_ptr=out_cache_loc, n_map=n_map, T=T, S=S, n_logical=n_logical, BLOCK=STEP_CHECK_BLOCK, num_warps=4)
 
 
 def block_config(interpreted: bool) -> tuple[int, int]:
@@ -175,10 +255,15 @@ def k_mul_tensor(kv_descale, device) -> torch.Tensor | None:
     return t
 
 
+# the argument a bad row of loc is recorded as naming (checked="device") -> its two kinds
+LOC_KINDS = {"loc": (SLOT_PAST_KIND.value, SLOT_TWICE_KIND.value), "decode_kernel_loc": (DKL_PAST.value, DKL_TWICE.value)}
+
+
 def launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.Tensor | None,
-           flags: torch.Tensor | None = None) -> None:
+           flags: torch.Tensor | None = None, loc_name: str = "loc") -> None:
     """The one launch. Arguments already validated; ``k_mul`` a (1,) fp32 tensor on the device, or None;
-    ``flags``: the device's error record (``fused.device_checks``): the k programs check loc."""
+    ``flags``: the device's error record (``fused.device_checks``): the k programs check loc, recording
+    a bad row as naming ``loc_name`` (``LOC_KINDS``)."""
     T, H, DN = q_nope.shape
     R = q_rope.shape[2]
     if T == 0:
@@ -197,13 +282,14 @@ def launch(*, q8, kv_buffer, q_nope, q_rope, k_nope, k_rope, loc, k_mul: torch.T
         FP8_MAX=torch.finfo(kv_buffer.dtype).max,
         BLOCK_ROWS=block_rows, BLOCK_DN=triton.next_power_of_2(DN), BLOCK_R=triton.next_power_of_2(R),
         HAS_K_MUL=k_mul is not None,
-        **({"flag_ptr": flags, "n_slots": kv_buffer.shape[0], "CHECK_VALUES": True} if flags is not None else {}),
+        **({"flag_ptr": flags, "n_slots": kv_buffer.shape[0], "CHECK_VALUES": True, "PAST_KIND": LOC_KINDS[loc_name][0],
+            "TWICE_KIND": LOC_KINDS[loc_name][1]} if flags is not None else {}),
         num_warps=num_warps,
     )
 
 
 def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descale=None, fp8_policy="saturate",
-                    checked=None):
+                    checked=None, loc_name="loc"):
     """Same contract as ``reference.mla_fp8_prepare.chain.mla_fp8_prepare``, in one launch.
 
     Shapes: q_nope (T, H, Dn), q_rope (T, H, R), k_nope (T, Dn), k_rope (T, R) bf16 — any
@@ -221,8 +307,13 @@ def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descal
       not; q8 is complete), and ``fused.device_checks.raise_pending()`` raises the same RangeError later.
     - False: the caller guarantees them (a bad row is then written out of bounds) and nothing waits
       on the device.
+
+    ``loc_name``: the argument a device-recorded bad row names, ``"loc"`` or ``"decode_kernel_loc"``
+    (``mla_fp8_prepare_step`` passes loc as that).
     """
     mode = value_check_mode(checked)
+    if loc_name not in LOC_KINDS:
+        raise UnsupportedError("loc_name", f"one of {sorted(LOC_KINDS)}, got {loc_name!r}")
     T, H, Dn, R = ref.validate(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
                                loc=loc, kv_descale=kv_descale, fp8_policy=fp8_policy,
                                check_values=mode == "host")
@@ -238,7 +329,7 @@ def mla_fp8_prepare(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, loc, kv_descal
     q8 = torch.empty((T, H, Dn + R), dtype=kv_buffer.dtype, device=kv_buffer.device)
     launch(q8=q8, kv_buffer=kv_buffer, q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, loc=loc,
            k_mul=k_mul_tensor(kv_descale, kv_buffer.device),
-           flags=device_checks.record(kv_buffer.device) if mode == "device" else None)
+           flags=device_checks.record(kv_buffer.device) if mode == "device" else None, loc_name=loc_name)
     return q8
 
 
@@ -307,10 +398,23 @@ def resolve_fused_write_loc(*, out_cache_loc, decode_kernel_loc):
     return decode_kernel_loc
 
 
+def record_written(pool, loc) -> None:
+    """``pool.record(loc)`` without a sync (no boolean mask), for the rows a device-checked kernel wrote:
+    a row of kv_buffer named by exactly one token counts 1; padding, a row outside the pool and a row
+    named twice (written by none of its tokens) count nothing. On valid loc, what ``record`` counts."""
+    if pool.writes is None:
+        return
+    S, v = pool.writes.shape[0], loc.long()
+    rows = torch.where((v >= 0) & (v < S), v, S)  # S: the bin of the rows not written
+    named = torch.zeros(S + 1, dtype=torch.int32, device=pool.writes.device).index_add_(
+        0, rows, torch.ones_like(rows, dtype=torch.int32))
+    pool.writes += (named[:S] == 1).to(torch.int32)
+
+
 def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache_loc, slot_map=None,
                          decode_kernel_loc=None, save_kv_cache=True, fused_switch=None, kv_descale=None,
                          fp8_policy="saturate", gate_fn=gate, resolve_fn=resolve_fused_write_loc,
-                         kernel_fn=None):
+                         kernel_fn=None, checked=None):
     """One fp8 target-verify prepare on an MLA layer as the backend runs it.
 
     Shapes: as ``mla_fp8_prepare``; out_cache_loc (T,) logical slots; slot_map (S_logical,)
@@ -318,10 +422,34 @@ def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache
     Returns {"q8": (T, H, Dn + R) fp8, "kv_writes": (S,) int32 writes per physical row}.
     ``gate_fn``, ``resolve_fn`` and ``kernel_fn`` (default ``mla_fp8_prepare``) exist so tests
     and mutants can swap one piece.
+
+    Checks: shapes, dtypes, devices and flags on every call (no sync). The index values (slot_map
+    an injective map into kv_buffer's rows; out_cache_loc in the logical pool, decode_kernel_loc in
+    kv_buffer, negative = padding, no slot twice) by ``checked`` (None: ``VP_CHECK_VALUES``;
+    ``reference.checks.value_check_mode``):
+
+    - True (the default): on the host, before anything is written: one sync for the three, a
+      second for the kernel's loc (and one to count the written rows in ``kv_writes``); a bad one
+      is a RangeError naming it.
+    - ``"device"``, on the fused path: no sync (``fused.device_checks``). A check launch reads
+      slot_map and out_cache_loc (``mla_step_check_kernel``: the kernel reads neither, so a bad
+      entry there changes no output), the kernel's k programs read decode_kernel_loc (a token whose
+      row is past kv_buffer or named by another token too writes nothing; q8 is complete; no row
+      gets bytes it should not), ``kv_writes`` counts the rows written (once each: a repeated row 0),
+      and ``fused.device_checks.raise_pending()`` raises the host check's RangeError later, naming
+      the same argument, slot_map's first, then out_cache_loc's, then decode_kernel_loc's.
+    - False, on the fused path: the caller guarantees them (a bad decode_kernel_loc row is written out
+      of bounds) and nothing waits on the device (``kv_writes`` counted as in ``"device"``).
+
+    The fallback (the chain: writes off, the switch off, no decode_kernel_loc, a layout the kernel does
+    not take) indexes slot_map by out_cache_loc on the host's word: it checks the values on the host
+    whatever ``checked`` says.
     """
     kernel_fn = kernel_fn or mla_fp8_prepare
+    mode = value_check_mode(checked)
     ref.validate_pool(kv_buffer=kv_buffer, out_cache_loc=out_cache_loc, slot_map=slot_map,
-                      decode_kernel_loc=decode_kernel_loc, save_kv_cache=save_kv_cache, fused_switch=fused_switch)
+                      decode_kernel_loc=decode_kernel_loc, save_kv_cache=save_kv_cache, fused_switch=fused_switch,
+                      check_values=mode == "host")
     # before ``covered`` reads their strides (each path checks its write rows itself, below)
     ref.validate_tensors(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
                          kv_descale=kv_descale, fp8_policy=fp8_policy)
@@ -333,10 +461,21 @@ def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache
     d = gates.decide(gate_fn, save_kv_cache=save_kv_cache, fused_switch=switch, write_loc_resolved=loc is not None,
                 layout_covered=not covered(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope,
                                            kv_buffer=kv_buffer, fp8_policy=fp8_policy))
-    if d.use_fused:
+    if d.use_fused and mode == "host":
         fused_q8 = kernel_fn(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
                              loc=loc, kv_descale=kv_descale, fp8_policy=fp8_policy)
         pool.record(loc)
+    elif d.use_fused:
+        if mode == "device":
+            launch_step_check(flags=device_checks.record(kv_buffer.device), kv_buffer=kv_buffer,
+                              out_cache_loc=out_cache_loc, slot_map=slot_map)
+        fused_q8 = kernel_fn(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer,
+                             loc=loc, kv_descale=kv_descale, fp8_policy=fp8_policy, checked=checked,
+                             loc_name="decode_kernel_loc")
+        record_written(pool, loc)
+    if fused_q8 is None and mode != "host":  # the chain reads the values on the host: checked there
+        ref.validate_pool(kv_buffer=kv_buffer, out_cache_loc=out_cache_loc, slot_map=slot_map,
+                          decode_kernel_loc=decode_kernel_loc, save_kv_cache=save_kv_cache, fused_switch=fused_switch)
     if fused_q8 is None:  # fallback: launches 1-4 of the chain, on inputs checked as the kernel's wrapper would
         phys = decode_kernel_loc if save_kv_cache and decode_kernel_loc is not None else pool.physical(out_cache_loc)
         ref.validate(q_nope=q_nope, q_rope=q_rope, k_nope=k_nope, k_rope=k_rope, kv_buffer=kv_buffer, loc=phys,
@@ -351,21 +490,24 @@ def mla_fp8_prepare_step(*, q_nope, q_rope, k_nope, k_rope, kv_buffer, out_cache
 
 def compile_specs():
     """Signatures for the ahead-of-time compile check (``python -m harness compile``): one per
-    constexpr variant and fp8 format the wrapper can launch."""
+    constexpr variant and fp8 format the wrapper can launch: unchecked with and without kv_descale,
+    ``checked="device"`` recording loc's kinds (``mla_fp8_prepare``) and decode_kernel_loc's (the
+    step), and the step's check launch for both index dtypes."""
     specs = []
+    block_rows, warps = block_config(interpreted=False)
     for fmt, fp8_sig in (("e4m3fn", "*fp8e4nv"), ("e4m3fnuz", "*fp8e4b8")):
-        sig = {
-            "q8_ptr": fp8_sig, "kv_ptr": fp8_sig, "q_nope_ptr": "*bf16", "q_rope_ptr": "*bf16",
-            "k_nope_ptr": "*bf16", "k_rope_ptr": "*bf16", "loc_ptr": "*i64", "k_mul_ptr": "*fp32",
-            "T": "i32", "H": "i32", "DN": "i32", "R": "i32",
-            "stride_qn_t": "i32", "stride_qn_h": "i32", "stride_qr_t": "i32", "stride_qr_h": "i32",
-            "stride_kn_t": "i32", "stride_kr_t": "i32", "stride_q8_t": "i32", "stride_q8_h": "i32",
-            "stride_kv_s": "i32", "flag_ptr": "*i64", "n_slots": "i32",
-        }
-        block_rows, warps = block_config(interpreted=False)
-        for has_k_mul, chk in ((False, False), (True, False), (False, True)):
+        types = {"q8_ptr": fp8_sig, "kv_ptr": fp8_sig, "q_nope_ptr": "*bf16", "q_rope_ptr": "*bf16",
+                 "k_nope_ptr": "*bf16", "k_rope_ptr": "*bf16", "loc_ptr": "*i64", "k_mul_ptr": "*fp32",
+                 "flag_ptr": "*i64"}
+        for has_k_mul, chk in ((False, None), (True, None), (False, "loc"), (False, "decode_kernel_loc")):
+            past, twice = LOC_KINDS[chk or "loc"]
             const = {"FP8_MAX": torch.finfo(ref.FP8_DTYPES[fmt]).max, "BLOCK_ROWS": block_rows, "BLOCK_DN": 512,
-                     "BLOCK_R": 64, "HAS_K_MUL": has_k_mul, "CHECK_VALUES": chk, "BLOCK_S": 256}
-            specs.append((f"mla_fp8_prepare_kernel[{fmt},k_mul={int(has_k_mul)}{',checked' if chk else ''}]",
-                          mla_fp8_prepare_kernel, sig, const, warps, FP8_TARGETS[fmt]))
+                     "BLOCK_R": 64, "HAS_K_MUL": has_k_mul, "CHECK_VALUES": chk is not None, "BLOCK_S": 256,
+                     "PAST_KIND": past, "TWICE_KIND": twice}
+            label = f"{fmt},k_mul={int(has_k_mul)}" + (f",checked={chk}" if chk else "")
+            specs.append(variant(label, mla_fp8_prepare_kernel, types, const, warps, FP8_TARGETS[fmt]))
+    for idx in ("*i64", "*i32"):
+        specs.append(variant(f"index={idx[1:]}", mla_step_check_kernel,
+                             {"flag_ptr": "*i64", "seen_ptr": "*i32", "map_ptr": idx, "ocl_ptr": idx},
+                             {"BLOCK": STEP_CHECK_BLOCK}, 4))
     return specs
