@@ -342,10 +342,19 @@ def load_tree() -> types.ModuleType:
     return importlib.import_module(_TREE)
 
 
+TREE_PADDING_REFUSAL = ("padding requests (retrive_index[b, 0] < 0): SGLang's kernel stores that index in accept_index "
+                        "and writes predicts at it; EAGLE never passes them")
+
+
+def tree_refusal(case) -> str:
+    """What SGLang's greedy tree verify (its Triton kernel and its CUDA twin alike) declines of a
+    verify_tree_accept case ("" nothing): padding requests (``TREE_PADDING_REFUSAL``)."""
+    return TREE_PADDING_REFUSAL if case.padding else ""
+
+
 def _tree_can_handle(case, device) -> bool | str:
-    if case.padding:
-        return ("padding requests (retrive_index[b, 0] < 0): SGLang's kernel stores that index in accept_index and "
-                "writes predicts at it; EAGLE never passes them")
+    if tree_refusal(case):
+        return tree_refusal(case)
     try:
         load_tree()
     except Exception as exc:  # e.g. ROCm: the file imports SGLang's JIT tree module there
@@ -353,26 +362,40 @@ def _tree_can_handle(case, device) -> bool | str:
     return True
 
 
-def tree_greedy(*, target_logits, candidates, retrive_index, retrive_next_token, retrive_next_sibling,
-                num_speculative_tokens, kernels=None):
-    """The op as EAGLE's greedy tree verify runs it (``eagle_utils.py``): ``torch.argmax`` of the target rows,
-    (B, N) in row order, then ``verify_tree_greedy_triton`` on SGLang's int64 tree tensors, into outputs
-    pre-filled with -1 (SGLang's kernel writes the accepted path's entries only). ``kernels``: another module
-    of SGLang's ``spec_tree`` (default: the installed one; tests plant bugs in a copy)."""
-    mod = kernels or load_tree()
+def tree_kernel_args(*, target_logits, candidates, retrive_index, retrive_next_token, retrive_next_sibling,
+                     num_speculative_tokens) -> tuple:
+    """The op's inputs as EAGLE's greedy tree verify (``eagle_utils.py``) hands them to SGLang's tree kernel, in
+    the positional order both its Triton ``verify_tree_greedy_triton`` and its CUDA ``verify_tree_greedy`` take:
+    (predicts (B·N,) int32 pre-filled with -1 — SGLang zero-fills it and its kernels write the accepted path's
+    entries only, the op's contract has -1 elsewhere —, accept_index (B, S) int32 -1, accept_token_num (B,) int32,
+    candidates, retrive_index, retrive_next_token, retrive_next_sibling as contiguous int64 (B, N), target_predict
+    = ``torch.argmax`` of the target rows, (B, N) int64 in row order). Device work (the argmax) included."""
     B, N = candidates.shape
     dev = target_logits.device
     target_predict = torch.argmax(target_logits[: B * N], dim=-1).view(B, N)
-    predicts = torch.full((B * N,), -1, dtype=torch.int32, device=dev)
-    accept_index = torch.full((B, num_speculative_tokens), -1, dtype=torch.int32, device=dev)
-    n = torch.zeros((B,), dtype=torch.int32, device=dev)
-    mod.verify_tree_greedy_triton(predicts=predicts, accept_index=accept_index, accept_token_num=n,
-                                  candidates=candidates.long().contiguous(),
-                                  retrieve_index=retrive_index.long().contiguous(),
-                                  retrieve_next_token=retrive_next_token.long().contiguous(),
-                                  retrieve_next_sibling=retrive_next_sibling.long().contiguous(),
-                                  target_predict=target_predict)
-    return {"predicts": predicts, "accept_index": accept_index, "accept_token_num": n}
+    return (torch.full((B * N,), -1, dtype=torch.int32, device=dev),
+            torch.full((B, num_speculative_tokens), -1, dtype=torch.int32, device=dev),
+            torch.zeros((B,), dtype=torch.int32, device=dev),
+            *(t.long().contiguous() for t in (candidates, retrive_index, retrive_next_token, retrive_next_sibling)),
+            target_predict)
+
+
+def tree_outputs(args: tuple) -> dict:
+    """The op's three outputs from the kernel's written arguments (``tree_kernel_args``' first three)."""
+    return {"predicts": args[0], "accept_index": args[1], "accept_token_num": args[2]}
+
+
+def tree_greedy(*, target_logits, candidates, retrive_index, retrive_next_token, retrive_next_sibling,
+                num_speculative_tokens, kernels=None):
+    """The op as EAGLE's greedy tree verify runs it (``eagle_utils.py``): ``torch.argmax`` of the target rows,
+    then ``verify_tree_greedy_triton`` on SGLang's int64 tree tensors (``tree_kernel_args``). ``kernels``:
+    another module of SGLang's ``spec_tree`` (default: the installed one; tests plant bugs in a copy)."""
+    mod = kernels or load_tree()
+    args = tree_kernel_args(target_logits=target_logits, candidates=candidates, retrive_index=retrive_index,
+                            retrive_next_token=retrive_next_token, retrive_next_sibling=retrive_next_sibling,
+                            num_speculative_tokens=num_speculative_tokens)
+    mod.verify_tree_greedy_triton(*args)
+    return tree_outputs(args)
 
 
 def tree_bench_calls(kw: dict) -> dict:

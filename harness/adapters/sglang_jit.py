@@ -5,9 +5,13 @@
   sglang-jit-qk-norm-rope  qk_norm_rope     ``fused_q_norm_rope`` (q) + ``fused_norm_rope_inplace`` (kv)
                                             (kernels/ops/attention/dsv4/norm_rope.py; csrc deepseek_v4/main_norm_rope.cuh,
                                             fused_norm_rope.cuh): DeepSeek-V4's target-verify q and kv, no store
+  sglang-jit-tree-greedy   verify_tree_accept  ``verify_tree_greedy`` (kernels/ops/speculative/tree.py; csrc
+                                            speculative/tree.cuh, kernel ``VerifyTreeGreedy`` in
+                                            include/sgl_kernel/speculative/eagle.cuh): EAGLE's greedy tree verify on
+                                            NVIDIA (and AMD), after its torch.argmax
 
 SGLang compiles these at run time (``load_jit``: nvcc + ninja, loaded through apache-tvm-ffi) instead of shipping
-them as Triton. ``load()`` imports the three Python files SGLang calls them through, and SGLang's own JIT loader
+them as Triton. ``load()`` imports the three Python files SGLang calls them through (and ``speculative/tree.py``), and SGLang's own JIT loader
 (``sglang.kernels.jit.utils``), from the installed wheel without running ``sglang/__init__.py``: the packages on
 the path are registered unrun (``harness.adapters.sglang.stand_in``), ``sglang/srt/environ.py`` (stdlib only)
 loads as it is, and the four runtime helpers the loader and ``norm_rope.py`` import are one-line stand-ins
@@ -15,7 +19,7 @@ loads as it is, and the four runtime helpers the loader and ``norm_rope.py`` imp
 
 Where they run: a CUDA GPU with nvcc and ninja, ``apache-tvm-ffi==0.1.11`` and ``msgspec`` installed (the
 ``sglang-jit`` extra); the fp8 kernel needs SM90+ (TMA bulk store). Anywhere else every case is refused with one
-line naming what is missing (``missing``), never an error. Builds go to the cache directory ``cache_dir()``:
+line naming what is missing (``missing``), never an error; the tree kernel needs no particular arch. Builds go to the cache directory ``cache_dir()``:
 ``$VP_SGLANG_JIT_CACHE``, else ``$SGLANG_JIT_CACHE_DIR``, else ``~/.cache/verify-parity/sglang-jit``. The first
 call of each compiled variant in a process is timed and logged on stderr apart from the checks
 (``FIRST_CALLS``); ``python -m harness.adapters.sglang_jit`` builds them all before a run and prints the times.
@@ -37,6 +41,21 @@ Gates, as SGLang's dispatch has them, each refusal with its reason:
        are not, positions to int64 for the kv kernel. Precision ``bf16-norm``: both kernels round the
        normalised row to bf16 and rotate those bf16 values (the unfused model's two steps' rounding), one more
        rounding of the RoPE dims than the reference chain's fused launch.
+  tree EAGLE calls it (``eagle_utils.py``, via ``spec_tree.verify_tree_greedy_func`` on CUDA/ROCm) with
+       ``target_predict = torch.argmax(logits).reshape(B, N)`` int64, the tree tensors int64 (B, N) (its
+       TensorMatcher checks), accept_index (B, S) int32 filled with -1, predicts (B·N,) int32 zero-filled, the
+       count int32. The translation is the Triton adapter's own (``harness.adapters.sglang.tree_kernel_args``:
+       the same positional arguments; predicts pre-filled with -1, as the op's contract has it off the path),
+       and so is the one refusal (``tree_refusal``): padding requests (retrive_index[b, 0] < 0), whose negative
+       index the kernel stores in accept_index, reads target_predict at and writes predicts at (before the
+       tensors). Semantics (one thread per request): from the root, at each of S - 1 levels, walk the current
+       node's child list in ``retrive_next_sibling`` order and accept the first child whose draft equals
+       target_predict at the last accepted node's row (a later sibling with the same token never wins; a leaf
+       or no match ends the walk); predicts gets the target token at each accepted node's parent row, then the
+       bonus ``target_predict`` at the last accepted row (the root's when nothing is accepted). That is the
+       reference's rule and the Triton twin's, to the element. They differ only off the contract: the CUDA
+       sibling walk is an unbounded ``while (cur != -1)`` (a cyclic sibling list spins forever), the Triton
+       one stops after N siblings; the op's validation rejects such lists before either runs. Exact.
 
 The benchmarks time them through the same gate and translation (``qk_bench_call``, ``fp8_bench_call``: the
 translation done once before the timed call, SGLang's entry points called bare, as the model calls them; or the
@@ -59,7 +78,15 @@ from typing import Callable
 
 import torch
 
-from harness.adapters.sglang import VERSION, SGLangUnavailable, installed_version, stand_in
+from harness.adapters.sglang import (
+    VERSION,
+    SGLangUnavailable,
+    installed_version,
+    stand_in,
+    tree_kernel_args,
+    tree_outputs,
+    tree_refusal,
+)
 from harness.registry import Impl
 
 TVM_FFI = "apache-tvm-ffi==0.1.11"  # the release SGLang 0.5.23's JIT loader was checked with
@@ -68,6 +95,7 @@ CACHE_ENV = "VP_SGLANG_JIT_CACHE"
 DEFAULT_CACHE = "~/.cache/verify-parity/sglang-jit"
 FP8_FILE = "sglang.kernels.ops.attention.set_mla_kv_concat_q"
 NORM_ROPE_FILE = "sglang.kernels.ops.attention.dsv4.norm_rope"
+TREE_FILE = "sglang.kernels.ops.speculative.tree"
 FP8_NOPE, FP8_ROPE = 512, 64  # kFp8NopeDim, kFp8RopeDim: the fp8 kernel's fixed row widths
 ROPE_DIM = 64  # the norm+RoPE kernels: one (re, im) pair per lane of a warp
 
@@ -103,7 +131,7 @@ def _importable(name: str) -> bool:
 
 
 def missing(kernel: str) -> str:
-    """What this machine lacks to run ``kernel`` ("fp8" or "qk"), as one line ("" when nothing): every
+    """What this machine lacks to run ``kernel`` ("fp8", "qk" or "tree"), as one line ("" when nothing): every
     missing piece, joined by "; "."""
     out = []
     if _is_hip():
@@ -128,7 +156,7 @@ def missing(kernel: str) -> str:
 
 @functools.cache
 def load() -> dict[str, object]:
-    """SGLang's two Python files of these kernels, keyed by stem, from the installed wheel; its JIT cache set to
+    """SGLang's three Python files of these kernels, keyed by stem, from the installed wheel; its JIT cache set to
     ``cache_dir()``. SGLangUnavailable when sglang, apache-tvm-ffi or msgspec is not installed."""
     for mod, dist in (("tvm_ffi", TVM_FFI), ("msgspec", "msgspec")):
         if not _importable(mod):
@@ -142,8 +170,8 @@ def load() -> dict[str, object]:
         with_rt = [h for h in homes if any(Path(h, "lib64").glob("libcudart.so*"))]
         if with_rt and with_rt[0] != homes[0]:
             os.environ["CUDA_HOME"] = with_rt[0]
-    stand_in(SHIMMED, [FP8_FILE.rsplit(".", 1)[0], NORM_ROPE_FILE.rsplit(".", 1)[0]])
-    return {m.rsplit(".", 1)[1]: importlib.import_module(m) for m in (FP8_FILE, NORM_ROPE_FILE)}
+    stand_in(SHIMMED, [m.rsplit(".", 1)[0] for m in (FP8_FILE, NORM_ROPE_FILE, TREE_FILE)])
+    return {m.rsplit(".", 1)[1]: importlib.import_module(m) for m in (FP8_FILE, NORM_ROPE_FILE, TREE_FILE)}
 
 
 # ----------------------------------------------------------------------------- the kernels, by SGLang's signatures
@@ -159,6 +187,7 @@ class Kernels:
     covered_fp8: Callable | None
     fused_q_norm_rope: Callable
     fused_norm_rope_inplace: Callable
+    verify_tree_greedy: Callable
     missing: Callable[[str], str]
     first_call: Callable[[str], None] | None
 
@@ -185,6 +214,12 @@ def _fp8_module() -> None:
     _first_call_timed("set_mla_kv_concat_q_fp8", lambda: fp8.set_mla_kv_concat_q_fp8_module(fp8.is_arch_support_pdl()))
 
 
+def _tree_module() -> None:
+    """Build (or load) the tree kernels' module (``speculative_tree``: build, verify, reconstruct), timed."""
+    tree = load()["tree"]
+    _first_call_timed("speculative_tree", tree._jit_tree_module)
+
+
 def _sglang_entry(stem: str, entry: str, variant: Callable[..., str]):
     def call(*args, **kw):
         fn = getattr(load()[stem], entry)
@@ -200,6 +235,7 @@ def sglang() -> Kernels:
         covered_fp8=lambda **kw: load()["set_mla_kv_concat_q"].covered_fp8(**kw),
         fused_q_norm_rope=_sglang_entry("norm_rope", "fused_q_norm_rope", lambda q, *a: f"D={q.shape[-1]}"),
         fused_norm_rope_inplace=_sglang_entry("norm_rope", "fused_norm_rope_inplace", lambda kv, *a: f"D={kv.shape[-1]}"),
+        verify_tree_greedy=_sglang_entry("tree", "verify_tree_greedy", lambda *a: "int32/int64"),
         missing=missing,
         first_call=lambda kernel: _fp8_module() if kernel == "fp8" else None,
     )
@@ -339,10 +375,27 @@ def _qk_adapter(kernels: Kernels):
     return fn
 
 
+# ----------------------------------------------------------------------------- greedy tree verify
+
+def _tree_can_handle(kernels: Kernels):
+    def can_handle(case, device) -> bool | str:
+        return kernels.missing("tree") or tree_refusal(case) or True
+    return can_handle
+
+
+def _tree_adapter(kernels: Kernels):
+    def fn(**inputs):
+        """EAGLE's greedy tree verify: torch.argmax, then the CUDA kernel on the Triton adapter's arguments."""
+        args = tree_kernel_args(**inputs)
+        kernels.verify_tree_greedy(*args)
+        return tree_outputs(args)
+    return fn
+
+
 # ----------------------------------------------------------------------------- the implementations
 
 def impls(kernels: Kernels) -> list[Impl]:
-    """The two adapters over ``kernels`` (SGLang's, or the emulation's, whose names end in ``-emulated``)."""
+    """The three adapters over ``kernels`` (SGLang's, or the emulation's, whose names end in ``-emulated``)."""
     suffix = "" if kernels.name == "sglang" else f"-{kernels.name}"
     doc = f"SGLang {installed_version() or '?'} (checked against {VERSION}) JIT CUDA, {kernels.name}: "
     return [
@@ -352,6 +405,9 @@ def impls(kernels: Kernels) -> list[Impl]:
         Impl("qk_norm_rope", f"sglang-jit-qk-norm-rope{suffix}", "external", _qk_adapter(kernels),
              can_handle=_qk_can_handle(kernels), may_write=("kv",), precision="bf16-norm",
              doc=doc + "fused_q_norm_rope + fused_norm_rope_inplace, target verify, normalised row in bf16"),
+        Impl("verify_tree_accept", f"sglang-jit-tree-greedy{suffix}", "external", _tree_adapter(kernels),
+             can_handle=_tree_can_handle(kernels),
+             doc=doc + "verify_tree_greedy after torch.argmax: EAGLE's greedy tree verify on NVIDIA"),
     ]
 
 
@@ -371,7 +427,8 @@ def _timed_entries(kernels: Kernels) -> Kernels:
     mods = load()
     return replace(kernels, set_mla_kv_concat_q_fp8=mods["set_mla_kv_concat_q"].set_mla_kv_concat_q_fp8,
                    fused_q_norm_rope=mods["norm_rope"].fused_q_norm_rope,
-                   fused_norm_rope_inplace=mods["norm_rope"].fused_norm_rope_inplace)
+                   fused_norm_rope_inplace=mods["norm_rope"].fused_norm_rope_inplace,
+                   verify_tree_greedy=mods["tree"].verify_tree_greedy)
 
 
 def qk_bench_call(inputs: dict, kernels: Kernels | None = None) -> Callable[[], tuple] | str:
@@ -420,8 +477,8 @@ def fp8_bench_call(inputs: dict, kernels: Kernels | None = None) -> Callable[[],
 # ----------------------------------------------------------------------------- building ahead of a run
 
 def warm(head_dims=(512,)) -> dict[str, float]:
-    """Build (or load from ``cache_dir()``) every variant the adapters call — the fp8 kernel and the two
-    norm+RoPE kernels per head dim — concurrently, each timed; {variant: seconds}. RuntimeError naming what
+    """Build (or load from ``cache_dir()``) every variant the adapters call — the fp8 kernel, the two
+    norm+RoPE kernels per head dim and the tree module — concurrently, each timed; {variant: seconds}. RuntimeError naming what
     is missing."""
     lacks = missing("fp8") or missing("qk")
     if lacks:
@@ -440,7 +497,7 @@ def warm(head_dims=(512,)) -> dict[str, float]:
         return [lambda: k.fused_q_norm_rope(q, torch.empty_like(q), 1e-6, freqs, pos),
                 lambda: k.fused_norm_rope_inplace(kv, kv[0].clone(), 1e-6, freqs, pos)]
 
-    parallel_compile([_fp8_module, *(b for D in head_dims for b in norm_rope(D))])
+    parallel_compile([_fp8_module, _tree_module, *(b for D in head_dims for b in norm_rope(D))])
     return dict(FIRST_CALLS)
 
 

@@ -1,4 +1,4 @@
-"""What SGLang 0.5.23's three JIT-compiled CUDA kernels compute, written in torch from their ``.cuh`` sources,
+"""What SGLang 0.5.23's four JIT-compiled CUDA kernels compute, written in torch from their ``.cuh`` sources,
 behind the Python signatures of SGLang's own entry points, so that ``harness.adapters.sglang_jit``'s input
 translation runs unchanged on the CPU (``KERNELS``; tests/test_sglang_jit.py) and the conventions are on record:
 
@@ -17,6 +17,14 @@ translation runs unchanged on the CPU (``KERNELS``; tests/test_sglang_jit.py) an
   fused_norm_rope_inplace   sglang/kernels/jit/csrc/deepseek_v4/fused_norm_rope.cuh (FusedNormRopeKernel, mode 2)
       The same on kv (T, D), contiguous, in place, with the weight: ``bf16((x · rsqrtf(..)) · w)``, positions
       int64.
+  verify_tree_greedy        sglang/kernels/jit/csrc/speculative/tree.cuh -> include/sgl_kernel/speculative/eagle.cuh
+                            (VerifyTreeGreedy<int32_t, int64_t>)
+      One thread per request b: accept_index[b, 0] = retrive_index[b, 0]; then for each of S - 1 levels, the
+      first child of the current node, and along ``retrive_next_sibling`` (``while (cur != -1)``, unbounded)
+      the first whose candidate equals ``target_predict`` at the flat row of the last accepted node: predicts
+      at that row gets the token, the child's row is appended to accept_index; no match or a leaf ends it.
+      Last, the count, and predicts at the last accepted row = target_predict there (the bonus). Nothing else
+      is written; nothing is bounds-checked (a negative retrive_index is used as an offset).
 
 Σx² is the warp's: lane l adds its tiles in order (element ``(i·32 + l)·vec + j``, ``vec = min(8, D/32)``),
 each ``x·x + s`` one rounding (nvcc contracts it to an FMA), then a butterfly over ``__shfl_xor`` 16…1.
@@ -117,10 +125,52 @@ def fused_norm_rope_inplace(kv, weight, eps, freq_cis, positions) -> None:
     kv.copy_(_norm_rope(kv, weight, eps, freq_cis, positions))
 
 
-# the three kernels as the adapters take them (harness.adapters.sglang_jit.impls); covered_fp8: the adapter's reading
+def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                       retrive_next_sibling, target_predict) -> None:
+    """The CUDA kernel's walk, per request, on its host-checked arguments (int64 (B, N) tree tensors and
+    target_predict, int32 outputs). A sibling walk that has not ended after N steps would spin on the GPU:
+    RuntimeError here."""
+    for name, t in (("candidates", candidates), ("retrive_index", retrive_index),
+                    ("retrive_next_token", retrive_next_token), ("retrive_next_sibling", retrive_next_sibling),
+                    ("target_predict", target_predict)):
+        if t.dtype != torch.int64 or t.shape != candidates.shape:
+            raise TypeError(f"{name}: the kernel's TensorMatcher wants int64 {tuple(candidates.shape)}")
+    B, N = candidates.shape
+    S = accept_index.shape[1]
+    cand, ridx, nxt, sib = (t.tolist() for t in (candidates, retrive_index, retrive_next_token, retrive_next_sibling))
+    tp = target_predict.reshape(-1).tolist()
+    pred, acc, num = predicts.tolist(), accept_index.tolist(), accept_token_num.tolist()
+    for b in range(B):
+        last = ridx[b][0]
+        acc[b][0] = last
+        n, cur = 0, 0
+        for _ in range(1, S):
+            cur = nxt[b][cur]
+            steps = 0
+            while cur != -1:
+                if cand[b][cur] == tp[last]:
+                    pred[last] = tp[last]
+                    n += 1
+                    acc[b][n] = ridx[b][cur]
+                    last = ridx[b][cur]
+                    break
+                cur = sib[b][cur]
+                steps += 1
+                if steps > N:
+                    raise RuntimeError(f"request {b}: the sibling list does not end (the CUDA kernel would spin)")
+            if cur == -1:
+                break
+        num[b] = n
+        pred[last] = tp[last]
+    predicts.copy_(torch.tensor(pred, dtype=predicts.dtype))
+    accept_index.copy_(torch.tensor(acc, dtype=accept_index.dtype).view(accept_index.shape))
+    accept_token_num.copy_(torch.tensor(num, dtype=accept_token_num.dtype))
+
+
+# the four kernels as the adapters take them (harness.adapters.sglang_jit.impls); covered_fp8: the adapter's reading
 KERNELS = Kernels(name="emulated", set_mla_kv_concat_q_fp8=set_mla_kv_concat_q_fp8, covered_fp8=None,
                   fused_q_norm_rope=fused_q_norm_rope, fused_norm_rope_inplace=fused_norm_rope_inplace,
-                  missing=lambda kernel: "", first_call=None)
+                  verify_tree_greedy=verify_tree_greedy, missing=lambda kernel: "", first_call=None)
 
 
 def IMPLS():
