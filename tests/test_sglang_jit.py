@@ -23,7 +23,7 @@ from reference.qk_norm_rope import chain as qk_chain
 
 REAL = {i.op: i for i in jit.IMPLS()}
 EMULATED = {i.op: i for i in jit.impls(emu.KERNELS)}
-FP8, QK = "mla_fp8_prepare", "qk_norm_rope"
+FP8, QK, TREE = "mla_fp8_prepare", "qk_norm_rope", "verify_tree_accept"
 
 
 def _case(registry, op, name):
@@ -42,7 +42,8 @@ def _failed(recs):
 # ----------------------------------------------------------------------------- where the kernels cannot run
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA refusal: this machine has a CUDA device")
-@pytest.mark.parametrize("op, name", [(FP8, "k3-verify-b1-l3-h8"), (QK, "dsv4-verify-b1-l3-h8")])
+@pytest.mark.parametrize("op, name", [(FP8, "k3-verify-b1-l3-h8"), (QK, "dsv4-verify-b1-l3-h8"),
+                                      (TREE, "eagle-k8-d7-n48-dfs"), (TREE, "padding-requests")])
 def test_refused_in_one_line_without_a_cuda_device(registry, device, op, name):
     res, recs = _run(registry, device, REAL[op], name)
     reason = res.refused
@@ -56,10 +57,10 @@ def test_missing_names_every_missing_piece(monkeypatch):
     monkeypatch.setattr(jit, "_importable", lambda name: name not in ("tvm_ffi",))
     monkeypatch.setattr(jit, "nvcc", lambda: "")
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    fp8, qk = jit.missing("fp8"), jit.missing("qk")
-    assert fp8.startswith("sm_80 is not SM90+") and "sm_80" not in qk, (fp8, qk)
+    fp8, qk, tree = jit.missing("fp8"), jit.missing("qk"), jit.missing("tree")
+    assert fp8.startswith("sm_80 is not SM90+") and "sm_80" not in qk and "sm_80" not in tree, (fp8, qk, tree)
     for piece in (jit.TVM_FFI, "no nvcc", "no ninja"):
-        assert piece in fp8 and piece in qk, (piece, fp8)
+        assert piece in fp8 and piece in qk and piece in tree, (piece, fp8)
     assert "msgspec" not in fp8 and "\n" not in fp8
     monkeypatch.setattr(jit, "_is_hip", lambda: True)
     assert jit.missing("qk").startswith("ROCm") and "no nvcc" not in jit.missing("qk")
@@ -72,7 +73,7 @@ def test_nothing_missing_is_an_empty_line(monkeypatch):
     monkeypatch.setattr(jit, "_importable", lambda name: True)
     monkeypatch.setattr(jit, "nvcc", lambda: "/usr/local/cuda/bin/nvcc")
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
-    assert jit.missing("fp8") == "" and jit.missing("qk") == ""
+    assert jit.missing("fp8") == "" and jit.missing("qk") == "" and jit.missing("tree") == ""
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA refusal: this machine has a CUDA device")
@@ -100,6 +101,7 @@ def test_sglangs_jit_loader_imports_without_the_serving_stack():
     mods = jit.load()
     assert mods["set_mla_kv_concat_q"].__file__.endswith("sglang/kernels/ops/attention/set_mla_kv_concat_q.py")
     assert mods["norm_rope"].__file__.endswith("sglang/kernels/ops/attention/dsv4/norm_rope.py")
+    assert mods["tree"].__file__.endswith("sglang/kernels/ops/speculative/tree.py")
     assert os.environ["SGLANG_JIT_CACHE_DIR"] == jit.cache_dir()
     if getattr(sys.modules["sglang"], "__file__", None) is None:
         loader = sys.modules["sglang.kernels.jit.utils.compile.loader"]
@@ -113,11 +115,15 @@ def test_sglangs_jit_loader_imports_without_the_serving_stack():
 
 QK_ADMITTED = ["dsv4-verify-b1-l3-h8", "one-token-one-head", "odd-tokens-odd-heads", "table-of-one-position",
                "kv-contiguous", "caller-q-out", "tiny-rows-eps-visible", "d128-r64", "rope-covers-whole-head"]
+TREE_ADMITTED = ["eagle-k8-d7-n48-dfs", "match-last-sibling", "duplicate-siblings", "cousin-decoys", "none-accepted",
+                 "truncated-at-s", "single-node", "shuffled-rows", "coarse-ties-v4097", "int32-tree-strided",
+                 "spare-slots"]
 FP8_ADMITTED = ["k3-verify-b1-l3-h8", "translated-pool", "translated-pool-no-capture-loc", "edge-values-only",
                 "overflow-heavy"]
 
 
-@pytest.mark.parametrize("op, name", [(QK, n) for n in QK_ADMITTED] + [(FP8, n) for n in FP8_ADMITTED])
+@pytest.mark.parametrize("op, name", [(QK, n) for n in QK_ADMITTED] + [(FP8, n) for n in FP8_ADMITTED]
+                         + [(TREE, n) for n in TREE_ADMITTED])
 def test_the_adapters_over_the_emulated_kernels_pass(registry, device, op, name):
     """The adapters' input translation (freqs_cis = cos + i·sin, a contiguous kv, physical rows) meets the
     reference: qk within its declared class, the fp8 bytes exact."""
@@ -139,6 +145,7 @@ def test_the_adapters_over_the_emulated_kernels_pass(registry, device, op, name)
     (FP8, "q-inner-strided-not-covered", "inner stride 2"),
     (FP8, "non-pow2-dims", "512/64"),
     (FP8, "one-token-one-head-fnuz", "float8_e4m3fn (or uint8)"),
+    (TREE, "padding-requests", "padding requests (retrive_index[b, 0] < 0)"),
 ])
 def test_refusals_say_why(registry, device, op, name, reason):
     res, _ = _run(registry, device, EMULATED[op], name)
@@ -301,6 +308,84 @@ def test_the_chain_takes_its_variants_only_as_named():
         qk_chain.qk_norm_rope(**kw, rsqrt_ulps=1.5)
 
 
+# ----------------------------------------------------------------------------- greedy tree verify
+
+def test_the_tree_adapter_is_listed():
+    names = {i.name for i in jit.IMPLS() if i.op == TREE}
+    assert names == {"sglang-jit-tree-greedy"}, names
+    assert {i.name for i in jit.impls(emu.KERNELS) if i.op == TREE} == {"sglang-jit-tree-greedy-emulated"}
+
+
+def _tree_args(registry, device, name):
+    from harness.adapters import sglang
+
+    return sglang.tree_kernel_args(**registry.ops[TREE].build_inputs(_case(registry, TREE, name), device))
+
+
+@pytest.mark.parametrize("name", TREE_ADMITTED)
+def test_the_emulated_tree_kernel_is_sglangs_triton_twin(registry, device, name):
+    """On the very arguments the two adapters share (``tree_kernel_args``), the CUDA kernel's walk (emulated from
+    eagle.cuh) writes what SGLang's Triton ``verify_tree_greedy_triton`` writes (run here under the interpreter),
+    every element of the three outputs."""
+    from harness.adapters import sglang
+
+    emulated, triton = _tree_args(registry, device, name), _tree_args(registry, device, name)
+    emu.verify_tree_greedy(*emulated)
+    sglang.load_tree().verify_tree_greedy_triton(*triton)
+    for got, want in zip(emulated[:3], triton[:3]):
+        assert torch.equal(got, want), (name, got, want)
+
+
+def test_the_emulated_tree_kernel_checks_dtypes_as_its_tensor_matcher(registry, device):
+    args = list(_tree_args(registry, device, "single-node"))
+    args[7] = args[7].int()
+    with pytest.raises(TypeError, match="target_predict"):
+        emu.verify_tree_greedy(*args)
+
+
+@pytest.mark.parametrize("plant, name", [("zero-filled-predicts", "cousin-decoys"),
+                                         ("last-matching-sibling", "duplicate-siblings"),
+                                         ("bonus-at-the-root", "eagle-k8-d7-n48-dfs")])
+def test_planted_tree_bugs_fail_through_the_jit_adapter(registry, device, plant, name):
+    """The adapter's checks bite: predicts zero-filled as EAGLE allocates it (off the contract's -1), a kernel
+    taking the last matching sibling, a bonus read at the root's row. Each fails an exact check."""
+    real_kernel = emu.verify_tree_greedy
+
+    def zero_filled(p, *rest):  # the translation's -1 fill of predicts undone: EAGLE's torch.zeros
+        p.zero_()
+        real_kernel(p, *rest)
+
+    def reversed_siblings(p, a, n, cand, ridx, nxt, sib, tp):
+        # the same tree with every sibling list reversed: the first match found is the last in the real order
+        B, N = cand.shape
+        nxt2, sib2 = nxt.clone(), torch.full_like(sib, -1)
+        for b in range(B):
+            for parent in range(N):
+                kids, c = [], int(nxt[b, parent])
+                while c != -1:
+                    kids.append(c)
+                    c = int(sib[b, c])
+                if kids:
+                    nxt2[b, parent] = kids[-1]
+                    for x, y in zip(kids[::-1], kids[-2::-1]):
+                        sib2[b, x] = y
+        real_kernel(p, a, n, cand, ridx, nxt2, sib2, tp)
+
+    def bonus_at_root(p, a, n, cand, ridx, nxt, sib, tp):
+        real_kernel(p, a, n, cand, ridx, nxt, sib, tp)
+        for b in range(cand.shape[0]):
+            last = int(a[b, int(n[b])])
+            if int(n[b]) > 0:
+                p[last] = tp.view(-1)[int(ridx[b, 0])]
+
+    kernel = {"zero-filled-predicts": zero_filled, "last-matching-sibling": reversed_siblings,
+              "bonus-at-the-root": bonus_at_root}[plant]
+    impl = {i.op: i for i in jit.impls(dataclasses.replace(emu.KERNELS, verify_tree_greedy=kernel))}[TREE]
+    _, recs = _run(registry, device, impl, name)
+    assert recs and _failed(recs), (plant, recs)
+    assert any(c.startswith("exact:") for c, *_ in _failed(recs)), _failed(recs)
+
+
 # ----------------------------------------------------------------------------- the kernels themselves (CUDA + nvcc)
 
 needs_jit = pytest.mark.skipif(bool(jit.missing("fp8")), reason=f"SGLang's JIT kernels: {jit.missing('fp8')}")
@@ -325,3 +410,23 @@ def test_the_fp8_gate_reads_covered_fp8_as_sglang_does(registry, device):
     for case in spec.catalog():
         args = jit.fp8_kernel_args(**spec.build_inputs(case, device))
         assert (jit.fp8_gate(**args) == "") == covered(**args), case.name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(jit.missing("tree")), reason=f"SGLang's JIT tree kernel: {jit.missing('tree')}")
+@pytest.mark.parametrize("name", TREE_ADMITTED)
+def test_sglangs_jit_tree_kernel_passes_and_is_its_triton_twin(registry, device, name):
+    """The CUDA kernel through the adapter gives the chain's outputs; on the same arguments it writes what
+    SGLang's Triton kernel and the emulation write."""
+    from harness.adapters import sglang
+
+    res, recs = _run(registry, device, REAL[TREE], name)
+    assert not res.refused and recs, res.refused
+    assert not _failed(recs), _failed(recs)
+    cuda, triton = _tree_args(registry, device, name), _tree_args(registry, device, name)
+    emulated = tuple(t.cpu() for t in _tree_args(registry, device, name))
+    jit.load()["tree"].verify_tree_greedy(*cuda)
+    sglang.load_tree().verify_tree_greedy_triton(*triton)
+    emu.verify_tree_greedy(*emulated)
+    for got, tri, em in zip(cuda[:3], triton[:3], emulated[:3]):
+        assert torch.equal(got, tri) and torch.equal(got.cpu(), em.cpu()), (name, got, tri, em)
