@@ -11,16 +11,17 @@
                                             NVIDIA (and AMD), after its torch.argmax
 
 SGLang compiles these at run time (``load_jit``: nvcc + ninja, loaded through apache-tvm-ffi) instead of shipping
-them as Triton. ``load()`` imports the three Python files SGLang calls them through (and ``speculative/tree.py``), and SGLang's own JIT loader
-(``sglang.kernels.jit.utils``), from the installed wheel without running ``sglang/__init__.py``: the packages on
+them as Triton. ``load()`` imports the three Python files SGLang calls them through (``speculative/tree.py`` adds
+only ``kernel_api_logging.py``: stdlib and torch), and SGLang's own JIT loader (``sglang.kernels.jit.utils``),
+from the installed wheel without running ``sglang/__init__.py``: the packages on
 the path are registered unrun (``harness.adapters.sglang.stand_in``), ``sglang/srt/environ.py`` (stdlib only)
 loads as it is, and the four runtime helpers the loader and ``norm_rope.py`` import are one-line stand-ins
 (``SHIMMED``: is_hip, is_xpu, is_cuda, get_cuda_version).
 
 Where they run: a CUDA GPU with nvcc and ninja, ``apache-tvm-ffi==0.1.11`` and ``msgspec`` installed (the
 ``sglang-jit`` extra); the fp8 kernel needs SM90+ (TMA bulk store). Anywhere else every case is refused with one
-line naming what is missing (``missing``), never an error; the tree kernel needs no particular arch. Builds go to the cache directory ``cache_dir()``:
-``$VP_SGLANG_JIT_CACHE``, else ``$SGLANG_JIT_CACHE_DIR``, else ``~/.cache/verify-parity/sglang-jit``. The first
+line naming what is missing (``missing``), never an error; the tree kernel asks for no particular arch. Builds go
+to the cache directory ``cache_dir()``: ``$VP_SGLANG_JIT_CACHE``, else ``$SGLANG_JIT_CACHE_DIR``, else ``~/.cache/verify-parity/sglang-jit``. The first
 call of each compiled variant in a process is timed and logged on stderr apart from the checks
 (``FIRST_CALLS``); ``python -m harness.adapters.sglang_jit`` builds them all before a run and prints the times.
 
@@ -61,7 +62,7 @@ The benchmarks time them through the same gate and translation (``qk_bench_call`
 translation done once before the timed call, SGLang's entry points called bare, as the model calls them; or the
 refusal's one line): ``python -m cases.qk_norm_rope.bench --vs-sglang`` and ``python -m cases.mla_fp8_prepare.bench``.
 
-``harness.adapters.sglang_jit_emulation`` holds the three kernels written in torch from their sources; the same
+``harness.adapters.sglang_jit_emulation`` holds the four kernels written in torch from their sources; the same
 adapters run over it on the CPU (``impls(Kernels)``), which checks the translation above against the reference.
 """
 from __future__ import annotations
