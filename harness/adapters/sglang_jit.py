@@ -21,9 +21,9 @@ loads as it is, and the four runtime helpers the loader and ``norm_rope.py`` imp
 Where they run: a CUDA GPU with nvcc and ninja, ``apache-tvm-ffi==0.1.11`` and ``msgspec`` installed (the
 ``sglang-jit`` extra); the fp8 kernel needs SM90+ (TMA bulk store). Anywhere else every case is refused with one
 line naming what is missing (``missing``), never an error; the tree kernel asks for no particular arch. Builds go
-to the cache directory ``cache_dir()``: ``$VP_SGLANG_JIT_CACHE``, else ``$SGLANG_JIT_CACHE_DIR``, else ``~/.cache/verify-parity/sglang-jit``. The first
-call of each compiled variant in a process is timed and logged on stderr apart from the checks
-(``FIRST_CALLS``); ``python -m harness.adapters.sglang_jit`` builds them all before a run and prints the times.
+to the cache directory ``cache_dir()``: ``$VP_SGLANG_JIT_CACHE``, else ``$SGLANG_JIT_CACHE_DIR``, else
+``~/.cache/verify-parity/sglang-jit``. The first call of each compiled variant in a process is timed and logged on
+stderr apart from the checks (``FIRST_CALLS``); ``python -m harness.adapters.sglang_jit`` builds them all before a run and prints the times.
 
 Gates, as SGLang's dispatch has them, each refusal with its reason:
   fp8  the trtllm-mla backend calls the kernel on fp8-KV decode and target verify when it saves the KV cache,
