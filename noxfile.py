@@ -141,7 +141,7 @@ def sglang(session: nox.Session) -> None:
     """SGLang 0.5.23's own kernels over the ci profile, against their known-failure ledger
     (cases/ledgers/sglang.py): its Triton ones (harness.adapters.sglang: split-KV and shared-KV verify attention,
     the fused qk-norm-rope store) and its JIT-compiled CUDA ones (harness.adapters.sglang_jit: the fp8 KV/Q
-    prepare, DeepSeek-V4's q and kv norm+RoPE; built first, timed, into VP_SGLANG_JIT_CACHE; refused in one line
+    prepare, DeepSeek-V4's q and kv norm+RoPE, EAGLE's greedy tree verify; built first, timed, into VP_SGLANG_JIT_CACHE; refused in one line
     where the machine lacks CUDA, nvcc or SM90). Fails on any failure not in the ledger, and on a known failure
     that did not happen. runs/sglang.csv. `-- --generated 20` for a quick slice."""
     run = _install(session)
