@@ -316,6 +316,22 @@ def test_the_tree_adapter_is_listed():
     assert {i.name for i in jit.impls(emu.KERNELS) if i.op == TREE} == {"sglang-jit-tree-greedy-emulated"}
 
 
+def test_the_prebuild_builds_the_tree_module(monkeypatch):
+    """``python -m harness.adapters.sglang_jit`` (``warm``) hands SGLang's parallel_compile the tree module's build
+    beside the fp8 and norm+RoPE ones."""
+    jit.load()  # first: the stand-ins, before any sglang import
+    import sglang.kernels.jit.utils as jit_utils
+
+    built = []
+    monkeypatch.setattr(jit, "missing", lambda kernel: "")
+    for name in ("zeros", "ones"):  # the norm+RoPE builds' sample tensors, on the CPU here
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, device=None, _real=real, **kw: _real(*a, **kw))
+    monkeypatch.setattr(jit_utils, "parallel_compile", lambda fns: built.extend(f.__name__ for f in fns))
+    jit.warm((512,))
+    assert "_tree_module" in built and "_fp8_module" in built and len(built) == 4, built
+
+
 def _tree_args(registry, device, name):
     from harness.adapters import sglang
 
